@@ -1,0 +1,29 @@
+"""The `longrun` command: dispatches to one subcommand module each, imported only when used."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> module with a `main(argv: list[str]) -> int`
+SUBCOMMANDS = {
+    "stack": "longrun.stack.cli",
+    "checkpoints": "longrun.checkpoints.cli",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: longrun {" + ",".join(SUBCOMMANDS) + "} ...", file=sys.stderr)
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"longrun: unknown command {name!r}; expected one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
