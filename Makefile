@@ -1,0 +1,59 @@
+# The two commands a user needs: `make demo` (the main job) and `make test` (the tests).
+# Both do all of their own set-up on a fresh Debian 12/13 machine and are safe to rerun.
+SHELL := /bin/bash
+PY := .venv/bin/python
+VENV_STAMP := .venv/.longrun-installed
+# The public API is type-checked; the rest is linted.
+MYPY_TARGETS := training/schema.py training/store.py training/s3_store.py training/fingerprint.py \
+                plugins/longrun/slurm
+PYTEST_ARGS ?=
+
+.PHONY: setup system venv lint typecheck test test-fast demo bench stack-up stack-down stack-status clean
+
+setup: system venv
+
+system:
+	@scripts/setup-system.sh
+
+# Reinstall only when the dependency set changes.
+$(VENV_STAMP): pyproject.toml requirements.lock
+	@test -x $(PY) || python3 -m venv .venv
+	@echo "venv: installing the pinned set (requirements.lock) into .venv"
+	@.venv/bin/pip install -q --upgrade pip
+	@.venv/bin/pip install -q -c requirements.lock -e '.[dev]'
+	@.venv/bin/pip check
+	@touch $@
+
+venv: $(VENV_STAMP)
+
+lint: venv
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+typecheck: venv
+	.venv/bin/mypy $(MYPY_TARGETS)
+
+test: setup lint typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The fast suite: everything not marked slow.
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m longrun.demo
+
+bench: setup
+	$(PY) bench/run_all.py
+
+stack-up: setup
+	.venv/bin/longrun stack up
+
+stack-down:
+	.venv/bin/longrun stack down
+
+stack-status:
+	.venv/bin/longrun stack status
+
+clean: stack-down
+	rm -rf .state

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the local stack and the browser test need. Safe to rerun: it only calls
+# apt-get when something is missing. Needs root (as on this project's machines and CI).
+set -euo pipefail
+need=()
+command -v munged >/dev/null || need+=(munge)
+command -v slurmctld >/dev/null || need+=(slurmctld)
+command -v slurmd >/dev/null || need+=(slurmd)
+command -v sbatch >/dev/null || need+=(slurm-client)
+command -v ss >/dev/null || need+=(iproute2)
+if [ "${LONGRUN_WITH_BROWSER:-1}" = 1 ]; then
+  command -v chromium >/dev/null || need+=(chromium)
+fi
+if [ ${#need[@]} -eq 0 ]; then
+  echo "setup-system: Debian packages present"
+  exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "setup-system: missing ${need[*]}; run as root or install them with apt-get" >&2
+  exit 1
+fi
+echo "setup-system: installing ${need[*]} (Debian packages)"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+echo "setup-system: done"
