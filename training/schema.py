@@ -13,6 +13,7 @@ where the store prefixes them with ``runs/<run>/``)::
     progress/latest.json                     heartbeat: step, loss, step time, wall time
     checkpoints/step-<step>/<files>          checkpoint payload
     checkpoints/step-<step>/manifest.json    written last: no manifest, no checkpoint
+    saves/step-<step>.json                   outcome of each background save (failures too)
     validations/step-<step>-<id>.json        one per validation attempt
     promoted/current.json                    pointer to the promoted checkpoint (conditional write)
     promoted/history/<seq>.json              every promotion, in order
@@ -37,6 +38,8 @@ EXIT_SDC_VERDICT = 93
 CHECKS = ("finite", "recompute", "weight_vote")
 FAULT_KINDS = ("nan", "inf", "scale", "weight-flip", "sick-node", "crash", "hang")
 INCIDENT_MODES = ("act", "approve", "observe")
+#: Model presets the reference trainer knows (training.config defines them; listed here for validation).
+MODEL_PRESETS = ("tiny", "small")
 
 # Which checks can catch which fault class. The pre-incident pick needs the last step that every check
 # able to see this kind of fault had passed.
@@ -95,6 +98,10 @@ def checkpoint_dir(step: int) -> str:
 
 def manifest_path(step: int) -> str:
     return checkpoint_dir(step) + "manifest.json"
+
+
+def save_path(step: int) -> str:
+    return f"saves/step-{step:08d}.json"
 
 
 def validation_path(step: int, ident: str) -> str:
@@ -156,6 +163,8 @@ _REQUIRED: dict[str, dict[str, Any]] = {
         "world": dict,
     },
     "validation": {"run": str, "step": int, "ok": bool, "errors": list, "time": (int, float)},
+    # The outcome of one background checkpoint save (written by the saver; failures too).
+    "save": {"run": str, "step": int, "ok": bool, "error": (str, type(None)), "time": (int, float)},
     "promotion": {"run": str, "step": int, "manifest_key": str, "time": (int, float), "seq": int},
     "suspect": {"run": str, "after_step": int, "reason": str, "time": (int, float)},
     "incident": {"run": str, "incident_id": str, "alert": dict, "timeline": list, "mode": str},

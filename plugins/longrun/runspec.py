@@ -1,0 +1,211 @@
+"""RunSpec: the typed form of `training_run`'s Params, and how it becomes trainer arguments.
+
+The DAG's Params form refuses most bad input already; this is the second line, for runs started from
+code, the CLI or a relaunch, and the one place that turns a run into `python -m training.train` flags.
+Pure Python: no Airflow, no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS, check_run_name
+
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+_CKPT_REF = re.compile(r"^[A-Za-z0-9._/-]{1,512}$")
+
+
+class RunSpecError(ValueError):
+    """A run parameter is invalid. The message names the field and the bad value."""
+
+    def __init__(self, field_name: str, value: Any, why: str) -> None:
+        super().__init__(f"{field_name}={value!r}: {why}")
+        self.field = field_name
+
+
+def _int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RunSpecError(name, value, "must be an integer")
+    if not lo <= value <= hi:
+        raise RunSpecError(name, value, f"must be between {lo} and {hi}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Drill:
+    """A fault to inject on purpose, to rehearse an incident."""
+
+    kind: str
+    """One of training.schema.FAULT_KINDS."""
+    step: int
+    """The step at which the fault starts."""
+    target: str
+    """A global rank number ("1"), or a node name for `sick-node`."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise RunSpecError("drill.kind", self.kind, f"must be one of {', '.join(FAULT_KINDS)}")
+        _int("drill.step", self.step, 1, 10_000_000)
+        target = str(self.target)
+        object.__setattr__(self, "target", target)
+        if self.kind == "sick-node":
+            if not _NODE.match(target):
+                raise RunSpecError("drill.target", target, "must be a node name for a sick-node drill")
+        elif not target.isdigit():
+            raise RunSpecError("drill.target", target, "must be a rank number")
+
+    def flag(self) -> str:
+        """The trainer's `--fault KIND:STEP:TARGET` value."""
+        return f"{self.kind}:{self.step}:{self.target}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSpec:
+    """One training run as longrun launches it."""
+
+    run_name: str
+    """Run name: the store prefix, the Slurm job name and the run dir's name."""
+    nodes: int = 3
+    """Number of nodes."""
+    gpus_per_node: int = 8
+    """GPUs per node (one rank per GPU); 0 means CPU ranks, one per node."""
+    partition: str = "debug"
+    """Slurm partition."""
+    model: str = "tiny"
+    """Model preset of the reference trainer."""
+    steps: int = 40
+    """Optimizer steps to run in total (a resumed run continues to this step)."""
+    checkpoint_every: int = 10
+    """Save a checkpoint every N steps (always after a weight vote)."""
+    recompute_every: int = 5
+    """Cross-node recompute audit every N steps (0: off)."""
+    vote_every: int = 5
+    """Weight vote every N steps (0: only before checkpoints)."""
+    incident_mode: str = "act"
+    """What the incident DAG does on an alert: act, approve (human in the loop) or observe."""
+    drill: Drill | None = None
+    """A fault to inject (first launch only; a relaunch never re-injects it)."""
+    seed: int = 1234
+    """Seed of the model init and the synthetic data."""
+    exclude: tuple[str, ...] = ()
+    """Nodes the job must not use (nodes drained by an incident)."""
+    resume_from: str | None = None
+    """Checkpoint to resume from: a store key prefix (runs/<run>/checkpoints/step-N/) or a local dir."""
+    attempt: int = 0
+    """0 for the first launch; +1 for each relaunch after an incident."""
+    max_restarts: int = 3
+    """In-job restarts NVRx's ft_launcher may do for crashes and hangs (not for SDC verdicts)."""
+    time_limit_min: int = 60
+    """Slurm wall-clock limit of one launch."""
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for the job (validated by the Slurm layer)."""
+
+    def __post_init__(self) -> None:
+        try:
+            check_run_name(self.run_name)
+        except ValueError as e:
+            raise RunSpecError("run_name", self.run_name, str(e)) from None
+        _int("nodes", self.nodes, 1, 4096)
+        _int("gpus_per_node", self.gpus_per_node, 0, 64)
+        if not _NODE.match(str(self.partition)):
+            raise RunSpecError("partition", self.partition, "must be a plain Slurm partition name")
+        if self.model not in MODEL_PRESETS:
+            raise RunSpecError("model", self.model, f"must be one of {', '.join(MODEL_PRESETS)}")
+        _int("steps", self.steps, 1, 10_000_000)
+        _int("checkpoint_every", self.checkpoint_every, 1, self.steps)
+        _int("recompute_every", self.recompute_every, 0, 10_000_000)
+        _int("vote_every", self.vote_every, 0, 10_000_000)
+        if self.incident_mode not in INCIDENT_MODES:
+            raise RunSpecError(
+                "incident_mode", self.incident_mode, f"must be one of {', '.join(INCIDENT_MODES)}"
+            )
+        _int("seed", self.seed, 0, 2**31 - 1)
+        _int("attempt", self.attempt, 0, 1000)
+        _int("max_restarts", self.max_restarts, 0, 100)
+        _int("time_limit_min", self.time_limit_min, 1, 30 * 24 * 60)
+        if self.drill is not None:
+            if self.drill.step > self.steps:
+                raise RunSpecError("drill.step", self.drill.step, f"is after the last step ({self.steps})")
+            if self.drill.kind != "sick-node" and int(self.drill.target) >= self.world_size:
+                raise RunSpecError(
+                    "drill.target", self.drill.target, f"no such rank in a world of {self.world_size}"
+                )
+        exclude = tuple(self.exclude)
+        for node in exclude:
+            if not _NODE.match(str(node)):
+                raise RunSpecError("exclude", node, "must be a node name")
+        object.__setattr__(self, "exclude", exclude)
+        if self.resume_from is not None and (
+            not _CKPT_REF.match(self.resume_from) or ".." in self.resume_from
+        ):
+            raise RunSpecError(
+                "resume_from", self.resume_from, "must be a checkpoint key prefix or directory"
+            )
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(1, self.gpus_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> RunSpec:
+        """Build from a Params dict (unknown keys are an error: a typo must not be silently ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise RunSpecError(
+                unknown[0], params[unknown[0]], f"is not a run parameter; known: {sorted(known)}"
+            )
+        values = dict(params)
+        drill = values.get("drill")
+        if isinstance(drill, Mapping):
+            missing = {"kind", "step", "target"} - set(drill)
+            if missing:
+                raise RunSpecError("drill", drill, f"lacks {sorted(missing)}")
+            values["drill"] = Drill(kind=drill["kind"], step=drill["step"], target=str(drill["target"]))
+        elif drill is not None:
+            raise RunSpecError("drill", drill, "must be null or an object with kind, step, target")
+        if "exclude" in values:
+            values["exclude"] = tuple(values["exclude"] or ())
+        return cls(**values)
+
+    def to_params(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["exclude"] = list(self.exclude)
+        out["extra_env"] = dict(self.extra_env)
+        return out
+
+    def relaunch(self, *, resume_from: str, exclude: tuple[str, ...]) -> RunSpec:
+        """The spec of the launch after an incident: no drill, the bad nodes excluded, resumed."""
+        return dataclasses.replace(
+            self,
+            drill=None,
+            resume_from=resume_from,
+            exclude=tuple(dict.fromkeys((*self.exclude, *exclude))),
+            attempt=self.attempt + 1,
+        )
+
+    def train_args(self, *, run_dir: str) -> list[str]:
+        """Arguments for `python -m training.train` (the DESIGN.md contract flags)."""
+        args = [
+            "--run", self.run_name,
+            "--run-dir", run_dir,
+            "--model", self.model,
+            "--seed", str(self.seed),
+            "--steps", str(self.steps),
+            "--checkpoint-every", str(self.checkpoint_every),
+            "--recompute-every", str(self.recompute_every),
+            "--vote-every", str(self.vote_every),
+        ]  # fmt: skip
+        if self.drill is not None:
+            args += ["--fault", self.drill.flag()]
+        if self.resume_from:
+            args += ["--resume-from", self.resume_from]
+        return args
