@@ -1,0 +1,128 @@
+"""Where the stack keeps its files and which 127.0.0.1 ports it uses.
+
+All ports are offsets from one base (default 26800), a range no common service uses. SeaweedFS also
+listens on each of its ports + 10000 (gRPC), so the base must leave that room below 65536.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+DEFAULT_PORT_BASE = 26800
+DEFAULT_BUCKET = "longrun"
+NODES = ("n1", "n2", "n3", "n4")
+PARTITION = "debug"
+COMPONENTS = ("slurm", "s3", "airflow")
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def repo_root() -> Path | None:
+    """The repository this package runs from (an editable install), else None."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / "pyproject.toml").is_file() and (root / "dags").is_dir() else None
+
+
+def default_state_dir() -> Path:
+    """`$LONGRUN_STATE_DIR`, else `<repo>/.state/stack`, else `./.state/stack`."""
+    if env := os.environ.get("LONGRUN_STATE_DIR"):
+        return Path(env).resolve()
+    return (repo_root() or Path.cwd()) / ".state" / "stack"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """The stack's state directory and port plan."""
+
+    state_dir: Path
+    """Everything the stack writes lives under here (configs, keys, data, logs, PID records)."""
+    port_base: int = DEFAULT_PORT_BASE
+    """First port of the stack's range; components use fixed offsets from it (+0 .. +199, +10000 ..)."""
+    bucket: str = DEFAULT_BUCKET
+    """The S3 bucket created at start."""
+
+    def __post_init__(self) -> None:
+        if not self.state_dir.is_absolute():
+            raise ValueError(f"state_dir must be absolute, got {str(self.state_dir)!r}")
+        if not 1024 <= self.port_base <= 65535 - 10200:
+            raise ValueError(f"port_base must be in 1024..{65535 - 10200}, got {self.port_base!r}")
+        if not _BUCKET_RE.match(self.bucket):
+            raise ValueError(f"bucket must be a valid S3 bucket name (3-63 of a-z0-9.-), got {self.bucket!r}")
+
+    # Slurm
+    @property
+    def slurmctld_port(self) -> int:
+        return self.port_base + 17
+
+    def slurmd_port(self, node: str) -> int:
+        return self.port_base + 18 + NODES.index(node)
+
+    @property
+    def srun_port_range(self) -> tuple[int, int]:
+        """srun listens for its steps' I/O here; pinned so every port of ours lies in our range."""
+        return self.port_base + 100, self.port_base + 199
+
+    # SeaweedFS (each also + 10000 for gRPC)
+    @property
+    def weed_ports(self) -> dict[str, int]:
+        b = self.port_base
+        return {
+            "master": b + 30,
+            "volume": b + 31,
+            "filer": b + 32,
+            "s3": b + 33,
+            "admin": b + 34,
+            "s3.iceberg": b + 36,
+            "s3.lance": b + 37,
+        }
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://{HOST}:{self.weed_ports['s3']}"
+
+    # Airflow
+    @property
+    def airflow_port(self) -> int:
+        return self.port_base + 80
+
+    @property
+    def airflow_url(self) -> str:
+        return f"http://{HOST}:{self.airflow_port}"
+
+    def all_ports(self) -> list[int]:
+        """Every TCP port the stack listens on by design (srun's range not included)."""
+        slurm = [self.slurmctld_port, *(self.slurmd_port(n) for n in NODES)]
+        weed = list(self.weed_ports.values())
+        weed_grpc = [self.weed_ports[k] + 10000 for k in ("master", "volume", "filer", "s3", "admin")]
+        return slurm + weed + weed_grpc + [self.airflow_port]
+
+    def dir(self, component: str) -> Path:
+        return self.state_dir / component
+
+    def save(self) -> None:
+        """Remember the port plan, so `status`/`env`/`down` of this state dir need no flags."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        data = {"port_base": self.port_base, "bucket": self.bucket}
+        (self.state_dir / "stack.json").write_text(json.dumps(data, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, state_dir: Path | None = None, **overrides: object) -> Layout:
+        """The layout saved in `state_dir`, else from the environment (`LONGRUN_PORT_BASE`,
+        `LONGRUN_BUCKET`), else defaults; explicit overrides that are not None win."""
+        state_dir = (state_dir or default_state_dir()).resolve()
+        saved_path = state_dir / "stack.json"
+        saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
+        base = saved.get("port_base") or int(os.environ.get("LONGRUN_PORT_BASE", DEFAULT_PORT_BASE))
+        bucket = saved.get("bucket") or os.environ.get("LONGRUN_BUCKET", DEFAULT_BUCKET)
+        kwargs: dict[str, object] = {"port_base": base, "bucket": bucket}
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(state_dir=state_dir, **kwargs)  # type: ignore[arg-type]
+
+    def as_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["state_dir"] = str(self.state_dir)
+        return d

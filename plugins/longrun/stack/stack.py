@@ -1,0 +1,118 @@
+"""The local stack as one object: bring components up and down, report status, hand out the env."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+
+from .component import Component, ProcStatus, Say
+from .layout import COMPONENTS, HOST, Layout
+from .procs import StackError
+from .s3 import S3
+from .slurm import Slurm
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return True
+    return False
+
+
+class Stack:
+    """munge + Slurm (n1..n4), SeaweedFS S3 and Airflow under one state directory."""
+
+    def __init__(
+        self, state_dir: Path | str | None = None, *, port_base: int | None = None, bucket: str | None = None
+    ) -> None:
+        self.layout = Layout.load(Path(state_dir) if state_dir else None, port_base=port_base, bucket=bucket)
+        self.state_dir = self.layout.state_dir
+        self.slurm = Slurm(self.layout)
+        self.s3 = S3(self.layout)
+        from .airflow import Airflow  # noqa: PLC0415 - keeps the module list in one place below
+
+        self.airflow = Airflow(self.layout, stack_env=self._service_env)
+        self.components: dict[str, Component] = {"slurm": self.slurm, "s3": self.s3, "airflow": self.airflow}
+
+    def _service_env(self) -> dict[str, str]:
+        return {**self.slurm.env(), **self.s3.env()}
+
+    @staticmethod
+    def parse_components(names: Iterable[str] | str | None) -> list[str]:
+        """Validate a component selection; None means all, in start order."""
+        if names is None:
+            return list(COMPONENTS)
+        if isinstance(names, str):
+            names = [n for n in names.split(",") if n.strip()]
+        wanted = [n.strip() for n in names]
+        bad = [n for n in wanted if n not in COMPONENTS]
+        if bad or not wanted:
+            raise ValueError(f"components must be a subset of {', '.join(COMPONENTS)}, got {wanted!r}")
+        return [c for c in COMPONENTS if c in wanted]
+
+    def _check_ports(self, component: str) -> None:
+        ours = {
+            "slurm": [
+                self.layout.slurmctld_port,
+                *(self.layout.slurmd_port(n) for n in ("n1", "n2", "n3", "n4")),
+            ],
+            "s3": [p for k, p in self.layout.weed_ports.items()]
+            + [self.layout.weed_ports[k] + 10000 for k in ("master", "volume", "filer", "s3", "admin")],
+            "airflow": [self.layout.airflow_port],
+        }[component]
+        busy = [p for p in ours if _port_in_use(p)]
+        if busy:
+            raise StackError(
+                f"{component}: ports {busy} on {HOST} are taken by something this state dir did not start;"
+                f" stop it, or pick another range with LONGRUN_PORT_BASE (now {self.layout.port_base})"
+            )
+
+    def up(self, components: Iterable[str] | str | None = None, *, say: Say = print) -> None:
+        """Start the selected components (all by default); running ones are reused."""
+        selected = self.parse_components(components)
+        self.layout.save()
+        for name in selected:
+            comp = self.components[name]
+            comp.forget_dead()
+            if not comp.is_recorded():
+                self._check_ports(name)
+            comp.up(say)
+
+    def down(self, components: Iterable[str] | str | None = None, *, say: Say = print) -> None:
+        """Stop what `up` started (by recorded PID), Airflow first; bounded."""
+        selected = self.parse_components(components)
+        errors = []
+        for name in reversed(selected):
+            try:
+                self.components[name].down(say)
+            except StackError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise StackError("; ".join(errors))
+
+    def status(self) -> list[ProcStatus]:
+        return [st for comp in self.components.values() for st in comp.status()]
+
+    def running(self, component: str) -> bool:
+        """True when the component's every recorded process is alive."""
+        return self.components[component].all_alive()
+
+    def env(self) -> dict[str, str]:
+        """Client environment of every component that has been set up in this state dir."""
+        out: dict[str, str] = {}
+        for comp in self.components.values():
+            out.update(comp.env())
+        return out
+
+    # Fault injection for tests
+    def kill_slurmd(self, node: str) -> None:
+        """SIGKILL node's slurmd by recorded PID; slurmctld marks the node down after SlurmdTimeout."""
+        self.slurm.kill_slurmd(node)
+
+    def restart_slurmd(self, node: str) -> None:
+        """Start node's slurmd again (no-op when it runs) and wait until the node responds."""
+        self.slurm.restart_slurmd(node)
