@@ -1,0 +1,320 @@
+"""The CLI backend: Slurm's own commands, run without a shell, each with a timeout.
+
+Reads use JSON where the Slurm version has it (`squeue --json`, `sinfo --json`, 21.08+) and
+`scontrol -o` lines otherwise and for single objects; 22.05's JSON ignores filters, so every filter is
+applied here. After the controller forgets a finished job (MinJobAge), its final state comes from the
+jobcomp/filetxt file named by `JobCompLoc` (sacct needs slurmdbd, which a small cluster may not run).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import signal
+import subprocess
+from functools import cached_property
+from pathlib import Path
+
+from longrun.slurm import parse
+from longrun.slurm import validate as v
+from longrun.slurm.client import CommandResult, JobState, NodeState
+from longrun.slurm.errors import (
+    ForeignDrainError,
+    InvalidSpecError,
+    JobNotFoundError,
+    SlurmCommandError,
+    SlurmUnavailableError,
+    SubmitRejectedError,
+)
+from longrun.slurm.render import render_sbatch
+from longrun.slurm.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+# stderr fragments that mean "the controller is not reachable right now": worth a retry.
+_UNAVAILABLE = (
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "Connection refused",
+    "Zero Bytes were transmitted",
+    "slurm_load_jobs error: Unable",
+    "Slurm backup controller in standby mode",
+)
+_GONE = ("Invalid job id specified", "Job/step already completing or completed", "Invalid job id")
+
+
+class CliSlurmClient:
+    """SlurmClient over sbatch/squeue/sinfo/scontrol/scancel/srun."""
+
+    backend = "cli"
+
+    def __init__(self, *, slurm_conf: str | None = None, timeout_s: float = 30.0) -> None:
+        self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF") or None
+        self.timeout_s = timeout_s
+
+    # -- plumbing -----------------------------------------------------------------------------------
+    @cached_property
+    def _env(self) -> dict[str, str]:
+        # Inherited SLURM_* (say, from an enclosing allocation) would redirect srun/sbatch: keep only the conf.
+        env = {k: val for k, val in os.environ.items() if not k.startswith("SLURM_")}
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def _run(self, argv: list[str], *, stdin: str | None = None, timeout_s: float | None = None) -> str:
+        try:
+            proc = subprocess.run(
+                argv,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                env=self._env,
+                timeout=timeout_s or self.timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as err:
+            raise SlurmUnavailableError(
+                f"{argv[0]} did not answer within {err.timeout:.0f} s: {argv}"
+            ) from err
+        except FileNotFoundError as err:
+            raise SlurmCommandError(f"{argv[0]} is not installed (PATH={os.environ.get('PATH')})") from err
+        if proc.returncode != 0:
+            msg = (proc.stderr or proc.stdout).strip()
+            if any(s in msg for s in _UNAVAILABLE):
+                raise SlurmUnavailableError(f"{' '.join(argv)}: {msg}")
+            raise SlurmCommandError(f"{' '.join(argv)} (rc {proc.returncode}): {msg}")
+        return proc.stdout
+
+    @cached_property
+    def _version(self) -> str:
+        return self._run(["sinfo", "--version"]).split()[-1]
+
+    def version(self) -> str:
+        return self._version
+
+    @property
+    def _has_json(self) -> bool:
+        major, minor = (int(x) for x in self.version().split(".")[:2])
+        return (major, minor) >= (21, 8)
+
+    @property
+    def _json_v2(self) -> bool:
+        """23.02+: filters work and the JSON is the newer shape."""
+        major, minor = (int(x) for x in self.version().split(".")[:2])
+        return (major, minor) >= (23, 2)
+
+    def config(self) -> dict[str, str]:
+        """`scontrol show config` as a dict."""
+        out = {}
+        for line in self._run(["scontrol", "show", "config"]).splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and " " not in key.strip():
+                out[key.strip()] = value.strip()
+        return out
+
+    @cached_property
+    def jobcomp_path(self) -> Path | None:
+        """The jobcomp/filetxt file, or None when the cluster records final states elsewhere."""
+        cfg = self.config()
+        if cfg.get("JobCompType") != "jobcomp/filetxt":
+            return None
+        loc = cfg.get("JobCompLoc")
+        return Path(loc) if loc and loc.startswith("/") else None
+
+    # -- jobs ---------------------------------------------------------------------------------------
+    def submit(self, spec: JobSpec) -> int:
+        script = render_sbatch(spec)
+        try:
+            out = self._run(["sbatch", "--parsable"], stdin=script)
+        except SlurmCommandError as err:
+            raise SubmitRejectedError(f"sbatch refused job {spec.name!r}: {err}") from err
+        job_id = out.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise SubmitRejectedError(f"sbatch printed no job id for {spec.name!r}: {out!r}")
+        log.info("submitted Slurm job %s (%s, tag %s)", job_id, spec.name, spec.comment)
+        return int(job_id)
+
+    def job(self, job_id: int) -> JobState:
+        v.int_range("job_id", job_id, 1, 2**32)
+        try:
+            found = parse.jobs_from_scontrol(self._run(["scontrol", "-o", "show", "job", str(job_id)]))
+        except SlurmCommandError as err:
+            if not any(s in str(err) for s in _GONE):
+                raise
+            found = []
+        for state in found:
+            if state.job_id == job_id:
+                return state
+        durable = self._from_jobcomp(job_id)
+        if durable is None:
+            raise JobNotFoundError(f"job {job_id}: unknown to slurmctld and not in the jobcomp record")
+        return durable
+
+    def _from_jobcomp(self, job_id: int) -> JobState | None:
+        path = self.jobcomp_path
+        if path is None or not path.exists():
+            return None
+        with path.open(errors="replace") as fh:
+            return parse.jobs_from_jobcomp(fh).get(job_id)
+
+    def jobs(self) -> list[JobState]:
+        if self._has_json:
+            argv = ["squeue", "--json"] + (["--states=all"] if self._json_v2 else [])
+            return parse.jobs_from_squeue_json(json.loads(self._run(argv)))
+        try:
+            return parse.jobs_from_scontrol(self._run(["scontrol", "-o", "show", "job"]))
+        except SlurmCommandError as err:
+            if "No jobs in the system" in str(err):
+                return []
+            raise
+
+    def find_jobs(self, tag_prefix: str) -> list[JobState]:
+        v.tag("tag_prefix", tag_prefix)
+        hits = [j for j in self.jobs() if j.comment.startswith(tag_prefix)]
+        return sorted(hits, key=lambda j: j.job_id, reverse=True)
+
+    def cancel(self, job_id: int) -> None:
+        v.int_range("job_id", job_id, 1, 2**32)
+        try:
+            self._run(["scancel", str(job_id)])
+        except SlurmCommandError as err:
+            if not any(s in str(err) for s in _GONE):
+                raise
+
+    def requeue_hold(self, job_id: int) -> None:
+        v.int_range("job_id", job_id, 1, 2**32)
+        self._run(["scontrol", "requeuehold", str(job_id)])
+
+    def set_excluded(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        v.int_range("job_id", job_id, 1, 2**32)
+        names = v.nodes("nodes", nodes)
+        self._run(
+            ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(names)}", "StartTime=now"]
+        )
+
+    def release(self, job_id: int) -> None:
+        v.int_range("job_id", job_id, 1, 2**32)
+        self._run(["scontrol", "release", str(job_id)])
+
+    # -- nodes --------------------------------------------------------------------------------------
+    def node(self, name: str) -> NodeState:
+        v.node("node", name)
+        found = parse.nodes_from_scontrol(self._run(["scontrol", "-o", "show", "node", name]))
+        if not found:
+            raise SlurmCommandError(f"node {name!r} is not in the cluster")
+        return found[0]
+
+    def nodes(self) -> list[NodeState]:
+        if self._has_json:
+            return parse.nodes_from_sinfo_json(json.loads(self._run(["sinfo", "--json"])))
+        return parse.nodes_from_scontrol(self._run(["scontrol", "-o", "show", "node"]))
+
+    def drain(self, node: str, reason: str) -> None:
+        v.node("node", node)
+        v.reason("reason", reason, ours=True)
+        self._run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+
+    def resume(self, node: str) -> None:
+        state = self.node(node)
+        if not state.drain_flag and not state.is_down:
+            return  # nothing to undo; Slurm would answer rc 1
+        if not state.is_ours:
+            raise ForeignDrainError(
+                f"node {node} is {state.state}+{'+'.join(sorted(state.flags))} with reason {state.reason!r},"
+                f" which longrun did not set (ours start with {v.DRAIN_PREFIX!r}): resume it by hand if intended"
+            )
+        self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+    # -- reservations -------------------------------------------------------------------------------
+    def create_maint_reservation(self, name: str, nodes: tuple[str, ...], duration_min: int) -> str:
+        v.name("reservation", name)
+        names = v.nodes("nodes", nodes)
+        v.int_range("duration_min", duration_min, 1, 7 * 24 * 60)
+        self._run(
+            [
+                "scontrol",
+                "create",
+                "reservation",
+                f"ReservationName={name}",
+                f"Nodes={','.join(names)}",
+                "StartTime=now",
+                f"Duration={duration_min}",
+                f"Users={getpass.getuser()}",
+                "Flags=maint,ignore_jobs",
+            ]
+        )
+        return name
+
+    def delete_reservation(self, name: str) -> None:
+        v.name("reservation", name)
+        self._run(["scontrol", "delete", f"ReservationName={name}"])
+
+    def reservations(self) -> list[str]:
+        try:
+            out = self._run(["scontrol", "-o", "show", "reservation"])
+        except SlurmCommandError as err:
+            if "No reservations" in str(err):
+                return []
+            raise
+        return [
+            parse.parse_kv_line(line)["ReservationName"]
+            for line in out.splitlines()
+            if "ReservationName=" in line
+        ]
+
+    def run_in_reservation(
+        self, reservation: str, node: str, argv: tuple[str, ...], *, timeout_s: float
+    ) -> CommandResult:
+        v.name("reservation", reservation)
+        v.node("node", node)
+        cmd = _check_argv(argv)
+        minutes = max(1, int(timeout_s // 60) + 1)
+        full = [
+            "srun",
+            f"--reservation={reservation}",
+            f"--nodelist={node}",
+            "--nodes=1",
+            "--ntasks=1",
+            "--job-name=longrun-diag",
+            f"--time={minutes}",
+            *cmd,
+        ]
+        proc = subprocess.Popen(
+            full,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self._env,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # SIGINT twice within a second is srun's "cancel the step"; then make sure it is gone.
+            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate(timeout=10)
+            return CommandResult(
+                exit_code=124, stdout=out, stderr=err + f"\nlongrun: timed out after {timeout_s} s"
+            )
+        return CommandResult(exit_code=proc.returncode, stdout=out, stderr=err)
+
+
+def _check_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
+    """A command for srun: a list of arguments (no shell), the first not an option, none with NUL."""
+    if isinstance(argv, str) or not argv:
+        raise InvalidSpecError("argv", argv, "must be a non-empty list of arguments")
+    cmd = [str(a) for a in argv]
+    if cmd[0].startswith("-"):
+        raise InvalidSpecError(
+            "argv", argv, "the program must not start with '-' (option injection into srun)"
+        )
+    if any("\0" in a for a in cmd) or len(cmd) > 256 or sum(map(len, cmd)) > 65536:
+        raise InvalidSpecError("argv", argv, "has NUL bytes or is absurdly long")
+    return cmd

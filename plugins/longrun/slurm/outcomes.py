@@ -1,0 +1,77 @@
+"""One table from a job's final state (and exit code) to what the orchestrator does next.
+
+    success    the job did its work
+    retryable  the job ended for a reason outside it (node failure, preemption): submit it again
+    terminal   retrying cannot help (its own failure, cancel, time limit, SDC verdict, restarts used up)
+    running    not final yet: keep waiting (pending, running, requeued, suspended)
+
+The SDC verdict code (93, the exit code NVRx 0.5+ reserves for "do not restart", which longrun's trainer
+uses when a check convicts a node) is terminal whatever the state says: restarting on the same nodes
+would repeat the corruption; the incident DAG takes over instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from longrun.slurm.client import JobState, JobStatus
+
+# The trainer's exit code when an SDC check reached a verdict (DESIGN.md, "Contracts").
+SDC_EXIT_CODE = 93
+
+
+class Kind(StrEnum):
+    SUCCESS = "success"
+    RETRYABLE = "retryable"
+    TERMINAL = "terminal"
+    RUNNING = "running"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """The verdict on one job state."""
+
+    kind: Kind
+    """What to do next."""
+    label: str
+    """A short stable name for logs, metrics and tests (e.g. `node_fail`, `sdc_verdict`)."""
+    state: JobState
+    """The state the verdict is about."""
+
+    @property
+    def message(self) -> str:
+        return f"{self.label}: {self.state.describe()}"
+
+
+# (status) -> (kind, label). Exit codes refine FAILED below; restarts are checked before this table.
+TABLE: dict[JobStatus, tuple[Kind, str]] = {
+    JobStatus.COMPLETED: (Kind.SUCCESS, "completed"),
+    JobStatus.FAILED: (Kind.TERMINAL, "failed"),
+    JobStatus.CANCELLED: (Kind.TERMINAL, "cancelled"),
+    JobStatus.TIMEOUT: (Kind.TERMINAL, "timeout"),
+    JobStatus.OUT_OF_MEMORY: (Kind.TERMINAL, "out_of_memory"),
+    JobStatus.DEADLINE: (Kind.TERMINAL, "deadline"),
+    JobStatus.NODE_FAIL: (Kind.RETRYABLE, "node_fail"),
+    JobStatus.PREEMPTED: (Kind.RETRYABLE, "preempted"),
+    JobStatus.BOOT_FAIL: (Kind.RETRYABLE, "boot_fail"),
+    JobStatus.PENDING: (Kind.RUNNING, "pending"),
+    JobStatus.RUNNING: (Kind.RUNNING, "running"),
+    JobStatus.SUSPENDED: (Kind.RUNNING, "suspended"),
+    JobStatus.REQUEUED: (Kind.RUNNING, "requeued"),
+    JobStatus.UNKNOWN: (Kind.RUNNING, "unknown"),
+}
+
+
+def classify(state: JobState, *, max_restarts: int | None = None) -> Outcome:
+    """The outcome of `state`; with `max_restarts`, a job Slurm restarted more often than that is terminal."""
+    if state.exit_code == SDC_EXIT_CODE and state.status is not JobStatus.COMPLETED:
+        return Outcome(kind=Kind.TERMINAL, label="sdc_verdict", state=state)
+    if (
+        max_restarts is not None
+        and state.restart_count > max_restarts
+        and state.status is not JobStatus.COMPLETED
+    ):
+        return Outcome(kind=Kind.TERMINAL, label="restarts_exhausted", state=state)
+    kind, label = TABLE[state.status]
+    return Outcome(kind=kind, label=label, state=state)
