@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import boto3
+from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
@@ -31,6 +32,7 @@ from training.store import (
 
 _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken"}
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+_RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable"}
 
 
 class S3Store:
@@ -47,6 +49,8 @@ class S3Store:
             raise StoreConfigError(f"bucket name {bucket!r} is too short (S3 needs 3-63 characters)")
         self.bucket = bucket
         self.endpoint_url = endpoint_url
+        self.max_attempts = max_attempts
+        self.multipart_threshold = multipart_threshold
         # "standard" retry mode backs off exponentially with jitter on throttling and 5xx.
         config = Config(
             retries={"max_attempts": max_attempts, "mode": "standard"}, connect_timeout=5, read_timeout=60
@@ -54,11 +58,22 @@ class S3Store:
         self._s3 = client or boto3.client("s3", endpoint_url=endpoint_url, config=config)
         self._transfer = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=16 << 20)
 
+    def spec(self) -> dict[str, Any]:
+        """The constructor arguments, for rebuilding this store in another process (no credentials)."""
+        return {
+            "bucket": self.bucket,
+            "endpoint_url": self.endpoint_url,
+            "max_attempts": self.max_attempts,
+            "multipart_threshold": self.multipart_threshold,
+        }
+
     def describe(self) -> str:
         where = self.endpoint_url or "AWS S3"
         return f"s3://{self.bucket} at {where}"
 
     def _error(self, e: Exception, what: str) -> StoreError:
+        if isinstance(e, S3UploadFailedError) and isinstance(e.__cause__, Exception):
+            e = e.__cause__  # boto3's transfer manager wraps the ClientError that says what went wrong
         if isinstance(e, NoCredentialsError):
             return StoreAuthError(
                 f"{what}: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
@@ -74,13 +89,13 @@ class S3Store:
                     f"{what}: {self.describe()} refused the credentials ({code}): check AWS_ACCESS_KEY_ID / "
                     "AWS_SECRET_ACCESS_KEY (`longrun stack env` prints the local stack's)"
                 )
+            if code == "NoSuchBucket":
+                return StoreConfigError(f"{what}: bucket {self.bucket!r} does not exist at {self.describe()}")
             if code in _MISSING or status == 404:
                 return NotFound(f"{what}: not found in {self.describe()}")
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
                 return PreconditionFailed(f"{what}: condition failed in {self.describe()} ({code})")
-            if code == "NoSuchBucket":
-                return StoreConfigError(f"{what}: bucket {self.bucket!r} does not exist at {self.describe()}")
-            if status is not None and status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout"):
+            if (status is not None and status >= 500) or code in _RETRYABLE_CODES:
                 return StoreUnavailable(f"{what}: {self.describe()} answered {status} {code}")
             return StoreError(f"{what}: {self.describe()} answered {status} {code}: {err.get('Message', '')}")
         if isinstance(e, BotoCoreError):
@@ -107,8 +122,8 @@ class S3Store:
             raise self._error(e, f"put {key}") from None
         return ObjectInfo(key=key, size=len(data), etag=resp["ETag"], sha256=digest)
 
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> ObjectInfo:
-        digest = sha256_file(path)
+    def put_file(self, key: str, path: str | os.PathLike[str], *, sha256: str | None = None) -> ObjectInfo:
+        digest = sha256 or sha256_file(path)
         try:
             self._s3.upload_file(
                 str(path),

@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -74,8 +75,9 @@ class ObjectStore(Protocol):
         current ETag equals it. Raises PreconditionFailed when the condition does not hold."""
         ...
 
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> ObjectInfo:
-        """Upload a file (multipart when large); readers never see a partial object."""
+    def put_file(self, key: str, path: str | os.PathLike[str], *, sha256: str | None = None) -> ObjectInfo:
+        """Upload a file (multipart when large); readers never see a partial object. `sha256`: the
+        caller's hash of the file, recorded as is (saves hashing it twice); computed when None."""
         ...
 
     def get_bytes(self, key: str) -> bytes: ...
@@ -130,7 +132,9 @@ def _check_key(key: str) -> str:
 class LocalDirStore:
     """A directory as an object store: atomic renames for visibility, a lock file for conditional writes.
 
-    For a laptop, a shared filesystem, and the contract tests. ETags are the SHA-256 of the content.
+    For a laptop, a shared filesystem, and the contract tests. ETags are the SHA-256 of the content. The
+    hash of each object is cached in a sidecar under `.longrun-meta/` keyed by (size, mtime, inode), so
+    `head` and `list` do not re-read every object; a file changed behind the store's back is re-hashed.
     """
 
     _META = ".longrun-meta"  # never a valid first key component for our layout
@@ -139,22 +143,37 @@ class LocalDirStore:
         self.root = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / self._META / "sha").mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreConfigError(f"cannot create local store directory {self.root}: {e}") from e
-        (self.root / self._META).mkdir(exist_ok=True)
 
     def describe(self) -> str:
         return f"local directory {self.root}"
 
     def _path(self, key: str) -> Path:
-        return self.root / _check_key(key)
+        if _check_key(key).split("/")[0] == self._META:
+            raise StoreConfigError(f"object key {key!r} is reserved by the local store")
+        return self.root / key
+
+    def _sidecar(self, key: str) -> Path:
+        return self.root / self._META / "sha" / (key + ".json")
 
     def _lock(self) -> Any:
         f = open(self.root / self._META / "lock", "a+")
         fcntl.flock(f, fcntl.LOCK_EX)
         return f
 
-    def _publish(self, key: str, write: Any, *, if_none_match: bool, if_match: str | None) -> ObjectInfo:
+    def _remember(self, key: str, p: Path, digest: str) -> None:
+        st = p.stat()
+        side = self._sidecar(key)
+        side.parent.mkdir(parents=True, exist_ok=True)
+        tmp = side.with_name(side.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"sha256": digest, "stamp": [st.st_size, st.st_mtime_ns, st.st_ino]}))
+        os.replace(tmp, side)
+
+    def _publish(
+        self, key: str, write: Any, *, if_none_match: bool, if_match: str | None, digest: str | None = None
+    ) -> ObjectInfo:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
@@ -163,15 +182,15 @@ class LocalDirStore:
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())
-            digest = sha256_file(tmp)
-            with self._lock() as lock:
+            digest = digest or sha256_file(tmp)
+            with self._lock():
                 current = self.head(key)
                 if if_none_match and current is not None:
                     raise PreconditionFailed(f"{key} already exists in {self.describe()}")
                 if if_match is not None and (current is None or current.etag != if_match):
                     raise PreconditionFailed(f"{key} changed since ETag {if_match} in {self.describe()}")
                 os.replace(tmp, dest)
-                del lock
+                self._remember(key, dest, digest)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -180,35 +199,58 @@ class LocalDirStore:
     def put_bytes(
         self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
     ) -> ObjectInfo:
-        return self._publish(key, lambda f: f.write(data), if_none_match=if_none_match, if_match=if_match)
+        return self._publish(
+            key,
+            lambda f: f.write(data),
+            if_none_match=if_none_match,
+            if_match=if_match,
+            digest=hashlib.sha256(data).hexdigest(),
+        )
 
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> ObjectInfo:
+    def put_file(self, key: str, path: str | os.PathLike[str], *, sha256: str | None = None) -> ObjectInfo:
         def copy(f: Any) -> None:
             with open(path, "rb") as src:
                 while block := src.read(8 << 20):
                     f.write(block)
 
-        return self._publish(key, copy, if_none_match=False, if_match=None)
+        return self._publish(key, copy, if_none_match=False, if_match=None, digest=sha256)
 
     def get_bytes(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):
             raise NotFound(f"{key} not found in {self.describe()}") from None
 
     def download(self, key: str, path: str | os.PathLike[str]) -> None:
-        Path(path).write_bytes(self.get_bytes(key))
+        src = self._path(key)
+        if not src.is_file():
+            raise NotFound(f"{key} not found in {self.describe()}")
+        shutil.copyfile(src, path)
 
     def head(self, key: str) -> ObjectInfo | None:
         p = self._path(key)
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            return None
         if not p.is_file():
             return None
-        digest = sha256_file(p)
-        return ObjectInfo(key=key, size=p.stat().st_size, etag=digest, sha256=digest)
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        try:
+            cached = json.loads(self._sidecar(key).read_text())
+            digest = cached["sha256"] if cached.get("stamp") == stamp else None
+        except (OSError, ValueError, KeyError, TypeError):
+            digest = None
+        if digest is None:  # written or changed behind the store's back: hash it now
+            digest = sha256_file(p)
+            self._remember(key, p, digest)
+        return ObjectInfo(key=key, size=st.st_size, etag=digest, sha256=digest)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        # Walk only below the deepest directory the prefix names.
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
         keys = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = [d for d in dirnames if d != self._META]
             for name in filenames:
                 if name.startswith(".tmp-"):
@@ -222,10 +264,34 @@ class LocalDirStore:
                 yield info
 
     def delete(self, key: str) -> None:
-        try:
-            self._path(key).unlink()
-        except FileNotFoundError:
-            pass
+        for p in (self._path(key), self._sidecar(key)):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def store_spec(store: ObjectStore) -> dict[str, Any] | None:
+    """A plain description of `store` from which another process can rebuild it (credentials come from
+    that process's environment), or None for a store this module does not know."""
+    if isinstance(store, LocalDirStore):
+        return {"kind": "local", "root": str(store.root)}
+    from training import s3_store  # boto3 only when S3 is used
+
+    if isinstance(store, s3_store.S3Store):
+        return {"kind": "s3", **store.spec()}
+    return None
+
+
+def store_from_spec(spec: dict[str, Any]) -> ObjectStore:
+    """Rebuild a store from `store_spec`'s description."""
+    if spec.get("kind") == "local":
+        return LocalDirStore(spec["root"])
+    if spec.get("kind") == "s3":
+        from training.s3_store import S3Store
+
+        return S3Store(**{k: v for k, v in spec.items() if k != "kind"})
+    raise StoreConfigError(f"store spec {spec!r} has an unknown kind")
 
 
 def store_from_env(env: dict[str, str] | None = None) -> ObjectStore:
