@@ -1,7 +1,9 @@
 """Where the stack keeps its files and which 127.0.0.1 ports it uses.
 
-All ports are offsets from one base (default 26800), a range no common service uses. SeaweedFS also
-listens on each of its ports + 10000 (gRPC), so the base must leave that room below 65536.
+All ports are offsets from one base (default 21800), a range no common service uses. SeaweedFS also
+listens on each of its ports + 10000 (gRPC); with a base up to 22600 those stay below Linux's
+ephemeral range (32768+), where an outgoing connection could hold one. One stack spans SLOT_WIDTH
+ports from its base (plus the gRPC ones), so stacks SLOT_WIDTH apart never collide.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 HOST = "127.0.0.1"
-DEFAULT_PORT_BASE = 26800
+DEFAULT_PORT_BASE = 21800
+SLOT_WIDTH = 150
 DEFAULT_BUCKET = "longrun"
 NODES = ("n1", "n2", "n3", "n4")
 PARTITION = "debug"
@@ -41,7 +44,7 @@ class Layout:
     state_dir: Path
     """Everything the stack writes lives under here (configs, keys, data, logs, PID records)."""
     port_base: int = DEFAULT_PORT_BASE
-    """First port of the stack's range; components use fixed offsets from it (+0 .. +199, +10000 ..)."""
+    """First port of the stack's range; components use fixed offsets from it (+0 .. +149, +10030 .. +10034)."""
     bucket: str = DEFAULT_BUCKET
     """The S3 bucket created at start."""
 
@@ -64,7 +67,7 @@ class Layout:
     @property
     def srun_port_range(self) -> tuple[int, int]:
         """srun listens for its steps' I/O here; pinned so every port of ours lies in our range."""
-        return self.port_base + 100, self.port_base + 199
+        return self.port_base + 100, self.port_base + SLOT_WIDTH - 1
 
     # SeaweedFS (each also + 10000 for gRPC)
     @property

@@ -1,0 +1,79 @@
+"""Session fixtures that bring up the parts of the local stack a test needs, once per session.
+
+- `slurm_cluster`: munge + slurmctld + slurmd n1..n4 (a `SlurmCluster`).
+- `s3_store_env`: SeaweedFS S3; a dict of AWS_* and LONGRUN_BUCKET.
+- `airflow_stack`: Airflow (after Slurm and S3, so its tasks see both); an `AirflowStack`.
+
+By default a session runs its own stack in a temporary state dir on a port range of its own, and stops
+every component it started at the end, also when tests fail. With LONGRUN_TEST_REUSE_STACK=1 it uses
+the default state dir (that of `longrun stack up`): components already running there are reused and
+left running; ones it had to start are stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from helpers.stack_fixtures import AirflowStack, SlurmCluster, claim_port_base
+from longrun.stack import Stack, StackError, default_state_dir
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The session's Stack object (no component is started by this fixture itself)."""
+    if os.environ.get("LONGRUN_TEST_REUSE_STACK") == "1":
+        yield Stack(default_state_dir())
+        return
+    base, lock = claim_port_base()
+    try:
+        # Short path: the munge socket path must fit in a Unix socket address (108 bytes).
+        yield Stack(tmp_path_factory.mktemp("stack"), port_base=base)
+    finally:
+        lock.close()
+
+
+def _bring_up(stack: Stack, component: str, request: pytest.FixtureRequest) -> None:
+    """Start `component` unless it runs; stop it at session end only if this session started it."""
+    comp = stack.components[component]
+    comp.forget_dead()
+    if comp.is_recorded() and stack.running(component):
+        return
+    if not comp.is_recorded():
+        # Only what this session started is stopped; a partly running reused stack is only repaired.
+        request.addfinalizer(lambda: stack.down([component], say=lambda _line: None))
+    try:
+        stack.up([component], say=lambda _line: None)
+    except StackError as exc:
+        pytest.fail(f"local stack: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(local_stack: Stack, request: pytest.FixtureRequest) -> SlurmCluster:
+    _bring_up(local_stack, "slurm", request)
+    env = local_stack.slurm.env()
+    return SlurmCluster(stack=local_stack, env=env, jobcomp_path=local_stack.slurm.paths["jobcomp"])
+
+
+@pytest.fixture(scope="session")
+def s3_store_env(local_stack: Stack, request: pytest.FixtureRequest) -> dict[str, str]:
+    _bring_up(local_stack, "s3", request)
+    return local_stack.s3.env()
+
+
+@pytest.fixture(scope="session")
+def airflow_stack(
+    local_stack: Stack,
+    slurm_cluster: SlurmCluster,
+    s3_store_env: dict[str, str],
+    request: pytest.FixtureRequest,
+) -> AirflowStack:
+    _bring_up(local_stack, "airflow", request)
+    env = local_stack.env()
+    return AirflowStack(
+        url=env["LONGRUN_AIRFLOW_URL"],
+        user=env["LONGRUN_AIRFLOW_USER"],
+        password=env["LONGRUN_AIRFLOW_PASSWORD"],
+        env=env,
+    )

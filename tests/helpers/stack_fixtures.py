@@ -1,0 +1,89 @@
+"""What the session fixtures in tests/conftest.py hand to tests, and how they pick their ports.
+
+A test session runs its own stack in a temporary state dir, on a port range of its own: several
+sessions (and a developer's `longrun stack up` on the default range) can run side by side. A range is
+claimed with an flock on a file in the temp dir, held until the session's process ends, so a crashed
+session frees its range by itself.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from longrun.stack import NODES, PARTITION, Stack
+from longrun.stack.layout import SLOT_WIDTH
+
+TEST_PORT_BASES = tuple(22000 + SLOT_WIDTH * i for i in range(5))
+"""Port bases for test sessions (the default stack uses 21800); all keep SeaweedFS's gRPC ports < 32768."""
+
+
+def claim_port_base() -> tuple[int, IO[bytes]]:
+    """A port base no other test session holds, and the open lock file that holds it (keep it open)."""
+    if env := os.environ.get("LONGRUN_TEST_PORT_BASE"):
+        candidates: tuple[int, ...] = (int(env),)
+    else:
+        candidates = TEST_PORT_BASES
+    for base in candidates:
+        lock = open(Path(tempfile.gettempdir()) / f"longrun-test-ports-{base}.lock", "wb")  # noqa: SIM115
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        return base, lock
+    raise RuntimeError(f"every test port range {candidates} is held by another test session")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlurmCluster:
+    """The four-node Slurm cluster of the test session."""
+
+    stack: Stack
+    """The stack it belongs to."""
+    env: dict[str, str]
+    """What a client needs on top of os.environ (SLURM_CONF)."""
+    nodes: list[str] = field(default_factory=lambda: list(NODES))
+    """Node names, n1..n4."""
+    partition: str = PARTITION
+    """The one partition, holding every node (the default)."""
+    jobcomp_path: Path = Path()
+    """jobcomp/filetxt's file: one line per finished job, kept after slurmctld forgets the job."""
+
+    def __post_init__(self) -> None:
+        if "SLURM_CONF" not in self.env:
+            raise ValueError(f"env must hold SLURM_CONF, got keys {sorted(self.env)!r}")
+
+    def client_env(self) -> dict[str, str]:
+        """os.environ plus this cluster's variables, for subprocess calls."""
+        return {**os.environ, **self.env}
+
+    def kill_slurmd(self, node: str) -> None:
+        """SIGKILL node's slurmd by its recorded PID (the node goes `down*` after ~10-30 s)."""
+        self.stack.kill_slurmd(node)
+
+    def restart_slurmd(self, node: str) -> None:
+        """Start node's slurmd again and wait until the node responds."""
+        self.stack.restart_slurmd(node)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AirflowStack:
+    """Airflow of the test session (scheduler, triggerer, dag-processor, API)."""
+
+    url: str
+    """API base URL, e.g. http://127.0.0.1:22080."""
+    user: str
+    """Admin user name."""
+    password: str
+    """Admin password."""
+    env: dict[str, str]
+    """Every stack variable (Slurm, S3, Airflow, AIRFLOW_HOME)."""
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith("http://127.0.0.1:"):
+            raise ValueError(f"url must be on 127.0.0.1, got {self.url!r}")
