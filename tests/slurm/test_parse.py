@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from longrun.slurm import parse
 from longrun.slurm.client import JobStatus
@@ -108,7 +111,7 @@ SQUEUE_2205 = {
             "name": "a",
             "job_state": "FAILED",
             "state_reason": "NonZeroExitCode",
-            "exit_code": 3,
+            "exit_code": 768,  # 22.05 reports the raw wait status: exit 3 << 8
             "restart_cnt": 0,
             "nodes": "n2",
             "comment": "longrun/d/r/t/-1/1",
@@ -211,7 +214,7 @@ def test_sinfo_json_both_shapes(data):
     nodes = {n.name: n for n in parse.nodes_from_sinfo_json(data)}
     assert not nodes["n1"].drain_flag and nodes["n1"].reason is None
     assert nodes["n2"].drain_flag and nodes["n2"].is_ours
-    assert nodes["n3"].is_down and not nodes["n3"].is_ours
+    assert nodes["n3"].is_down and "NOT_RESPONDING" in nodes["n3"].flags and not nodes["n3"].is_ours
 
 
 def test_scontrol_node():
@@ -221,3 +224,37 @@ def test_scontrol_node():
     )
     (n,) = parse.nodes_from_scontrol(line)
     assert (n.name, n.state, n.flags, n.reason) == ("n2", "idle", frozenset({"DRAIN"}), "longrun:sdc:run1:40")
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_captured_22_05_outputs():
+    """Outputs captured from the local 22.05 cluster: job 1 exited 3 on n[1-2], job 2 was running on n1,
+    n2 was drained by longrun and n3 by an admin."""
+    sq = {
+        j.job_id: j for j in parse.jobs_from_squeue_json(json.loads((DATA / "squeue_22.05.json").read_text()))
+    }
+    sc = {j.job_id: j for j in parse.jobs_from_scontrol((DATA / "scontrol_job_22.05.txt").read_text())}
+    jc = parse.jobs_from_jobcomp((DATA / "jobcomp_22.05.txt").read_text().splitlines())
+    for source in (sq, sc, jc):
+        assert (source[1].status, source[1].exit_code, source[1].nodes) == (JobStatus.FAILED, 3, ("n1", "n2"))
+    for source in (sq, sc):
+        assert source[1].comment == "longrun/d/r/t/-1/1"
+        assert (
+            source[2].status is JobStatus.RUNNING
+            and source[2].exit_code is None
+            and source[2].nodes == ("n1",)
+        )
+    nodes = {
+        n.name: n for n in parse.nodes_from_sinfo_json(json.loads((DATA / "sinfo_22.05.json").read_text()))
+    }
+    sc_nodes = {n.name: n for n in parse.nodes_from_scontrol((DATA / "scontrol_node_22.05.txt").read_text())}
+    for source in (nodes, sc_nodes):
+        assert source["n2"].drain_flag and source["n2"].is_ours and source["n2"].reason == "longrun:test:x"
+        assert (
+            source["n3"].drain_flag
+            and not source["n3"].is_ours
+            and source["n3"].reason == "admin maintenance"
+        )
+        assert not source["n4"].drain_flag and source["n4"].reason is None

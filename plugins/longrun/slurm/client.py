@@ -193,7 +193,8 @@ class NodeState:
 
     @property
     def is_down(self) -> bool:
-        return self.state == "down" or "NOT_RESPONDING" in self.flags
+        # Not NOT_RESPONDING alone: a node reads idle* for ~0.5 s after every resume.
+        return self.state == "down"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from longrun.slurm.client import JobState, NodeState, fold_status
+from longrun.slurm.client import ACTIVE, JobState, NodeState, fold_status
 
 _KEY_SPLIT = re.compile(r" +(?=[A-Za-z][A-Za-z0-9_/:]*=)")
 _REASON_SUFFIX = re.compile(r"\s*\[[^\[\]]*@[^\[\]]*\]\s*$")
@@ -98,9 +98,12 @@ def job_from_kv(d: dict[str, str], *, source: str) -> JobState:
     slurm_state = d.get("JobState", "UNKNOWN").split()[0].upper()
     restarts = int(d.get("Restarts", "0") or 0)
     reason = _null(d.get("Reason"))
+    status = fold_status(slurm_state, restart_count=restarts)
+    if status in ACTIVE:  # Slurm prints 0:0 until the job ends: no exit code yet
+        exit_code, signal = None, None
     return JobState(
         job_id=int(d["JobId"]),
-        status=fold_status(slurm_state, restart_count=restarts),
+        status=status,
         slurm_state=slurm_state,
         exit_code=exit_code,
         signal=signal,
@@ -166,8 +169,12 @@ def _job_exit(job: dict[str, Any]) -> tuple[int | None, int | None]:
         if signal or "SIGNALED" in status:
             return None, signal
         return _number(raw.get("return_code")), None
-    code = _number(raw)
-    return code, None
+    status = _number(raw)  # 22.05: the raw wait(2) status (exit 3 reads 768)
+    if status is None:
+        return None, None
+    if status & 0x7F:
+        return None, status & 0x7F
+    return (status >> 8) & 0xFF, None
 
 
 def job_from_squeue_json(job: dict[str, Any]) -> JobState:
@@ -178,7 +185,7 @@ def job_from_squeue_json(job: dict[str, Any]) -> JobState:
     reason = _null(job.get("state_reason"))
     # 22.05 reports exit 0 for jobs still running; the code is only meaningful once the job is final.
     status = fold_status(slurm_state, restart_count=restarts)
-    if status.value in ("pending", "running", "requeued", "suspended"):
+    if status in ACTIVE:
         exit_code, signal = None, None
     held = slurm_state == "PENDING" and (_held(reason) or "REQUEUE_HOLD" in states or job.get("hold") is True)
     return JobState(
