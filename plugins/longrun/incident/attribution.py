@@ -1,0 +1,111 @@
+"""Attribution: from an alert's evidence to one suspect node, or to "ambiguous".
+
+A node is named only when the evidence points at exactly one node and a strict majority of the other
+replicas agreed with each other. Everything else is ambiguous and suspects software (a non-deterministic
+kernel, a bad code push, a data race): draining a healthy node for it would cost capacity and hide the
+real cause, so the incident drains nothing, fails loudly and links the ambiguous-evidence runbook.
+
+Ambiguous when:
+- the alert names no node (e.g. a two-node recompute mismatch, where no majority exists);
+- it names several nodes at once;
+- every replica disagrees (no majority: the checks say so in the evidence, or every node is named).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from longrun.incident import runbooks
+from training import schema
+
+NODE = "node"
+AMBIGUOUS = "ambiguous"
+
+# Evidence keys under which the checks may say that no strict majority existed.
+_NO_MAJORITY_KEYS = ("no_majority", "all_disagree", "every_replica_disagrees")
+# Evidence keys that may carry the node of every rank, in rank order.
+_WORLD_KEYS = ("nodes", "rank_nodes", "world_nodes")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attribution:
+    """What the evidence lets us say about where the fault is."""
+
+    verdict: str
+    """`node` (one suspect node) or `ambiguous` (suspect software; drain nothing)."""
+    node: str | None
+    """The suspect node when verdict is `node`, else None."""
+    ranks: tuple[int, ...]
+    """The suspect ranks the alert named (may be empty)."""
+    reason: str
+    """One sentence for people: why this verdict."""
+    runbook: str
+    """The runbook to follow next (repository-relative path)."""
+
+    def __post_init__(self) -> None:
+        if self.verdict not in (NODE, AMBIGUOUS):
+            raise ValueError(f"verdict={self.verdict!r}: expected {NODE!r} or {AMBIGUOUS!r}")
+        if (self.verdict == NODE) != (self.node is not None):
+            raise ValueError(f"node={self.node!r} does not fit verdict={self.verdict!r}")
+
+    @property
+    def ambiguous(self) -> bool:
+        return self.verdict == AMBIGUOUS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "node": self.node,
+            "ranks": list(self.ranks),
+            "reason": self.reason,
+            "runbook": self.runbook,
+        }
+
+
+def _world_nodes(alert: Mapping[str, Any]) -> list[str]:
+    """Node of every rank, in rank order, when the alert carries it (evidence or a `world` block)."""
+    evidence = alert.get("evidence") or {}
+    for source in (evidence, alert.get("world") or {}, alert):
+        for key in _WORLD_KEYS:
+            value = source.get(key) if isinstance(source, Mapping) else None
+            if isinstance(value, Sequence) and not isinstance(value, str) and value:
+                return [str(v) for v in value]
+    return []
+
+
+def attribute(alert: Mapping[str, Any]) -> Attribution:
+    """Attribute an alert record (training.schema kind `alert`) to one node, or call it ambiguous."""
+    schema.validate("alert", alert)
+    check = alert["check"]
+    evidence = alert.get("evidence") or {}
+    ranks = tuple(int(r) for r in alert.get("suspect_ranks") or ())
+    world = _world_nodes(alert)
+    named = [str(n) for n in alert.get("suspect_nodes") or ()]
+    if not named and ranks and world:
+        # A check that only knew ranks: map them through the rank -> node table it recorded.
+        named = [world[r] for r in ranks if 0 <= r < len(world)]
+    nodes = list(dict.fromkeys(named))
+
+    def ambiguous(reason: str) -> Attribution:
+        return Attribution(
+            verdict=AMBIGUOUS, node=None, ranks=ranks, reason=reason, runbook=runbooks.AMBIGUOUS_EVIDENCE
+        )
+
+    if any(evidence.get(k) for k in _NO_MAJORITY_KEYS):
+        return ambiguous(f"{check} at step {alert['step']}: every replica disagrees (no strict majority)")
+    distinct_world = list(dict.fromkeys(world))
+    if len(distinct_world) > 1 and set(nodes) >= set(distinct_world):
+        return ambiguous(f"{check} at step {alert['step']}: every node of the run is suspect ({nodes})")
+    if not nodes:
+        return ambiguous(f"{check} at step {alert['step']}: the evidence names no node")
+    if len(nodes) > 1:
+        return ambiguous(f"{check} at step {alert['step']}: the evidence names several nodes at once {nodes}")
+    return Attribution(
+        verdict=NODE,
+        node=nodes[0],
+        ranks=ranks,
+        reason=f"{check} at step {alert['step']}: ranks {list(ranks)} on {nodes[0]} disagree with the majority",
+        runbook=runbooks.for_check(check),
+    )

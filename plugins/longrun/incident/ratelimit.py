@@ -1,0 +1,146 @@
+"""Drain rate limit: a ledger of drains in the store, changed only by conditional writes.
+
+Why: a software bug that looks like SDC (or a bad check) must not drain the cluster one node per alert.
+Two rules, both enforced before any `scontrol update state=drain`:
+
+- at most `max_drains` drains in any `window_s` (cluster-wide, every run counts);
+- at most `max_nodes_per_incident` nodes per incident (1): a second node for the same incident needs an
+  operator (`operator_override=True`, which the approve mode's human decision supplies).
+
+The ledger is one JSON object (`LEDGER_KEY`); each reservation reads it with its ETag and writes it back
+with If-Match (If-None-Match for the first), retrying when another writer won. Reserving is idempotent:
+the same (incident, node) again returns the existing grant and counts once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from training.store import NotFound, ObjectStore, PreconditionFailed
+
+LEDGER_KEY = "ops/drain-ledger.json"
+KEEP_S = 7 * 24 * 3600  # entries older than this are dropped from the ledger
+MAX_ATTEMPTS = 8
+
+
+class DrainRefused(Exception):
+    """The rate limit forbids this drain; the message says which rule and what an operator can do."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainPolicy:
+    """How many drains longrun may do on its own."""
+
+    max_drains: int = 2
+    """Drains allowed in any window of `window_s` seconds, cluster-wide."""
+    window_s: float = 3600.0
+    """The sliding window, in seconds."""
+    max_nodes_per_incident: int = 1
+    """Nodes one incident may drain without an operator."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_drains, bool) or not isinstance(self.max_drains, int) or self.max_drains < 1:
+            raise ValueError(f"max_drains={self.max_drains!r}: must be an integer >= 1")
+        if not isinstance(self.window_s, int | float) or not self.window_s > 0:
+            raise ValueError(f"window_s={self.window_s!r}: must be a number of seconds > 0")
+        n = self.max_nodes_per_incident
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"max_nodes_per_incident={n!r}: must be an integer >= 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainGrant:
+    """Permission to drain one node for one incident."""
+
+    incident_id: str
+    """The incident the drain belongs to."""
+    node: str
+    """The node."""
+    time: float
+    """When the grant was first written (epoch seconds)."""
+    already: bool
+    """True when this (incident, node) was granted before: the caller is a rerun."""
+    in_window: int
+    """Drains in the current window, this one included."""
+
+
+def _read(store: ObjectStore) -> tuple[dict[str, Any], str | None]:
+    info = store.head(LEDGER_KEY)
+    if info is None:
+        return {"schema_version": 1, "kind": "drain_ledger", "entries": []}, None
+    try:
+        data = json.loads(store.get_bytes(LEDGER_KEY))
+    except NotFound:
+        return {"schema_version": 1, "kind": "drain_ledger", "entries": []}, None
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        raise ValueError(f"{LEDGER_KEY} in {store.describe()} is not a drain ledger: fix or delete it")
+    return data, info.etag
+
+
+def entries(store: ObjectStore) -> list[dict[str, Any]]:
+    """Every drain in the ledger, oldest first."""
+    return list(_read(store)[0]["entries"])
+
+
+def reserve_drain(
+    store: ObjectStore,
+    *,
+    incident_id: str,
+    node: str,
+    run: str,
+    policy: DrainPolicy | None = None,
+    operator_override: bool = False,
+    now: float | None = None,
+) -> DrainGrant:
+    """Record a drain of `node` for `incident_id`, or raise DrainRefused. Safe against concurrent callers."""
+    policy = policy or DrainPolicy()
+    for _ in range(MAX_ATTEMPTS):
+        t = time.time() if now is None else now
+        ledger, etag = _read(store)
+        kept = [e for e in ledger["entries"] if t - float(e.get("time", 0)) < KEEP_S]
+        for e in kept:
+            if e.get("incident_id") == incident_id and e.get("node") == node:
+                in_window = sum(1 for x in kept if t - float(x["time"]) < policy.window_s)
+                return DrainGrant(
+                    incident_id=incident_id,
+                    node=node,
+                    time=float(e["time"]),
+                    already=True,
+                    in_window=in_window,
+                )
+        mine = sorted({e["node"] for e in kept if e.get("incident_id") == incident_id})
+        if len(mine) >= policy.max_nodes_per_incident and not operator_override:
+            raise DrainRefused(
+                f"incident {incident_id} already drained {mine}; draining {node} too needs an operator "
+                f"(at most {policy.max_nodes_per_incident} node(s) per incident): approve it by hand"
+            )
+        window = [e for e in kept if t - float(e["time"]) < policy.window_s]
+        if len(window) >= policy.max_drains and not operator_override:
+            raise DrainRefused(
+                f"drain rate limit: {len(window)} drains in the last {policy.window_s:.0f} s "
+                f"(limit {policy.max_drains}): {[e['node'] for e in window]}; not draining {node} for "
+                f"{incident_id}. Many drains at once suggest software, not hardware: see the runbook"
+            )
+        entry = {
+            "incident_id": incident_id,
+            "node": node,
+            "run": run,
+            "time": t,
+            "override": operator_override,
+        }
+        ledger["entries"] = [*kept, entry][-1000:]
+        body = json.dumps(ledger, sort_keys=True, indent=1).encode()
+        try:
+            if etag is None:
+                store.put_bytes(LEDGER_KEY, body, if_none_match=True)
+            else:
+                store.put_bytes(LEDGER_KEY, body, if_match=etag)
+        except PreconditionFailed:
+            continue  # another writer won; read again and re-decide
+        return DrainGrant(
+            incident_id=incident_id, node=node, time=t, already=False, in_window=len(window) + 1
+        )
+    raise DrainRefused(f"drain ledger {LEDGER_KEY} kept changing under us ({MAX_ATTEMPTS} attempts); retry")

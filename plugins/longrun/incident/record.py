@@ -1,0 +1,175 @@
+"""The incident record: one JSON object per alert under the run's incidents/, never lost, never doubled.
+
+Keyed by the alert (its key's file stem is the incident id), created with If-None-Match and changed only
+with If-Match, so a rerun task, a rerun DAG or two schedulers racing all land on the same record.
+Timeline events are named; adding an event that is already there is a no-op (a rerun does not add a
+second "drained"), which is also how the tasks know what has been done.
+
+Fields beyond the shared schema's (run, incident_id, alert, timeline, mode): alert_key, status,
+attribution, drain, diagnosis, checkpoint (step, key, why), lost_steps, relaunch, time_to_recover_s,
+runbooks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+from longrun.incident import runbooks
+from training import schema
+from training.store import ObjectStore, PreconditionFailed
+
+MAX_ATTEMPTS = 8
+
+# status values, in the order an incident moves through them
+OPEN = "open"
+AMBIGUOUS = "ambiguous"  # suspect software: nothing drained
+OBSERVED = "observed"  # observe mode: recorded what would be done
+REJECTED = "rejected"  # approve mode: an operator said no
+RELAUNCHED = "relaunched"
+FAILED = "failed"
+
+
+def incident_id_for(alert_key: str) -> str:
+    """The incident id of an alert: its key's file stem (`00000017-recompute-r000-1764430000`)."""
+    name = PurePosixPath(alert_key).name
+    stem = name[: -len(".json")]
+    if not name.endswith(".json") or not stem or stem.startswith("."):
+        raise ValueError(f"alert_key={alert_key!r} does not name an alert record")
+    return stem
+
+
+def record_key(run: str, incident_id: str) -> str:
+    return schema.store_key(run, schema.incident_path(incident_id))
+
+
+def _now() -> float:
+    return time.time()
+
+
+def open_incident(
+    store: ObjectStore, *, run: str, alert: Mapping[str, Any], alert_key: str, mode: str
+) -> dict[str, Any]:
+    """Create the record for `alert` (or return the one a previous try created)."""
+    incident_id = incident_id_for(alert_key)
+    key = record_key(run, incident_id)
+    rec = schema.record(
+        "incident",
+        run=run,
+        incident_id=incident_id,
+        alert=dict(alert),
+        alert_key=alert_key,
+        timeline=[{"event": "opened", "time": _now(), "alert_time": alert.get("time")}],
+        mode=mode,
+        status=OPEN,
+        runbooks=[runbooks.for_check(str(alert.get("check")))],
+    )
+    try:
+        store.put_bytes(key, _dump(rec), if_none_match=True)
+        return rec
+    except PreconditionFailed:
+        return load(store, run=run, incident_id=incident_id)
+
+
+def load(store: ObjectStore, *, run: str, incident_id: str) -> dict[str, Any]:
+    rec = json.loads(store.get_bytes(record_key(run, incident_id)))
+    schema.validate("incident", rec)
+    return rec
+
+
+def update(
+    store: ObjectStore, *, run: str, incident_id: str, change: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Apply `change` to the stored record with a conditional write; re-read and retry if someone else won.
+
+    `change` must be safe to call more than once (it may run again on a fresh copy)."""
+    key = record_key(run, incident_id)
+    for _ in range(MAX_ATTEMPTS):
+        info = store.head(key)
+        if info is None:
+            raise FileNotFoundError(f"incident record {key} does not exist in {store.describe()}")
+        rec = json.loads(store.get_bytes(key))
+        change(rec)
+        schema.validate("incident", rec)
+        try:
+            store.put_bytes(key, _dump(rec), if_match=info.etag)
+            return rec
+        except PreconditionFailed:
+            continue
+    raise RuntimeError(f"incident record {key} kept changing under us ({MAX_ATTEMPTS} attempts)")
+
+
+def has_event(rec: Mapping[str, Any], event: str) -> bool:
+    return any(e.get("event") == event for e in rec.get("timeline", ()))
+
+
+def event(rec: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    return next((e for e in rec.get("timeline", ()) if e.get("event") == name), None)
+
+
+def add_event(
+    store: ObjectStore,
+    *,
+    run: str,
+    incident_id: str,
+    name: str,
+    fields: Mapping[str, Any] | None = None,
+    **data: Any,
+) -> dict[str, Any]:
+    """Append timeline event `name` (once) with `data`, and merge `fields` into the record."""
+
+    def change(rec: dict[str, Any]) -> None:
+        if not has_event(rec, name):
+            rec["timeline"].append({"event": name, "time": _now(), **data})
+        if fields:
+            rec.update(fields)
+
+    return update(store, run=run, incident_id=incident_id, change=change)
+
+
+def add_runbook(rec: dict[str, Any], path: str) -> None:
+    books = rec.setdefault("runbooks", [])
+    if path not in books:
+        books.append(path)
+
+
+def lost_steps(*, alert_step: int, checkpoint_step: int) -> int:
+    """Steps that are trained again: from the checkpoint to the alert's step, that step included."""
+    if checkpoint_step > alert_step:
+        raise ValueError(f"checkpoint_step={checkpoint_step} is after alert_step={alert_step}")
+    return alert_step - checkpoint_step
+
+
+def summary(rec: Mapping[str, Any]) -> str:
+    """Lines for the task log: what happened, what was done, what to read next."""
+    alert = rec.get("alert", {})
+    lines = [
+        f"incident {rec['incident_id']} of run {rec['run']} ({rec.get('status')}, mode {rec['mode']})",
+        f"  alert: {alert.get('check')} at step {alert.get('step')}, suspect nodes {alert.get('suspect_nodes')}"
+        f" ranks {alert.get('suspect_ranks')}",
+    ]
+    if att := rec.get("attribution"):
+        lines.append(f"  attribution: {att.get('verdict')} {att.get('node') or ''} - {att.get('reason')}")
+    if diag := rec.get("diagnosis"):
+        lines.append(f"  diagnosis: {diag.get('verdict')} - {diag.get('summary')}")
+    if ck := rec.get("checkpoint"):
+        lines.append(f"  checkpoint: step {ck.get('step')} ({ck.get('why')})")
+    if rec.get("lost_steps") is not None:
+        lines.append(f"  lost steps: {rec['lost_steps']}")
+    if rl := rec.get("relaunch"):
+        lines.append(f"  relaunch: job {rl.get('job_id')} on {rl.get('nodes')} excluding {rl.get('exclude')}")
+    if rec.get("time_to_recover_s") is not None:
+        lines.append(f"  alert -> relaunched RUNNING: {rec['time_to_recover_s']:.1f} s")
+    t0 = rec["timeline"][0]["time"] if rec.get("timeline") else 0
+    for e in rec.get("timeline", ()):
+        lines.append(f"    +{e['time'] - t0:7.2f}s {e['event']}")
+    for book in rec.get("runbooks", ()):
+        lines.append(f"  runbook: {book}")
+    return "\n".join(lines)
+
+
+def _dump(rec: Mapping[str, Any]) -> bytes:
+    return json.dumps(rec, sort_keys=True, indent=1).encode()

@@ -1,0 +1,81 @@
+"""Attribution: one node from clean evidence; ambiguous (suspect software) otherwise."""
+
+from __future__ import annotations
+
+import pytest
+from longrun.incident import runbooks
+from longrun.incident.attribution import AMBIGUOUS, NODE, Attribution, attribute
+
+from training import schema
+
+
+def alert(**over):
+    fields = dict(
+        run="r1",
+        step=17,
+        check="recompute",
+        suspect_ranks=[1],
+        suspect_nodes=["n2"],
+        evidence={"nodes": ["n1", "n2", "n3"]},
+    )
+    fields.update(over)
+    return schema.record("alert", **fields)
+
+
+def test_one_node_named_by_a_majority():
+    a = attribute(alert())
+    assert (a.verdict, a.node, a.ranks) == (NODE, "n2", (1,))
+    assert a.runbook == runbooks.RECOMPUTE_MISMATCH
+    assert "n2" in a.reason
+
+
+@pytest.mark.parametrize("check", ["finite", "recompute", "weight_vote"])
+def test_runbook_follows_the_check(check):
+    assert attribute(alert(check=check)).runbook == runbooks.FOR_CHECK[check]
+
+
+def test_ranks_on_one_node_count_once():
+    a = attribute(alert(suspect_ranks=[2, 3], suspect_nodes=["n2", "n2"], evidence={}))
+    assert (a.verdict, a.node, a.ranks) == (NODE, "n2", (2, 3))
+
+
+def test_rank_only_evidence_is_mapped_through_the_world():
+    a = attribute(alert(suspect_nodes=[], suspect_ranks=[2], evidence={"rank_nodes": ["n1", "n2", "n4"]}))
+    assert (a.verdict, a.node) == (NODE, "n4")
+
+
+def test_several_nodes_at_once_is_ambiguous():
+    a = attribute(alert(suspect_ranks=[0, 2], suspect_nodes=["n1", "n3"]))
+    assert a.verdict == AMBIGUOUS and a.node is None
+    assert "several nodes" in a.reason
+    assert a.runbook == runbooks.AMBIGUOUS_EVIDENCE
+
+
+def test_every_replica_disagreeing_is_ambiguous():
+    a = attribute(alert(suspect_nodes=["n2"], evidence={"no_majority": True}))
+    assert a.verdict == AMBIGUOUS and "every replica disagrees" in a.reason
+
+
+def test_every_node_of_the_run_named_is_ambiguous():
+    a = attribute(alert(suspect_ranks=[0, 1], suspect_nodes=["n1", "n2"], evidence={"nodes": ["n1", "n2"]}))
+    assert a.verdict == AMBIGUOUS
+
+
+def test_no_node_named_is_ambiguous():
+    # Two nodes: a recompute mismatch cannot say which one is wrong.
+    a = attribute(alert(suspect_ranks=[], suspect_nodes=[], evidence={"nodes": ["n1", "n2"]}))
+    assert a.verdict == AMBIGUOUS and "names no node" in a.reason
+
+
+def test_not_an_alert_is_refused():
+    with pytest.raises(schema.SchemaError, match="lacks field"):
+        attribute({"schema_version": 1, "kind": "alert", "run": "r", "step": 1, "check": "finite"})
+
+
+def test_attribution_checks_its_own_fields():
+    with pytest.raises(ValueError, match="verdict='maybe'"):
+        Attribution(verdict="maybe", node=None, ranks=(), reason="", runbook="")
+    with pytest.raises(ValueError, match="node=None"):
+        Attribution(verdict=NODE, node=None, ranks=(), reason="", runbook="")
+    d = attribute(alert()).to_dict()
+    assert d["verdict"] == NODE and d["ranks"] == [1]

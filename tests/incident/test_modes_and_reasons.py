@@ -1,0 +1,75 @@
+"""Modes, drain reasons, the node-side verdict, and picking a healthy node (pure parts of diagnose)."""
+
+from __future__ import annotations
+
+import pytest
+from longrun.incident import diagnose, modes, node_check
+from longrun.slurm.client import NodeState
+from longrun.slurm.errors import InvalidSpecError
+
+
+def test_modes():
+    assert modes.plan("act") == modes.ModePlan(mode="act", changes=True, approval=False)
+    assert modes.plan("approve").approval and modes.plan("approve").changes
+    assert not modes.plan("observe").changes
+    with pytest.raises(ValueError, match="incident_mode='yolo'"):
+        modes.plan("yolo")
+
+
+def test_reasons_carry_the_prefix_and_round_trip():
+    assert diagnose.sdc_reason("r1", 17) == "longrun:sdc:r1:17"
+    assert diagnose.verdict_reason("r1", 17, "fail") == "longrun:diag-fail:r1:17"
+    assert diagnose.parse_reason("longrun:diag-pass:r1:17") == ("diag-pass", "r1", 17)
+    assert diagnose.parse_reason("admin: bad fan") is None
+    with pytest.raises(ValueError, match="verdict='maybe'"):
+        diagnose.verdict_reason("r1", 1, "maybe")
+    with pytest.raises(InvalidSpecError):
+        diagnose.sdc_reason("r;rm", 1)
+
+
+def test_node_check_argv_is_validated():
+    argv = diagnose.node_check_argv(node="n2", expect="ab12", dcgm_level=3, probe_timeout_s=60, python="py")
+    assert argv == ("py", "-m", "longrun.incident.node_check", "--node", "n2", "--expect", "ab12",
+                    "--dcgm-level", "3", "--probe-timeout", "60")  # fmt: skip
+    with pytest.raises(ValueError, match="expect="):
+        diagnose.node_check_argv(node="n2", expect="zz;", dcgm_level=3, probe_timeout_s=60)
+    with pytest.raises(InvalidSpecError):
+        diagnose.node_check_argv(node="--wrap=x", expect=None, dcgm_level=3, probe_timeout_s=60)
+
+
+@pytest.mark.parametrize(
+    ("obj", "rc", "want"),
+    [
+        ({"verdict": "fail"}, 0, "fail"),
+        ({"ok": True}, 1, "pass"),
+        ({"match": False}, 0, "fail"),
+        ({"fingerprint": "ab"}, 0, "pass"),
+        ({"fingerprint": "ab"}, 3, "fail"),
+        (None, 0, "error"),
+    ],
+)
+def test_probe_verdict(obj, rc, want):
+    assert node_check.probe_verdict(obj, rc) == want
+
+
+def test_combine():
+    assert node_check.combine({"verdict": "pass"}, None) == "pass"
+    assert node_check.combine({"verdict": "pass"}, {"passed": False}) == "fail"
+    assert node_check.combine({"verdict": "fail"}, {"passed": True}) == "fail"
+    assert node_check.combine({"verdict": "error"}, None) == "error"
+
+
+def test_last_json_line():
+    assert node_check.last_json_line('log\n{"a": 1}\nnoise {x}\n') == {"a": 1}
+    assert node_check.last_json_line("nothing") is None
+
+
+def test_pick_healthy_prefers_the_runs_own_idle_nodes():
+    nodes = [
+        NodeState(name="n1", state="idle"),
+        NodeState(name="n2", state="idle", flags=frozenset({"DRAIN"}), reason="longrun:sdc:r:1"),
+        NodeState(name="n3", state="allocated"),
+        NodeState(name="n4", state="idle"),
+    ]
+    assert diagnose.pick_healthy(nodes, exclude=["n2"], prefer=["n3", "n4"]) == "n4"
+    assert diagnose.pick_healthy(nodes, exclude=["n1", "n4"]) is None
