@@ -1,0 +1,1 @@
+"""Airflow hooks of longrun (Slurm today; other helpers may add more)."""

@@ -1,0 +1,1 @@
+"""Airflow operators of longrun (Slurm today; other helpers may add more)."""

@@ -1,0 +1,193 @@
+"""SlurmSubmitJobOperator: submit a Slurm batch job and wait for it without holding a worker slot.
+
+`execute` goes through Airflow 3.3's ResumableJobMixin: the job id is stored in the task state store
+before waiting, so a retried try reattaches to a still-active (or already successful) job instead of
+submitting it again. Because the worker can die between `sbatch` and storing the id, `submit_job` also
+looks for a job carrying this task instance's tag (`--comment`, any try) before it submits.
+
+Terminal outcomes (the job failed, was cancelled, timed out, used up its restarts, or exited with the
+SDC verdict code) raise AirflowFailException with Slurm's state, reason and exit code: no retry.
+Retryable ones (node failure, preemption) raise JobRetryableError, so the task's retries apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
+from airflow.sdk.exceptions import AirflowFailException
+
+from longrun.hooks.slurm import SlurmHook
+from longrun.slurm.client import ACTIVE, JobState, JobStatus
+from longrun.slurm.errors import (
+    JobNotFoundError,
+    SlurmUnavailableError,
+    TerminalSlurmError,
+)
+from longrun.slurm.outcomes import Kind, Outcome, classify
+from longrun.slurm.spec import JobSpec, JobTag
+from longrun.triggers.slurm import SlurmJobTrigger
+
+_ACTIVE = {s.value for s in ACTIVE}
+
+
+def tag_for(context: Mapping[str, Any]) -> JobTag:
+    """This task instance's tag (dag/run/task/map index/try)."""
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", -1)
+    return JobTag(
+        dag_id=ti.dag_id,
+        run_id=ti.run_id,
+        task_id=ti.task_id,
+        map_index=-1 if map_index is None else int(map_index),
+        try_number=int(ti.try_number or 1),
+    )
+
+
+def finish(hook: SlurmHook, event: Any, *, max_restarts: int | None) -> JobState:
+    """Validate a trigger event, re-check the job through the hook, and return its state on success.
+
+    Raises AirflowFailException for terminal outcomes and JobRetryableError / SlurmUnavailableError for
+    retryable ones (Airflow's retries apply). Shared by the operator and the sensor.
+    """
+    if not isinstance(event, dict) or "status" not in event or "job_id" not in event:
+        raise AirflowFailException(f"malformed Slurm trigger event: {event!r}")
+    job_id = int(event["job_id"])
+    if event["status"] == "error":
+        msg = f"Slurm trigger for job {job_id} failed: {event.get('message')}"
+        if event.get("retryable"):
+            raise SlurmUnavailableError(msg)
+        raise AirflowFailException(msg)
+    if event["status"] != "done":
+        raise AirflowFailException(f"unknown Slurm trigger event status {event['status']!r}: {event!r}")
+    # The event is what the triggerer saw; the hook's look is the one we act on.
+    try:
+        outcome: Outcome = hook.outcome(job_id, max_restarts=max_restarts)
+    except JobNotFoundError:
+        outcome = classify(JobState.from_dict(event["state"]), max_restarts=max_restarts)
+    if outcome.label == "restarts_exhausted" and outcome.state.is_active:
+        hook.cancel(job_id)
+    if outcome.kind is Kind.RUNNING:
+        raise SlurmUnavailableError(f"trigger reported job {job_id} final but Slurm says {outcome.message}")
+    try:
+        return hook.check(outcome)
+    except TerminalSlurmError as err:
+        raise AirflowFailException(str(err)) from err
+
+
+class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
+    """Submit a job from a JobSpec's fields (`job`, templated; `comment` is set here) and wait for it.
+
+    With `wait_for_completion=False` it returns the job id right after submitting (pair it with
+    SlurmJobSensor). Otherwise it defers to SlurmJobTrigger and returns the final job state as a dict.
+    """
+
+    template_fields: Sequence[str] = ("job",)
+    external_id_key = "slurm_job_id"
+    ui_color = "#d6e9f8"
+
+    def __init__(
+        self,
+        *,
+        job: dict[str, Any],
+        slurm_conn_id: str = SlurmHook.default_conn_name,
+        wait_for_completion: bool = True,
+        poll_interval: float = 1.0,
+        max_poll_interval: float = 10.0,
+        max_restarts: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if "comment" in job:
+            raise ValueError("job['comment'] is set by the operator (the dag/run/task/try tag); remove it")
+        self.job = job
+        self.slurm_conn_id = slurm_conn_id
+        self.wait_for_completion = wait_for_completion
+        self.poll_interval = poll_interval
+        self.max_poll_interval = max_poll_interval
+        self.max_restarts = max_restarts
+        self._job_id: int | None = None
+        if "{{" not in repr(job):
+            # Fail at parse time, not at run time, when nothing is templated.
+            JobSpec.from_dict({**job, "comment": "longrun/parse/check/t/-1/1"})
+
+    @cached_property
+    def hook(self) -> SlurmHook:
+        return SlurmHook(self.slurm_conn_id)
+
+    def execute(self, context: Any) -> Any:
+        try:
+            return self.execute_resumable(context)
+        except TerminalSlurmError as err:
+            raise AirflowFailException(str(err)) from err
+
+    # -- ResumableJobMixin --------------------------------------------------------------------------
+    def submit_job(self, context: Any) -> int:
+        tag = tag_for(context)
+        spec = JobSpec.from_dict({**self.job, "comment": tag.render()})
+        earlier = self.hook.find_reattachable(tag)
+        if earlier is not None:
+            self.log.info(
+                "Reattaching to Slurm job %s of an earlier try: %s", earlier.job_id, earlier.describe()
+            )
+            self._job_id = earlier.job_id
+            return earlier.job_id
+        self._job_id = self.hook.submit(spec)
+        self.log.info("Submitted Slurm job %s with tag %s", self._job_id, spec.comment)
+        return self._job_id
+
+    def get_job_status(self, external_id: Any, context: Any) -> str:
+        try:
+            return self.hook.job_state(int(external_id)).status.value
+        except JobNotFoundError:
+            return JobStatus.UNKNOWN.value
+
+    def is_job_active(self, status: str) -> bool:
+        return status in _ACTIVE
+
+    def is_job_succeeded(self, status: str) -> bool:
+        return status == JobStatus.COMPLETED.value
+
+    def poll_until_complete(self, external_id: Any, context: Any) -> None:
+        job_id = self._job_id = int(external_id)
+        context["ti"].xcom_push(key="slurm_job_id", value=job_id)
+        if not self.wait_for_completion:
+            return
+        self.defer(
+            trigger=SlurmJobTrigger(
+                job_id=job_id,
+                poll_interval=self.poll_interval,
+                max_poll_interval=self.max_poll_interval,
+                max_restarts=self.max_restarts,
+                **self.hook.trigger_kwargs(),
+            ),
+            method_name="execute_complete",
+            timeout=self.execution_timeout if isinstance(self.execution_timeout, timedelta) else None,
+        )
+
+    def get_job_result(self, external_id: Any, context: Any) -> Any:
+        job_id = int(external_id)
+        if not self.wait_for_completion:
+            return job_id
+        state = self.hook.check(classify(self.hook.job_state(job_id), max_restarts=self.max_restarts))
+        return state.to_dict()
+
+    # -- after the trigger fired --------------------------------------------------------------------
+    def execute_complete(self, context: Any, event: Any = None) -> dict[str, Any]:
+        if isinstance(event, dict) and "job_id" in event:
+            self._job_id = int(event["job_id"])
+        state = finish(self.hook, event, max_restarts=self.max_restarts)
+        self.log.info("Slurm %s", state.describe())
+        return state.to_dict()
+
+    def on_kill(self) -> None:
+        if self._job_id is not None:
+            self.log.info("Cancelling Slurm job %s", self._job_id)
+            self.hook.cancel(self._job_id)
+
+
+__all__ = ["SlurmSubmitJobOperator", "finish", "tag_for"]

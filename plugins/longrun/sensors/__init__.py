@@ -1,0 +1,1 @@
+"""Airflow sensors of longrun (Slurm today; other helpers may add more)."""

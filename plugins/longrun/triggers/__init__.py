@@ -1,0 +1,1 @@
+"""Airflow triggers of longrun (Slurm today; other helpers may add more)."""
