@@ -1,0 +1,43 @@
+"""The in-loop SDC checks: one protocol, three small classes, composed from a CheckConfig.
+
+A step of the trainer has three moments where a check may act, and every check gets all three:
+
+    before_reduce(ctx)  local work on this rank's own gradient, before the all-reduce (no collectives)
+    after_reduce(ctx)   after the all-reduce, before the optimizer step: a failure here skips the update
+    after_update(ctx)   after the optimizer step (the weight vote)
+
+Collectives inside a check run on every rank or on none: `due()` is a pure function of the step, and a
+verdict is computed from gathered data, so every rank takes the same branch.
+"""
+
+from __future__ import annotations
+
+from training.checks.base import Check, CheckResult, StepContext, majority
+from training.checks.finite import FiniteCheck
+from training.checks.recompute import RecomputeCheck
+from training.checks.weight_vote import WeightVoteCheck
+from training.config import CheckConfig
+
+__all__ = [
+    "Check",
+    "CheckResult",
+    "StepContext",
+    "FiniteCheck",
+    "RecomputeCheck",
+    "WeightVoteCheck",
+    "build_checks",
+    "majority",
+]
+
+
+def build_checks(cfg: CheckConfig) -> list[Check]:
+    """The enabled checks, in the order they must run (finite before recompute: a NaN is named by the
+    cheaper, more specific check)."""
+    checks: list[Check] = []
+    if cfg.enabled("finite"):
+        checks.append(FiniteCheck())
+    if cfg.enabled("recompute") and cfg.recompute_every:
+        checks.append(RecomputeCheck(every=cfg.recompute_every, loss_rtol=cfg.recompute_loss_rtol))
+    if cfg.enabled("weight_vote"):
+        checks.append(WeightVoteCheck(every=cfg.vote_every))
+    return checks

@@ -1,0 +1,149 @@
+"""Configuration of the reference trainer and its checks: keyword-only, slotted dataclasses.
+
+Each field has a docstring; `__post_init__` rejects bad values with a message that names the field and the
+value, so a typo in a DAG's Params fails at launch, not at step 9000.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from training.schema import CHECKS, check_run_name
+
+VERDICT_ACTIONS = ("exit", "record")
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _non_negative(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """A small decoder-only transformer language model."""
+
+    vocab_size: int
+    """Tokens in the vocabulary."""
+    d_model: int
+    """Width of the residual stream."""
+    n_layers: int
+    """Transformer blocks."""
+    n_heads: int
+    """Attention heads per block; must divide d_model."""
+    seq_len: int
+    """Tokens per sequence."""
+    batch_size: int
+    """Sequences in one rank's micro-batch (never split into accumulation steps: that changes the bits)."""
+    mlp_ratio: int = 4
+    """Hidden width of the MLP as a multiple of d_model."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "batch_size", "mlp_ratio"):
+            _positive(name, getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
+
+
+#: Presets by name. `tiny`: a 40-step, 4-rank CPU run in about a minute including process start.
+#: `small`: the benchmark's reference model (~3.4 M parameters).
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, seq_len=32, batch_size=8),
+    "small": ModelConfig(vocab_size=1024, d_model=256, n_layers=4, n_heads=8, seq_len=64, batch_size=8),
+}
+
+
+def model_preset(name: str) -> ModelConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"model preset {name!r} is unknown; known: {sorted(PRESETS)}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckConfig:
+    """Which SDC checks run, how often, and what a verdict does."""
+
+    checks: tuple[str, ...] = CHECKS
+    """Enabled checks, any of 'finite', 'recompute', 'weight_vote'."""
+    recompute_every: int = 10
+    """Audit cadence of the cross-node recompute, in steps (0: never). Costs ~1/recompute_every of a step."""
+    vote_every: int = 10
+    """Cadence of the weight vote, in steps (0: only right before a checkpoint save)."""
+    recompute_loss_rtol: float = 0.0
+    """Relative tolerance on the recomputed loss. 0 (default) compares loss bits and the gradient
+    fingerprint exactly; > 0 compares only the loss within this tolerance, for kernels that are not
+    bitwise deterministic (the gradient fingerprint is then meaningless)."""
+    on_verdict: str = "exit"
+    """'exit': write the alert, then every rank exits with EXIT_SDC_VERDICT. 'record': write the alert,
+    skip the update where the check ran before it, and keep training (drills, false-positive studies)."""
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in self.checks if c not in CHECKS]
+        if unknown or len(set(self.checks)) != len(self.checks):
+            raise ValueError(f"checks={self.checks!r}: each must be one of {CHECKS}, no repeats")
+        _non_negative("recompute_every", self.recompute_every)
+        _non_negative("vote_every", self.vote_every)
+        if not 0.0 <= self.recompute_loss_rtol < 1.0:
+            raise ValueError(f"recompute_loss_rtol must be in [0, 1), got {self.recompute_loss_rtol!r}")
+        if self.on_verdict not in VERDICT_ACTIONS:
+            raise ValueError(f"on_verdict must be one of {VERDICT_ACTIONS}, got {self.on_verdict!r}")
+
+    def enabled(self, check: str) -> bool:
+        return check in self.checks
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    """One training run of the reference trainer."""
+
+    run: str
+    """Run name (store prefix runs/<run>/)."""
+    run_dir: Path
+    """Local directory for records; shared by the ranks in tests, node-local on a cluster."""
+    steps: int
+    """Train until this step (inclusive of the last, counted from 1)."""
+    model: ModelConfig
+    """Model shape."""
+    checks: CheckConfig = field(default_factory=CheckConfig)
+    """SDC checks."""
+    checkpoint_every: int = 0
+    """Checkpoint cadence in steps (0: none)."""
+    seed: int = 0
+    """Seed of the weights and the data."""
+    lr: float = 3e-3
+    """AdamW learning rate."""
+    grad_clip: float = 1.0
+    """Clip the averaged gradient's norm to this (the norm doubles as the averaged-gradient finite check)."""
+    threads: int = 1
+    """torch intra-op threads, pinned on every rank: the bits depend on it."""
+    resume_from: str | None = None
+    """Checkpoint reference to resume from (a path, or a store key)."""
+    use_store: bool = True
+    """Write records to the store the environment points at, besides the run dir."""
+    store_flush_every: int = 20
+    """Flush batched check records to the store every this many steps (also at checkpoints, alerts, exit)."""
+    progress_interval_s: float = 5.0
+    """Write the progress heartbeat to the store at most this often (the run dir gets it every step)."""
+    collective_timeout_s: float = 300.0
+    """Timeout of collectives (a hung rank makes the others fail after this)."""
+
+    def __post_init__(self) -> None:
+        check_run_name(self.run)
+        _positive("steps", self.steps)
+        _non_negative("checkpoint_every", self.checkpoint_every)
+        _positive("threads", self.threads)
+        _positive("store_flush_every", self.store_flush_every)
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip!r}")
+        if not self.collective_timeout_s > 0:
+            raise ValueError(f"collective_timeout_s must be > 0, got {self.collective_timeout_s!r}")
+        if not self.progress_interval_s >= 0:
+            raise ValueError(f"progress_interval_s must be >= 0, got {self.progress_interval_s!r}")

@@ -1,0 +1,152 @@
+"""The event writer: alerts durably first, check records cheaply, a progress heartbeat.
+
+Everything goes to the run dir (same relative paths as in the store) and, when one is configured, to the
+store under runs/<run>/. Costs, per step: one JSONL line appended locally for each check that ran, one
+small atomic file for progress. The store sees check records in batches (every `flush_every` steps, at
+checkpoints, on an alert, at exit) and progress at most every `progress_interval_s`.
+
+An alert is different: it is written and fsynced locally, then put in the store (retried), before the
+caller does anything else, because the orchestrator acts on it after this process is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from training import schema
+from training.store import ObjectStore, StoreError, put_json
+
+log = logging.getLogger("training.events")
+
+STORE_ATTEMPTS = 4
+
+
+def write_durably(path: Path, obj: Any) -> None:
+    """Write JSON atomically and fsync the file and its directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, sort_keys=True, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, obj: Any) -> None:
+    """Atomic but not fsynced: for the heartbeat, which the next step overwrites anyway."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class EventWriter:
+    """One per rank. Only the recording rank (rank 0) writes check and progress records: every rank
+    reaches the same verdict, so one copy suffices; any rank may write an alert."""
+
+    def __init__(
+        self,
+        *,
+        run: str,
+        run_dir: Path,
+        store: ObjectStore | None,
+        rank: int,
+        flush_every: int,
+        progress_interval_s: float,
+    ) -> None:
+        self.run, self.run_dir, self.store, self.rank = run, Path(run_dir), store, rank
+        self.flush_every, self.progress_interval_s = flush_every, progress_interval_s
+        self._pending: list[dict[str, Any]] = []
+        self._last_progress_put = 0.0
+        self._live = None
+        if rank == 0:
+            live = self.run_dir / "checks-live" / f"r{rank:03d}.jsonl"
+            live.parent.mkdir(parents=True, exist_ok=True)
+            self._live = open(live, "a", buffering=1)
+
+    # ---- store -------------------------------------------------------------------------------------
+
+    def _put(self, relative: str, obj: Any, *, attempts: int = 1) -> bool:
+        if self.store is None:
+            return True
+        key = schema.store_key(self.run, relative)
+        for i in range(attempts):
+            try:
+                put_json(self.store, key, obj)
+                return True
+            except StoreError as e:
+                log.warning("store write %s failed (attempt %d/%d): %s", key, i + 1, attempts, e)
+                if i + 1 < attempts:
+                    time.sleep(0.5 * 2**i)
+        return False
+
+    # ---- records -----------------------------------------------------------------------------------
+
+    def alert(self, alert: dict[str, Any]) -> Path:
+        """Write an alert record durably: run dir (fsync) then store (retried). Returns the local path."""
+        schema.validate("alert", alert)
+        relative = schema.alert_path(alert["step"], alert["check"], f"r{self.rank:03d}-{int(time.time())}")
+        path = self.run_dir / relative
+        write_durably(path, alert)
+        if not self._put(relative, alert, attempts=STORE_ATTEMPTS):
+            log.error("alert is in %s but NOT in the store %s", path, self.store and self.store.describe())
+        log.error("SDC ALERT written: %s", path)
+        return path
+
+    def check(self, rec: dict[str, Any]) -> None:
+        if self._live is None:
+            return
+        schema.validate("check", rec)
+        self._live.write(json.dumps(rec, sort_keys=True) + "\n")
+        self._pending.append(rec)
+        if rec["step"] - self._pending[0]["step"] + 1 >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the pending check records as one batch file (run dir and store)."""
+        if not self._pending:
+            return
+        first, last = self._pending[0]["step"], self._pending[-1]["step"]
+        relative = schema.check_batch_path(first, last, self.rank)
+        body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in self._pending)
+        path = self.run_dir / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)
+        if self.store is not None:
+            try:
+                self.store.put_bytes(schema.store_key(self.run, relative), body.encode())
+            except StoreError as e:
+                log.warning("check batch %s not in the store yet (%s); kept for the next flush", relative, e)
+                return
+        self._pending.clear()
+
+    def progress(self, rec: dict[str, Any], *, force: bool = False) -> None:
+        if self.rank != 0:
+            return
+        schema.validate("progress", rec)
+        write_atomic(self.run_dir / schema.PROGRESS_PATH, rec)
+        now = time.monotonic()
+        if force or now - self._last_progress_put >= self.progress_interval_s:
+            if self._put(schema.PROGRESS_PATH, rec):
+                self._last_progress_put = now
+
+    def report(self, rec: dict[str, Any]) -> None:
+        schema.validate("report", rec)
+        write_durably(self.run_dir / schema.REPORT_PATH, rec)
+        self._put(schema.REPORT_PATH, rec, attempts=STORE_ATTEMPTS)
+
+    def close(self) -> None:
+        self.flush()
+        if self._live is not None:
+            self._live.close()
+            self._live = None

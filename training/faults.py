@@ -1,0 +1,181 @@
+"""Fault injection for drills and tests: never on by default, loud in the log when on.
+
+A fault is `KIND:STEP:TARGET` (CLI `--fault`, repeatable; or LONGRUN_FAULTS, comma-separated):
+
+    nan, inf     one element of one local gradient becomes NaN / +Inf at STEP on rank TARGET
+    scale        one local gradient element times 10 at STEP on rank TARGET (finite and plausible)
+    weight-flip  one bit of one weight of rank TARGET's replica flips after the update of STEP
+    sick-node    from STEP on, every matmul result on node TARGET (a node name, or a rank whose node is
+                 meant) is multiplied by (1 + 1e-3), persistently: a marker file
+                 <LONGRUN_FAULT_STATE_DIR>/sick-nodes/<node> makes later processes on that node (the
+                 replay probe, a relaunch) sick too
+    crash        rank TARGET SIGKILLs itself at the start of STEP
+    hang         rank TARGET sleeps at the start of STEP (bounded by LONGRUN_HANG_S, default 3600 s)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from training.schema import FAULT_KINDS
+
+log = logging.getLogger("training.faults")
+
+#: Relative perturbation of every matmul result on a sick node: small enough to look plausible.
+SICK_EPS = 1e-3
+SCALE_FACTOR = 10.0
+#: The bit flipped by `weight-flip`: the top mantissa bit of a float32 (a finite, plausible change).
+FLIP_BIT = 22
+
+
+class FaultSpecError(ValueError):
+    """A fault spec that cannot be parsed; the message shows the spec and the expected form."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fault:
+    """One injected fault."""
+
+    kind: str
+    """One of schema.FAULT_KINDS."""
+    step: int
+    """The step (>= 1) at which it fires (from which on, for sick-node)."""
+    rank: int | None = None
+    """Target rank (every kind but sick-node-by-name)."""
+    node: str | None = None
+    """Target node name (sick-node only)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise FaultSpecError(f"fault kind {self.kind!r} is unknown; known: {', '.join(FAULT_KINDS)}")
+        if self.step < 1:
+            raise FaultSpecError(f"fault step must be >= 1, got {self.step}")
+        if (self.rank is None) == (self.node is None):
+            raise FaultSpecError(f"fault {self.kind} needs exactly one target, a rank or a node name")
+        if self.node is not None and self.kind != "sick-node":
+            raise FaultSpecError(f"fault {self.kind} targets a rank number, got node name {self.node!r}")
+
+    def spec(self) -> str:
+        return f"{self.kind}:{self.step}:{self.node if self.node is not None else self.rank}"
+
+
+def parse_fault(spec: str) -> Fault:
+    """Parse `KIND:STEP:TARGET`."""
+    parts = spec.strip().split(":")
+    if len(parts) != 3 or not all(parts):
+        raise FaultSpecError(f"fault {spec!r} is not KIND:STEP:TARGET (e.g. nan:5:1 or sick-node:5:n2)")
+    kind, step_s, target = parts
+    try:
+        step = int(step_s)
+    except ValueError:
+        raise FaultSpecError(f"fault {spec!r}: STEP {step_s!r} is not an integer") from None
+    if target.isdigit():
+        return Fault(kind=kind, step=step, rank=int(target))
+    if kind != "sick-node":
+        raise FaultSpecError(f"fault {spec!r}: TARGET {target!r} must be a rank number for {kind}")
+    return Fault(kind=kind, step=step, node=target)
+
+
+def faults_from(specs: Iterable[str], env: dict[str, str] | None = None) -> tuple[Fault, ...]:
+    """CLI specs plus LONGRUN_FAULTS (comma-separated)."""
+    env = dict(os.environ if env is None else env)
+    all_specs = list(specs) + [s for s in env.get("LONGRUN_FAULTS", "").split(",") if s.strip()]
+    return tuple(parse_fault(s) for s in all_specs)
+
+
+def fault_state_dir(default: Path) -> Path:
+    return Path(os.environ.get("LONGRUN_FAULT_STATE_DIR") or default)
+
+
+def sick_marker(state_dir: Path, node: str) -> Path:
+    return state_dir / "sick-nodes" / node
+
+
+def node_is_sick(state_dir: Path, node: str) -> bool:
+    return sick_marker(state_dir, node).exists()
+
+
+class Injector:
+    """Applies the faults that target this process at the right moments of the step."""
+
+    def __init__(self, faults: tuple[Fault, ...], *, rank: int, node: str, nodes: list[str], state_dir: Path):
+        self.rank, self.node, self.state_dir = rank, node, state_dir
+        self.faults = faults
+        self.mine = [f for f in faults if self._targets_me(f, nodes)]
+        if faults:
+            log.warning(
+                "FAULT INJECTION IS ON: %s (rank %d on %s is targeted by: %s)",
+                ", ".join(f.spec() for f in faults),
+                rank,
+                node,
+                ", ".join(f.spec() for f in self.mine) or "none",
+            )
+
+    def _targets_me(self, f: Fault, nodes: list[str]) -> bool:
+        if f.kind == "sick-node":
+            target_node = f.node if f.node is not None else nodes[f.rank] if f.rank < len(nodes) else None
+            return target_node == self.node
+        return f.rank == self.rank
+
+    def _due(self, kind: str, step: int) -> bool:
+        return any(f.kind == kind and f.step == step for f in self.mine)
+
+    def start_of_step(self, step: int, model_matmul: object) -> None:
+        """crash, hang, and the sick-node switch (marker first, so a probe started later sees it)."""
+        if self._due("crash", step):
+            log.warning("FAULT crash: rank %d SIGKILLs itself at step %d", self.rank, step)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self._due("hang", step):
+            limit = float(os.environ.get("LONGRUN_HANG_S", "3600"))
+            log.warning("FAULT hang: rank %d sleeps at step %d for up to %.0f s", self.rank, step, limit)
+            deadline = time.monotonic() + limit
+            while time.monotonic() < deadline:
+                time.sleep(1.0)
+        if self._due("sick-node", step):
+            marker = sick_marker(self.state_dir, self.node)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"sick from step {step}, eps {SICK_EPS}\n")
+            log.warning(
+                "FAULT sick-node: node %s perturbs every matmul from step %d (%s)", self.node, step, marker
+            )
+        if node_is_sick(self.state_dir, self.node):
+            model_matmul.eps = SICK_EPS  # type: ignore[attr-defined]
+
+    def local_gradients(self, step: int, grads: torch.Tensor) -> None:
+        """nan / inf / scale on this rank's local, not yet averaged, flat gradient (in place)."""
+        index = grads.numel() // 3  # a fixed element somewhere inside the weights
+        for kind, value in (("nan", float("nan")), ("inf", float("inf"))):
+            if self._due(kind, step):
+                log.warning("FAULT %s: rank %d gradient element %d at step %d", kind, self.rank, index, step)
+                grads[index] = value
+        if self._due("scale", step):
+            index = int(grads.abs().argmax())  # the largest element: surely non-zero, still finite x10
+            log.warning(
+                "FAULT scale: rank %d gradient element %d x%g at step %d",
+                self.rank,
+                index,
+                SCALE_FACTOR,
+                step,
+            )
+            grads[index] *= SCALE_FACTOR
+
+    def after_update(self, step: int, params: list[torch.Tensor]) -> None:
+        """weight-flip: flip one bit of one weight of this replica."""
+        if not self._due("weight-flip", step):
+            return
+        p = max(params, key=lambda t: t.numel())  # the largest matrix
+        with torch.no_grad():
+            bits = p.data.view(-1).view(torch.int32)
+            bits[bits.numel() // 2] ^= 1 << FLIP_BIT
+        log.warning(
+            "FAULT weight-flip: rank %d flipped bit %d of a weight after step %d", self.rank, FLIP_BIT, step
+        )

@@ -1,0 +1,311 @@
+"""The training loop of the reference trainer (see training/train.py for the CLI and the design)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training import schema
+from training.checks import CheckResult, StepContext, build_checks
+from training.config import TrainConfig
+from training.data import micro_batch
+from training.dist import device as default_device
+from training.dist import gather_strings, init_process_group, placement_from_env, shutdown
+from training.events import EventWriter
+from training.faults import Fault, Injector, fault_state_dir
+from training.fingerprint import combine, fingerprint_state
+from training.model import build_model
+from training.store import ObjectStore, StoreError, store_from_env
+from training.verdict import publish_verdict
+
+log = logging.getLogger("training.loop")
+
+
+class SetupError(RuntimeError):
+    """The job cannot start deterministically or at all (mismatched ranks, unreadable checkpoint)."""
+
+
+def code_version() -> str:
+    if os.environ.get("LONGRUN_CODE_VERSION"):
+        return os.environ["LONGRUN_CODE_VERSION"]
+    try:
+        return f"longrun {metadata.version('longrun')}"
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, faults: tuple[Fault, ...]) -> None:
+        self.cfg = cfg
+        torch.set_num_threads(cfg.threads)
+        torch.use_deterministic_algorithms(True)
+        self.place = placement_from_env()
+        self.backend = init_process_group(self.place, timeout_s=cfg.collective_timeout_s)
+        self.rank, self.world = self.place.rank, self.place.world_size
+        self.device = default_device()
+        # One gather at start-up: node names, and the knobs the bits depend on (all must agree).
+        self.nodes = gather_strings(self.place.node)
+        knobs = f"{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|threads={cfg.threads}"
+        all_knobs = gather_strings(knobs)
+        if len(set(all_knobs)) != 1:
+            shutdown()
+            raise SetupError(
+                f"ranks disagree on torch version / CPU capability / threads: {all_knobs}; "
+                "pin ATEN_CPU_CAPABILITY and --threads on every rank"
+            )
+        self.run_dir = Path(cfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.store = self._store()
+        self.events = EventWriter(
+            run=cfg.run,
+            run_dir=self.run_dir,
+            store=self.store,
+            rank=self.rank,
+            flush_every=cfg.store_flush_every,
+            progress_interval_s=cfg.progress_interval_s,
+        )
+        self.model = build_model(cfg.model, seed=cfg.seed, device=self.device)
+        self.params = [p for p in self.model.parameters()]
+        self.n = sum(p.numel() for p in self.params)
+        # One flat buffer: the gradient, then the check slots. p.grad are views into it, so the optimizer
+        # reads the averaged gradient in place after the all-reduce.
+        self.flat = torch.zeros(self.n + StepContext.SLOTS, device=self.device)
+        self.scratch = torch.zeros(self.n, device=self.device)
+        offset = 0
+        for p in self.params:
+            p.grad = self.flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        self.optim = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=0.01, foreach=False)
+        self.checks = build_checks(cfg.checks)
+        self.injector = Injector(
+            faults,
+            rank=self.rank,
+            node=self.place.node,
+            nodes=self.nodes,
+            state_dir=fault_state_dir(self.run_dir / "fault-state"),
+        )
+        self.start_step = 0
+        self.last_pass: dict[str, int] = {}
+        if cfg.resume_from:
+            self._resume(cfg.resume_from)
+        self.saver = self._saver() if self.rank == 0 and cfg.checkpoint_every else None
+        log.info(
+            "rank %d/%d on %s (%s, %s): model %d params, checks %s, start step %d",
+            self.rank, self.world, self.place.node, self.backend, self.device, self.n,
+            [c.name for c in self.checks], self.start_step,
+        )  # fmt: skip
+
+    # ---- set-up ------------------------------------------------------------------------------------
+
+    def _store(self) -> ObjectStore | None:
+        if not self.cfg.use_store:
+            return None
+        try:
+            return store_from_env()
+        except StoreError as e:
+            raise SetupError(f"object store: {e}") from e
+
+    def _saver(self) -> Any:
+        from training.checkpointing import CheckpointSaver
+
+        return CheckpointSaver(run=self.cfg.run, run_dir=self.run_dir, store=self.store)
+
+    def _resume(self, ref: str) -> None:
+        from training.checkpointing import load_checkpoint
+
+        try:
+            ckpt = load_checkpoint(ref, store=self.store)
+        except Exception as e:
+            raise SetupError(f"cannot resume from {ref!r}: {e}") from e
+        self.model.load_state_dict(ckpt.model_state)
+        self.optim.load_state_dict(ckpt.optim_state)
+        # load_state_dict replaced nothing in p.grad, but make sure the views survived.
+        for p in self.params:
+            assert p.grad is not None and p.grad.data_ptr() >= self.flat.data_ptr()
+        self.start_step = int(ckpt.extra.get("step", ckpt.step))
+        self.last_pass = dict(ckpt.extra.get("last_pass", {}))
+        log.info("resumed from %s at step %d", ref, self.start_step)
+
+    # ---- one step ----------------------------------------------------------------------------------
+
+    def _grads(self, rank: int, step: int, out: torch.Tensor) -> torch.Tensor:
+        """Loss of rank `rank`'s micro-batch of `step`; its local gradient written into out[:n]."""
+        batch = micro_batch(self.cfg.model, seed=self.cfg.seed, step=step, rank=rank).to(self.device)
+        loss = self.model.loss(batch)
+        grads = torch.autograd.grad(loss, self.params)
+        torch.cat([g.reshape(-1) for g in grads], out=out[: self.n])
+        return loss.detach()
+
+    def step(self, step: int) -> tuple[float | None, list[CheckResult], CheckResult | None]:
+        """One training step. Returns (mean loss or None if skipped, results, the failed result)."""
+        saving = bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0
+        due = [c for c in self.checks if c.due(step, saving=saving)]
+        self.injector.start_of_step(step, self.model.matmul)
+        loss = self._grads(self.rank, step, self.flat)
+        self.injector.local_gradients(step, self.flat[: self.n])
+        self.flat[self.n + StepContext.FLAG] = 0.0
+        self.flat[self.n + StepContext.LOSS] = loss
+
+        def compute(r: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._grads(r, step, self.scratch), self.scratch
+
+        ctx = StepContext(
+            step=step, rank=self.rank, nodes=self.nodes, device=self.device, model=self.model,
+            flat=self.flat, n=self.n, loss=loss, compute=compute, saving=saving,
+        )  # fmt: skip
+        for c in due:
+            c.before_reduce(ctx)
+        if self.world > 1:
+            dist.all_reduce(self.flat)
+            self.flat[: self.n].div_(self.world)
+        ctx.grad_norm = torch.linalg.vector_norm(self.flat[: self.n])
+        mean_loss = float(self.flat[self.n + StepContext.LOSS].item()) / self.world
+        results: list[CheckResult] = []
+        for c in due:
+            r = c.after_reduce(ctx)
+            if r is not None:
+                results.append(r)
+                if r.failed:
+                    return None, results, r  # the update is not applied
+        # Clip by the norm already computed (it was the averaged side of the finite check).
+        coef = self.cfg.grad_clip / (ctx.grad_norm + 1e-6)
+        if float(coef) < 1.0:
+            self.flat[: self.n].mul_(coef)
+        self.optim.step()
+        self.injector.after_update(step, self.params)
+        for c in due:
+            r = c.after_update(ctx)
+            if r is not None:
+                results.append(r)
+                if r.failed:
+                    return mean_loss, results, r
+        if saving:
+            self._save(step, mean_loss, results)
+        return mean_loss, results, None
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+
+    def _save(self, step: int, loss: float, results: list[CheckResult]) -> None:
+        if self.saver is None:
+            return
+        vote = next((r for r in results if r.check == "weight_vote"), None)
+        fps = vote.extra["fingerprints"] if vote else fingerprint_state(self.model.state_dict())
+        fields = {
+            "fingerprints": fps,
+            "fingerprint": combine(fps),
+            "weight_vote": (
+                {"step": step, "verdict": vote.verdict, "ranks": self.world, "votes": vote.extra["votes"]}
+                if vote
+                else {"step": step, "verdict": "skip", "ranks": self.world}
+            ),
+            "coverage": {c: s for c, s in self.last_pass.items() if s <= step},
+            "loss": loss,
+            "world": {"nodes": sorted(set(self.nodes)), "ranks": self.nodes, "world_size": self.world},
+            "code_version": code_version(),
+        }
+        extra = {"step": step, "last_pass": dict(self.last_pass), "seed": self.cfg.seed}
+        self.saver.save(
+            step=step,
+            model_state=self.model.state_dict(),
+            optim_state=self.optim.state_dict(),
+            extra=extra,
+            manifest_fields=fields,
+        )
+        self.events.flush()
+
+    # ---- the run -----------------------------------------------------------------------------------
+
+    def _record(self, results: list[CheckResult]) -> None:
+        for r in results:
+            if r.verdict == "pass":
+                self.last_pass[r.check] = r.step
+            self.events.check(
+                schema.record(
+                    "check",
+                    run=self.cfg.run,
+                    step=r.step,
+                    check=r.check,
+                    verdict=r.verdict,
+                    rank=self.rank,
+                    duration_s=round(r.duration_s, 6),
+                )  # fmt: skip
+            )
+
+    def run(self) -> int:
+        code = 0
+        try:
+            code = self._loop()
+        finally:
+            self._close()
+        if code == schema.EXIT_SDC_VERDICT:
+            logging.shutdown()
+        return code
+
+    def _loop(self) -> int:
+        for step in range(self.start_step + 1, self.cfg.steps + 1):
+            t0 = time.perf_counter()
+            mean_loss, results, failed = self.step(step)
+            step_time = time.perf_counter() - t0
+            if failed is not None:
+                publish_verdict(
+                    failed,
+                    run=self.cfg.run,
+                    rank=self.rank,
+                    nodes=self.nodes,
+                    events=self.events,
+                    context={"rank_of_writer": self.rank, "code_version": code_version()},
+                )
+                self._record(results)
+                if self.cfg.checks.on_verdict == "exit":
+                    return schema.EXIT_SDC_VERDICT
+            else:
+                self._record(results)
+            self.events.progress(
+                schema.record(
+                    "progress",
+                    run=self.cfg.run,
+                    step=step,
+                    loss=mean_loss,
+                    step_time_s=round(step_time, 6),
+                    world_size=self.world,
+                    skipped=failed is not None and failed.check != "weight_vote",
+                )  # fmt: skip
+            )
+        self._finish()
+        return 0
+
+    def _finish(self) -> None:
+        fps = fingerprint_state(self.model.state_dict())
+        if self.rank == 0:
+            self.events.report(
+                schema.record(
+                    "report",
+                    run=self.cfg.run,
+                    final_step=self.cfg.steps,
+                    final_fingerprint=combine(fps),
+                    fingerprints=fps,
+                    world_size=self.world,
+                    nodes=self.nodes,
+                    code_version=code_version(),
+                    last_pass=self.last_pass,
+                )  # fmt: skip
+            )
+
+    def _close(self) -> None:
+        if self.saver is not None:
+            self.saver.wait()
+            self.saver.close()
+        self.events.close()
+        try:
+            shutdown()
+        except RuntimeError as e:  # a peer is gone (crash drill); nothing left to coordinate
+            log.warning("process group shutdown: %s", e)
+        sys.stdout.flush()
