@@ -18,6 +18,7 @@ where the store prefixes them with ``runs/<run>/``)::
     promoted/current.json                    pointer to the promoted checkpoint (conditional write)
     promoted/history/<seq>.json              every promotion, in order
     suspect/<id>.json                        demotions: steps after the last known-good step
+    picks/<alert step>-<id>.json             each pre-incident checkpoint choice, with why
     incidents/<id>.json                      incident records
     report.json                              the run report (`final_fingerprint`)
 """
@@ -104,6 +105,10 @@ def save_path(step: int) -> str:
     return f"saves/step-{step:08d}.json"
 
 
+def pick_path(alert_step: int, ident: str) -> str:
+    return f"picks/{alert_step:08d}-{ident}.json"
+
+
 def validation_path(step: int, ident: str) -> str:
     return f"validations/step-{step:08d}-{ident}.json"
 
@@ -165,6 +170,8 @@ _REQUIRED: dict[str, dict[str, Any]] = {
     "validation": {"run": str, "step": int, "ok": bool, "errors": list, "time": (int, float)},
     # The outcome of one background checkpoint save (written by the saver; failures too).
     "save": {"run": str, "step": int, "ok": bool, "error": (str, type(None)), "time": (int, float)},
+    # The pre-incident checkpoint choice and why (step None: nothing is provably from before the fault).
+    "pick": {"run": str, "alert": dict, "step": (int, type(None)), "why": str, "time": (int, float)},
     "promotion": {"run": str, "step": int, "manifest_key": str, "time": (int, float), "seq": int},
     "suspect": {"run": str, "after_step": int, "reason": str, "time": (int, float)},
     "incident": {"run": str, "incident_id": str, "alert": dict, "timeline": list, "mode": str},

@@ -1,0 +1,172 @@
+"""Promotion (the pointer `promoted/current.json`) and demotion (suspect marks).
+
+The pointer is only ever written with a conditional write: `If-None-Match: *` for the first promotion,
+`If-Match: <ETag read>` after, so of two writers racing from the same state exactly one wins and the
+other gets `PromotionConflict`; a reader sees the old or the new pointer, never a mix. Every promotion is
+also kept under `promoted/history/<seq>.json` (written after the pointer; a missing entry is filled in
+by the next promotion from the pointer it replaces).
+
+Promotion is refused for a checkpoint that is not validated (its newest validation record must pass and
+be of the manifest as it is now) or that is suspect.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from longrun.checkpoints import catalog
+from training import schema
+from training.checkpointing import CheckpointError, read_manifest
+from training.store import ObjectStore, PreconditionFailed, put_json
+
+POINTER_ATTEMPTS = 8
+
+
+class PromotionRefused(Exception):
+    """The checkpoint may not be promoted; the message says why."""
+
+
+class PromotionConflict(Exception):
+    """Another writer changed the pointer between our read and our write; nothing was written."""
+
+
+def _history_key(run: str, seq: int) -> str:
+    return schema.store_key(run, schema.promotion_history_path(seq))
+
+
+def _put_history(store: ObjectStore, run: str, rec: dict[str, Any]) -> None:
+    try:
+        put_json(store, _history_key(run, rec["seq"]), rec, if_none_match=True)
+    except PreconditionFailed:
+        pass  # already recorded (a retry, or a backfill by the next promotion)
+
+
+def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, dict[str, Any]]:
+    """(manifest key, newest validation record) if `step` may be promoted, else PromotionRefused."""
+    manifest_key = schema.store_key(run, schema.manifest_path(step))
+    info = store.head(manifest_key)
+    if info is None:
+        raise PromotionRefused(f"step {step} of run {run}: no manifest at {manifest_key}, not a checkpoint")
+    try:
+        read_manifest(store.get_bytes(manifest_key), manifest_key)
+    except CheckpointError as e:
+        raise PromotionRefused(f"step {step} of run {run}: {e}") from None
+    v = catalog.latest_validation(store, run, step)
+    if v is None:
+        raise PromotionRefused(
+            f"step {step} of run {run} is not validated: run `longrun checkpoints validate --run {run} --step {step}`"
+        )
+    if not v["ok"]:
+        raise PromotionRefused(
+            f"step {step} of run {run} failed its latest validation: {'; '.join(v['errors'][:3])}"
+        )
+    if v.get("manifest_etag") != info.etag:
+        raise PromotionRefused(
+            f"step {step} of run {run}: the manifest changed since it was validated; validate again"
+        )
+    after = catalog.suspect_after(store, run)
+    if catalog.is_suspect(step, after):
+        raise PromotionRefused(
+            f"step {step} of run {run} is suspect (checkpoints after step {after} are demoted)"
+        )
+    return manifest_key, v
+
+
+def promote(store: ObjectStore, run: str, step: int, *, by: str = "longrun") -> dict[str, Any]:
+    """Point `promoted/current.json` at checkpoint `step`; returns the promotion record. Promoting the
+    step the pointer already names returns the current record and writes nothing."""
+    manifest_key, v = check_promotable(store, run, step)
+    cur = catalog.current_pointer(store, run)
+    if cur is not None and cur[0]["step"] == step:
+        return cur[0]
+    return _write_pointer(
+        store, run, step, manifest_key, cur, by=by, validation_key=v["_key"], reason="promoted"
+    )
+
+
+def _write_pointer(
+    store: ObjectStore,
+    run: str,
+    step: int,
+    manifest_key: str,
+    cur: tuple[dict[str, Any], str] | None,
+    **fields: Any,
+) -> dict[str, Any]:
+    if cur is not None:
+        _put_history(store, run, cur[0])  # backfill if its writer died before recording it
+    rec = schema.record(
+        "promotion",
+        run=run,
+        step=step,
+        manifest_key=manifest_key,
+        seq=cur[0]["seq"] + 1 if cur else 1,
+        previous_step=cur[0]["step"] if cur else None,
+        **fields,
+    )
+    pointer = schema.store_key(run, schema.PROMOTED_POINTER_PATH)
+    try:
+        if cur is None:
+            put_json(store, pointer, rec, if_none_match=True)
+        else:
+            put_json(store, pointer, rec, if_match=cur[1])
+    except PreconditionFailed:
+        raise PromotionConflict(
+            f"{pointer} changed while promoting step {step}: another writer promoted first; re-read and retry"
+        ) from None
+    _put_history(store, run, rec)
+    return rec
+
+
+def mark_suspect(
+    store: ObjectStore, run: str, after_step: int, reason: str, *, incident_id: str | None = None
+) -> dict[str, Any]:
+    """Mark every checkpoint after `after_step` (the last known-good step) suspect: never picked, never
+    promoted. If the pointer names a suspect checkpoint it is moved back to the newest promoted one that
+    is not (when there is one). Idempotent per incident. Returns the suspect record."""
+    if not isinstance(after_step, int) or after_step < 0:
+        raise ValueError(f"after_step={after_step!r}: expected an int >= 0")
+    ident = f"{after_step:08d}-{incident_id or uuid.uuid4().hex[:12]}"
+    rec = schema.record("suspect", run=run, after_step=after_step, reason=reason, incident_id=incident_id)
+    try:
+        put_json(store, schema.store_key(run, schema.suspect_path(ident)), rec, if_none_match=True)
+    except PreconditionFailed:
+        pass  # the same incident marked it already
+    rec["pointer"] = _repoint_after_demotion(store, run)
+    return rec
+
+
+demote = mark_suspect
+
+
+def _repoint_after_demotion(store: ObjectStore, run: str) -> str:
+    for _ in range(POINTER_ATTEMPTS):
+        cur = catalog.current_pointer(store, run)
+        after = catalog.suspect_after(store, run)
+        if cur is None or not catalog.is_suspect(cur[0]["step"], after):
+            return "unchanged"
+        steps = [s for s in catalog.promoted_steps(store, run) if not catalog.is_suspect(s, after)]
+        fallback = next(
+            (s for s in reversed(steps) if store.head(schema.store_key(run, schema.manifest_path(s)))), None
+        )
+        if fallback is None:
+            return (
+                f"unchanged: it names suspect step {cur[0]['step']} and no earlier promoted checkpoint exists"
+            )
+        try:
+            _write_pointer(
+                store,
+                run,
+                fallback,
+                schema.store_key(run, schema.manifest_path(fallback)),
+                cur,
+                reason="demoted",
+                demoted_from=cur[0]["step"],
+                by="mark_suspect",
+            )
+            return f"moved from step {cur[0]['step']} back to step {fallback}"
+        except PromotionConflict:
+            continue
+    raise PromotionConflict(
+        f"pointer of run {run} kept changing while demoting ({POINTER_ATTEMPTS} attempts)"
+    )

@@ -1,0 +1,101 @@
+"""Retention: which checkpoints to keep, and deleting the rest.
+
+Kept: the last `keep` promoted checkpoints (by promotion order) and the one the pointer names; every
+checkpoint newer than the newest promoted one (still on its way through validation); for every incident
+that is not closed, the checkpoint it chose (or the pick would choose now) and the `keep` promoted ones
+before it (in case that one is found bad too). Deleted: other complete checkpoints older than the newest
+promoted one, and incomplete directories (no manifest: interrupted uploads) older than the newest
+complete checkpoint. A directory whose manifest does not parse is reported and left alone.
+
+A checkpoint is deleted manifest first, so a half-deleted one is never a checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from longrun.checkpoints import catalog
+from longrun.checkpoints.pick import plan_pick
+from training import schema
+from training.store import ObjectStore
+
+#: Incident statuses after which an incident needs no checkpoint kept for it.
+CLOSED_STATUSES = ("closed", "resolved", "rejected")
+
+
+def plan_retention(store: ObjectStore, run: str, *, keep: int) -> dict[str, Any]:
+    """What retention would do: {"keep": {step: reason}, "delete": [step], "incomplete": [prefix],
+    "unparsable": [key]}. Writes nothing."""
+    if not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep={keep!r}: expected an int >= 1")
+    cat = catalog.checkpoints(store, run)
+    steps = sorted(c.step for c in cat.checkpoints)
+    history = catalog.promotion_history(store, run)
+    cur = catalog.current_pointer(store, run)
+    order: list[int] = []
+    for rec in [*history, *([cur[0]] if cur else [])]:
+        if rec["step"] in order:
+            order.remove(rec["step"])
+        order.append(rec["step"])
+    kept: dict[int, str] = {}
+    for s in order[-keep:]:
+        kept[s] = f"among the last {keep} promoted"
+    if cur is not None:
+        kept[cur[0]["step"]] = "the promoted pointer names it"
+    newest_promoted = max(order, default=-1)
+    for s in steps:
+        if s > newest_promoted:
+            kept.setdefault(s, "newer than the newest promoted (not yet through validation)")
+    promoted_sorted = sorted(set(order))
+    for inc in catalog.incidents(store, run):
+        if inc.get("status") in CLOSED_STATUSES:
+            continue
+        ident = inc["incident_id"]
+        chosen = (inc.get("checkpoint") or {}).get("step")
+        if not isinstance(chosen, int):
+            try:
+                chosen = plan_pick(store, run, inc["alert"])["step"]
+            except ValueError:
+                chosen = None
+        if chosen is None:
+            # Nothing chosen and nothing provable: keep every promoted checkpoint before the alert.
+            alert_step = inc["alert"].get("step")
+            held = [s for s in promoted_sorted if isinstance(alert_step, int) and s <= alert_step]
+        else:
+            held = [chosen, *[s for s in promoted_sorted if s < chosen][-keep:]]
+        for s in held:
+            kept.setdefault(s, f"open incident {ident} may need it")
+    delete = [s for s in steps if s not in kept and s < newest_promoted]
+    newest_complete = max(steps, default=-1)
+    incomplete = [
+        p.key
+        for p in cat.problems
+        if p.error.startswith("incomplete") and _step_of_prefix(p.key) < newest_complete
+    ]
+    unparsable = [p.key for p in cat.problems if not p.error.startswith("incomplete")]
+    return {"keep": kept, "delete": delete, "incomplete": incomplete, "unparsable": unparsable}
+
+
+def _step_of_prefix(prefix: str) -> int:
+    return int(prefix.rstrip("/").rsplit("step-", 1)[1])
+
+
+def _delete_prefix(store: ObjectStore, prefix: str) -> int:
+    keys = [i.key for i in store.list(prefix)]
+    manifest = [k for k in keys if k.endswith("/manifest.json")]
+    for k in manifest + [k for k in keys if k not in manifest]:
+        store.delete(k)
+    return len(keys)
+
+
+def apply_retention(store: ObjectStore, run: str, *, keep: int, dry_run: bool = False) -> dict[str, Any]:
+    """Plan, then (unless `dry_run`) delete. Returns the plan with `deleted_objects`."""
+    plan = plan_retention(store, run, keep=keep)
+    deleted = 0
+    if not dry_run:
+        for s in plan["delete"]:
+            deleted += _delete_prefix(store, schema.store_key(run, schema.checkpoint_dir(s)))
+        for prefix in plan["incomplete"]:
+            deleted += _delete_prefix(store, prefix)
+    plan["deleted_objects"] = deleted
+    return plan
