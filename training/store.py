@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,7 +168,8 @@ class LocalDirStore:
         st = p.stat()
         side = self._sidecar(key)
         side.parent.mkdir(parents=True, exist_ok=True)
-        tmp = side.with_name(side.name + f".{os.getpid()}.tmp")
+        # pid and thread: head() may refresh a sidecar from several threads of one process at once.
+        tmp = side.with_name(side.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps({"sha256": digest, "stamp": [st.st_size, st.st_mtime_ns, st.st_ino]}))
         os.replace(tmp, side)
 
