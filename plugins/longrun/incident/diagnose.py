@@ -118,7 +118,13 @@ class Diagnosis:
 
 
 def node_check_argv(
-    *, node: str, expect: str | None, dcgm_level: int, probe_timeout_s: float, python: str | None = None
+    *,
+    node: str,
+    expect: str | None,
+    dcgm_level: int,
+    probe_timeout_s: float,
+    python: str | None = None,
+    state_dir: str | None = None,
 ) -> tuple[str, ...]:
     v.node("node", node)
     argv = [python or sys.executable, "-m", "longrun.incident.node_check", "--node", node]
@@ -127,6 +133,8 @@ def node_check_argv(
             raise ValueError(f"expect={expect!r}: must be a hex fingerprint")
         argv += ["--expect", expect]
     argv += ["--dcgm-level", str(dcgm_level), "--probe-timeout", str(probe_timeout_s)]
+    if state_dir:
+        argv += ["--state-dir", v.path("state_dir", state_dir)]
     return tuple(argv)
 
 
@@ -166,6 +174,7 @@ def diagnose(
     dcgm_level: int,
     timeout_s: float = 600.0,
     python: str | None = None,
+    state_dir: str | None = None,
 ) -> Diagnosis:
     """Run node_check on the drained `node` in a MAINT reservation; the node ends drained with the verdict."""
     argv = node_check_argv(
@@ -174,6 +183,7 @@ def diagnose(
         dcgm_level=dcgm_level,
         probe_timeout_s=max(30.0, timeout_s - 30),
         python=python,
+        state_dir=state_dir,
     )
     seen: dict[str, Any] = {}
 
@@ -230,14 +240,21 @@ def pick_healthy(
 
 
 def reference(
-    client: SlurmClient, *, node: str, timeout_s: float = 300.0, python: str | None = None
+    client: SlurmClient,
+    *,
+    node: str,
+    timeout_s: float = 300.0,
+    python: str | None = None,
+    state_dir: str | None = None,
 ) -> dict[str, Any]:
     """The probe's fingerprint on a healthy `node`, through a short MAINT reservation (so nothing else
     lands on the node meanwhile). Returns the probe's JSON verdict (with `fingerprint`)."""
     name = f"longrun_ref_{node}_{int(time.time())}"
     client.create_maint_reservation(name, (node,), duration_min=int(timeout_s // 60) + 5)
     try:
-        argv = (python or sys.executable, "-m", "training.probe", "--node", node)
+        argv: tuple[str, ...] = (python or sys.executable, "-m", "training.probe", "--node", node)
+        if state_dir:
+            argv += ("--state-dir", v.path("state_dir", state_dir))
         result = client.run_in_reservation(name, node, argv, timeout_s=timeout_s)
     finally:
         client.delete_reservation(name)

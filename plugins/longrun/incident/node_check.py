@@ -44,16 +44,22 @@ def probe_verdict(obj: dict[str, Any] | None, exit_code: int) -> str:
         value = obj.get(key)
         if isinstance(value, str) and value.lower() in (PASS, FAIL, ERROR):
             return value.lower()
+        if isinstance(value, str) and value.lower() == "no-reference":
+            return ERROR  # nothing to compare with: not a verdict on the node
     for key in ("ok", "passed", "match"):
         if isinstance(obj.get(key), bool):
             return PASS if obj[key] else FAIL
     return PASS if exit_code == 0 else FAIL
 
 
-def run_probe(node: str, expect: str | None, timeout_s: float) -> dict[str, Any]:
+def run_probe(
+    node: str, expect: str | None, timeout_s: float, state_dir: str | None = None
+) -> dict[str, Any]:
     argv = [sys.executable, "-m", "training.probe", "--node", node]
     if expect:
         argv += ["--expect", expect]
+    if state_dir:
+        argv += ["--state-dir", state_dir]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
@@ -102,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dcgm-level", type=int, default=3, choices=dcgm.LEVELS)
     p.add_argument("--probe-timeout", type=float, default=300.0)
     p.add_argument("--dcgm-timeout", type=float, default=3600.0)
+    p.add_argument("--state-dir", default=None, help="fault state dir (drills: where sick-node markers live)")
     args = p.parse_args(argv)
-    probe = run_probe(args.node, args.expect, args.probe_timeout)
+    probe = run_probe(args.node, args.expect, args.probe_timeout, args.state_dir)
     dcgm_result = run_dcgm(args.dcgm_level, args.dcgm_timeout)
     verdict = combine(probe, dcgm_result)
     print(

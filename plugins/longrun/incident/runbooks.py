@@ -1,45 +1,17 @@
-"""Where each alert and incident outcome is explained for people: one runbook per alert, named after it.
-
-Paths are relative to the repository root; records and task logs carry them so an operator lands on the
-right page from the Airflow UI. A test checks that every file named here exists once runbooks/ lands.
-"""
+"""The runbooks the incident steps link, by outcome (paths from `longrun.runbooks`, the one table)."""
 
 from __future__ import annotations
 
-RUNBOOK_DIR = "runbooks"
+from longrun.runbooks import runbook_path
 
-FINITE_CHECK_ALERT = f"{RUNBOOK_DIR}/finite-check-alert.md"
-RECOMPUTE_MISMATCH = f"{RUNBOOK_DIR}/recompute-mismatch.md"
-WEIGHT_VOTE_DIVERGENCE = f"{RUNBOOK_DIR}/weight-vote-divergence.md"
-AMBIGUOUS_EVIDENCE = f"{RUNBOOK_DIR}/ambiguous-evidence.md"
-DIAGNOSTIC_FAILED = f"{RUNBOOK_DIR}/diagnostic-failed.md"
-DIAGNOSTIC_PASSED = f"{RUNBOOK_DIR}/diagnostic-passed.md"
-STALE_HEARTBEAT = f"{RUNBOOK_DIR}/stale-heartbeat.md"
-CHECKPOINT_VALIDATION_FAILED = f"{RUNBOOK_DIR}/checkpoint-validation-failed.md"
-AUDIT_FAILED = f"{RUNBOOK_DIR}/audit-failed.md"
-RELAUNCH_FAILED = f"{RUNBOOK_DIR}/relaunch-failed.md"
-DRILL = f"{RUNBOOK_DIR}/drill.md"
-
-#: The runbook of an alert, by the check that raised it.
-FOR_CHECK = {
-    "finite": FINITE_CHECK_ALERT,
-    "recompute": RECOMPUTE_MISMATCH,
-    "weight_vote": WEIGHT_VOTE_DIVERGENCE,
-}
-
-ALL = (
-    FINITE_CHECK_ALERT,
-    RECOMPUTE_MISMATCH,
-    WEIGHT_VOTE_DIVERGENCE,
-    AMBIGUOUS_EVIDENCE,
-    DIAGNOSTIC_FAILED,
-    DIAGNOSTIC_PASSED,
-    STALE_HEARTBEAT,
-    CHECKPOINT_VALIDATION_FAILED,
-    AUDIT_FAILED,
-    RELAUNCH_FAILED,
-    DRILL,
-)
+AMBIGUOUS_EVIDENCE = runbook_path("ambiguous_evidence")
+DIAGNOSTIC_FAILED = runbook_path("diagnostic_failed")
+DIAGNOSTIC_PASSED = runbook_path("diagnostic_passed")
+RELAUNCH_FAILED = runbook_path("relaunch_failed")
+STALE_HEARTBEAT = runbook_path("stale_heartbeat")
+CHECKPOINT_VALIDATION_FAILED = runbook_path("checkpoint_validation_failed")
+RECOMPUTE_MISMATCH = runbook_path("recompute")
+FOR_CHECK = {check: runbook_path(check) for check in ("finite", "recompute", "weight_vote")}
 
 
 def for_check(check: str) -> str:
