@@ -24,7 +24,8 @@ def fingerprint_tensor(t: torch.Tensor) -> int:
     h = xxhash.xxh3_64()
     h.update(f"{t.dtype}:{tuple(t.shape)}".encode())
     if t.numel():
-        h.update(t.view(torch.uint8).numpy().data if t.dtype != torch.bool else t.numpy().tobytes())
+        flat = t.reshape(-1)  # a 0-dim tensor cannot be viewed as bytes
+        h.update(flat.view(torch.uint8).numpy().data if t.dtype != torch.bool else flat.numpy().tobytes())
     return h.intdigest()
 
 
