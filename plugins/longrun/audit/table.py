@@ -1,0 +1,280 @@
+"""The audit table: one row per record in the store (all runs), with the derived columns the expectations
+check. Pure pandas: no Great Expectations here, so the table can be inspected and tested on its own.
+
+Row kinds: `manifest` (one per model checkpoint), `file` (one per payload file a manifest lists),
+`validation`, `promotion` (the history and the current pointer), `suspect`, `incident`. A record that does
+not parse against training.schema is still a row, with `parsable` False and the reason in `error`: a
+broken manifest is a finding, not a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from training import schema
+from training.store import ObjectStore
+
+#: The table's columns in order; every row has every column (None/NaN where it does not apply).
+COLUMNS = (
+    "kind",
+    "run",
+    "key",
+    "step",
+    "parsable",
+    "error",
+    "time",
+    # manifest
+    "loss",
+    "loss_finite",
+    "nan_flag",
+    "vote_passed",
+    "step_matches_key",
+    "step_increasing",
+    # file
+    "sha256",
+    "size",
+    "rehashed",
+    "rehash_ok",
+    "rehash_error",
+    # validation
+    "ok",
+    # promotion
+    "seq",
+    "manifest_key",
+    "current",
+    "promoted_validated",
+    "in_suspect",
+    # suspect
+    "after_step",
+    "until_step",
+    # incident
+    "incident_id",
+)
+
+# Relative (to runs/<run>/) key patterns of the records the audit reads; see training.schema's layout.
+_KINDS = (
+    ("manifest", re.compile(r"^checkpoints/step-\d{8}/manifest\.json$")),
+    ("validation", re.compile(r"^validations/[^/]+\.json$")),
+    ("promotion", re.compile(r"^promoted/(current|history/[^/]+)\.json$")),
+    ("suspect", re.compile(r"^suspect/[^/]+\.json$")),
+    ("incident", re.compile(r"^incidents/[^/]+\.json$")),
+)
+
+_RUN_KEY = re.compile(r"^runs/([^/]+)/(.+)$")
+
+
+def classify(key: str) -> tuple[str, str] | None:
+    """(kind, run) of a store key the audit reads, or None for payload, alerts, progress and the rest."""
+    m = _RUN_KEY.match(key)
+    if not m:
+        return None
+    run, rel = m.groups()
+    for kind, pattern in _KINDS:
+        if pattern.match(rel):
+            return kind, run
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def vote_passed(weight_vote: Any) -> bool:
+    """Whether a manifest's weight-vote result says the replicas agreed at save time.
+
+    The trainer records the vote's verdict (`verdict: "pass"`); `passed`/`ok` booleans are read too.
+    Anything else, an empty dict included, is not a pass: a checkpoint saved without a vote is unvouched.
+    """
+    if not isinstance(weight_vote, dict):
+        return False
+    if "verdict" in weight_vote:
+        return weight_vote["verdict"] == "pass"
+    for name in ("passed", "ok"):
+        if name in weight_vote:
+            return weight_vote[name] is True
+    return False
+
+
+def nan_flag(manifest: dict[str, Any]) -> bool:
+    """Whether the manifest itself says some saved tensor or the loss was NaN/Inf."""
+    for name in ("nan", "has_nan", "nonfinite", "has_nonfinite"):
+        if manifest.get(name):
+            return True
+    if manifest.get("finite") is False:
+        return True
+    loss = manifest.get("loss")
+    return isinstance(loss, float) and math.isnan(loss)
+
+
+def _file_key(run: str, step: int, entry: Any) -> str:
+    if isinstance(entry, dict) and isinstance(entry.get("key"), str):
+        rel = entry["key"]
+    elif isinstance(entry, dict) and isinstance(entry.get("name"), str):
+        rel = schema.checkpoint_dir(step) + entry["name"]
+    else:
+        return ""
+    return rel if rel.startswith("runs/") else schema.run_prefix(run) + rel
+
+
+def read_records(store: ObjectStore) -> Iterable[tuple[str, str, str, dict[str, Any] | None, str | None]]:
+    """(kind, run, key, record or None, parse error or None) for every record the audit reads."""
+    for info in store.list("runs/"):
+        found = classify(info.key)
+        if found is None:
+            continue
+        kind, run = found
+        try:
+            obj = json.loads(store.get_bytes(info.key))
+            schema.validate(kind, obj)
+        except (ValueError, schema.SchemaError) as e:  # JSONDecodeError is a ValueError
+            yield kind, run, info.key, None, f"{type(e).__name__}: {e}"
+            continue
+        if obj.get("run") != run:
+            yield kind, run, info.key, None, f"record names run {obj.get('run')!r} but lies under runs/{run}/"
+            continue
+        yield kind, run, info.key, obj, None
+
+
+def _row(kind: str, run: str, key: str, **fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row.update(kind=kind, run=run, key=key, parsable=True)
+    row.update(fields)
+    return row
+
+
+def build_table(store: ObjectStore) -> pd.DataFrame:
+    """Read every manifest, validation, promotion, suspect and incident record in `store` into one table."""
+    rows: list[dict[str, Any]] = []
+    manifests: dict[str, dict[str, Any]] = {}  # key -> record
+    validations: dict[tuple[str, int], list[tuple[float, bool]]] = defaultdict(list)
+    suspects: dict[str, list[tuple[int, float, float]]] = defaultdict(list)  # run -> (after, until, time)
+    promotions: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (row, record)
+    for kind, run, key, obj, error in read_records(store):
+        if obj is None:
+            step = schema.step_of_manifest_key(key) if kind == "manifest" else None
+            rows.append(_row(kind, run, key, step=step, parsable=False, error=error))
+            continue
+        time_ = _number(obj.get("time"))
+        if kind == "manifest":
+            manifests[key] = obj
+            loss = _number(obj.get("loss"))
+            rows.append(
+                _row(
+                    kind,
+                    run,
+                    key,
+                    step=obj["step"],
+                    time=time_,
+                    loss=loss,
+                    loss_finite=loss is not None and math.isfinite(loss),
+                    nan_flag=nan_flag(obj),
+                    vote_passed=vote_passed(obj["weight_vote"]),
+                    step_matches_key=obj["step"] == schema.step_of_manifest_key(key),
+                )
+            )
+            for entry in obj["files"]:
+                sha = entry.get("sha256") if isinstance(entry, dict) else None
+                size = entry.get("size") if isinstance(entry, dict) else None
+                rows.append(
+                    _row(
+                        "file",
+                        run,
+                        _file_key(run, obj["step"], entry),
+                        step=obj["step"],
+                        sha256=sha if isinstance(sha, str) else "",
+                        size=size if isinstance(size, int) and not isinstance(size, bool) else None,
+                        rehashed=False,
+                        manifest_key=key,
+                    )
+                )
+        elif kind == "validation":
+            validations[(run, obj["step"])].append((time_ or 0.0, obj["ok"]))
+            rows.append(_row(kind, run, key, step=obj["step"], time=time_, ok=obj["ok"]))
+        elif kind == "promotion":
+            row = _row(
+                kind,
+                run,
+                key,
+                step=obj["step"],
+                time=time_,
+                seq=obj["seq"],
+                manifest_key=obj["manifest_key"],
+                current=key.endswith("/" + schema.PROMOTED_POINTER_PATH),
+            )
+            rows.append(row)
+            promotions.append((row, obj))
+        elif kind == "suspect":
+            until = obj.get("until_step", obj.get("alert_step"))
+            until_f = float(until) if _number(until) is not None else math.inf
+            suspects[run].append((obj["after_step"], until_f, time_ or 0.0))
+            rows.append(
+                _row(
+                    kind,
+                    run,
+                    key,
+                    time=time_,
+                    after_step=obj["after_step"],
+                    until_step=None if until_f == math.inf else int(until_f),
+                )
+            )
+        else:  # incident
+            rows.append(_row(kind, run, key, time=time_, incident_id=obj["incident_id"]))
+
+    _mark_step_order(rows)
+    for row, obj in promotions:
+        row["promoted_validated"] = _latest_ok(validations.get((row["run"], row["step"]), []))
+        row["in_suspect"] = _promotion_in_suspect(row, obj, manifests, suspects.get(row["run"], []))
+    table = pd.DataFrame(rows, columns=list(COLUMNS))
+    # NaN, not None, for absent numbers: GX's between-expectations skip nulls, and loss_finite catches them.
+    table["loss"] = pd.to_numeric(table["loss"], errors="coerce").astype("float64")
+    return table
+
+
+def _mark_step_order(rows: list[dict[str, Any]]) -> None:
+    """Per run, in save-time order, every manifest's step must exceed every step saved before it."""
+    by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if row["kind"] == "manifest" and row["parsable"]:
+            by_run[row["run"]].append(row)
+    for run_rows in by_run.values():
+        highest: int | None = None
+        for row in sorted(run_rows, key=lambda r: (r["time"] or 0.0, r["key"])):
+            row["step_increasing"] = highest is None or row["step"] > highest
+            highest = row["step"] if highest is None else max(highest, row["step"])
+
+
+def _latest_ok(attempts: list[tuple[float, bool]]) -> bool:
+    """A promoted model checkpoint must be vouched for by its latest validation (a later failed
+    re-validation, e.g. bit rot found, withdraws the vouch)."""
+    return bool(attempts) and max(attempts, key=lambda a: a[0])[1] is True
+
+
+def _promotion_in_suspect(
+    row: dict[str, Any],
+    promotion: dict[str, Any],
+    manifests: dict[str, dict[str, Any]],
+    suspects: list[tuple[int, float, float]],
+) -> bool:
+    """A promotion points into a suspect interval when the model checkpoint it names was saved before the
+    interval was declared (so it is the suspect one, not a re-save by the relaunched job) and the promotion
+    is still current or was made after the declaration. Promotions made before anyone knew are history."""
+    step = row["step"]
+    manifest = manifests.get(promotion["manifest_key"])
+    saved = _number(manifest.get("time")) if manifest else None
+    for after, until, declared in suspects:
+        if not (after < step <= until):
+            continue
+        if saved is not None and saved > declared:
+            continue  # re-saved by the relaunched job after the demotion
+        if row["current"] or (row["time"] or 0.0) >= declared:
+            return True
+    return False

@@ -1,0 +1,48 @@
+"""The body of DAG `checkpoint_audit`'s task: Params in, report keys out, AirflowFailException (no retry)
+when the audit found broken properties. A store that does not answer raises StoreUnavailable, which the
+task's retries cover."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from longrun.audit.config import AuditConfig, audit_id_from
+from longrun.audit.run import AuditFailed, run_audit
+from longrun.runbooks import runbook_url
+from training.store import ObjectStore, store_from_env
+
+#: Params of DAG `checkpoint_audit` -> AuditConfig fields.
+PARAM_FIELDS = ("sample_size", "seed", "loss_min", "loss_max")
+
+
+def config_from_params(params: Mapping[str, Any], run_id: str) -> AuditConfig:
+    """The audit settings of one DAG run; the report goes under `audit/<cleaned run id>/`."""
+    fields = {name: params[name] for name in PARAM_FIELDS if params.get(name) is not None}
+    for name in ("loss_min", "loss_max"):
+        if name in fields:
+            fields[name] = float(fields[name])
+    return AuditConfig(audit_id=audit_id_from(run_id), **fields)
+
+
+def audit_task(params: Mapping[str, Any], run_id: str, store: ObjectStore | None = None) -> dict[str, Any]:
+    """Run the audit over the store the environment points at; print where the report is."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    cfg = config_from_params(params, run_id)
+    store = store or store_from_env()
+    print(
+        f"longrun audit {cfg.audit_id}: auditing {store.describe()} (re-hash sample {cfg.sample_size}, seed {cfg.seed})"
+    )
+    try:
+        report = run_audit(store, cfg)
+    except AuditFailed as e:
+        print(str(e))
+        print(f"report keys: {e.report.keys}")
+        raise AirflowFailException(str(e)) from e
+    print(
+        f"model checkpoint audit {cfg.audit_id} passed: {report.rows} rows {report.counts}, {report.rehashed} re-hashed"
+    )
+    print(f"Data Docs: {report.docs_url} (store key {report.keys['docs']})")
+    print(f"If it fails one day: {runbook_url('audit_failed')}")
+    return {"audit_id": report.audit_id, "docs_url": report.docs_url, **report.keys, "counts": report.counts}
