@@ -1,0 +1,182 @@
+"""The run-health FastAPI app, mounted by the Airflow plugin under /longrun in the API server.
+
+Routes (relative to the mount point):
+
+    /                                    the runs in the store
+    /runs/{run}                          the run-health page (reloads itself while the run is live)
+    /runs/{run}/health.json              the same data as JSON
+    /runs/{run}/loss.png                 loss over steps with check events and incidents marked
+    /runs/{run}/fingerprints.png         replica weight-fingerprint agreement
+    /runs/{run}/incidents/{id}/{name}    a plot saved with an incident record
+    /runbooks/{name}                     a runbook from runbooks/, rendered
+    /dag_runs/{dag_id}/{run_id}          redirect from an Airflow DAG run to its run's page
+
+Inside Airflow every route needs a logged-in user allowed to read `training_run` runs (the JWT cookie
+the UI sets, or a bearer token). Handlers are plain `def`: the store and Slurm calls block, so FastAPI
+runs them in its thread pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from longrun.ui import page, plots
+from longrun.ui.data import NodeSource, list_runs, load_run_health
+from training import schema
+from training.store import NotFound, ObjectStore, StoreError, store_from_env
+
+DAG_ID = "training_run"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def default_runbooks_dir() -> Path:
+    """LONGRUN_RUNBOOKS_DIR, else runbooks/ at the repository root (the package is installed editable)."""
+    env = os.environ.get("LONGRUN_RUNBOOKS_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "runbooks"
+
+
+def default_nodes() -> NodeSource | None:
+    """The Slurm client's node listing when this server has a Slurm config, else None."""
+    if not os.environ.get("SLURM_CONF"):
+        return None
+
+    def nodes() -> Sequence[Any]:
+        from longrun.slurm.client import make_client
+
+        return make_client(backend="cli").nodes()
+
+    return nodes
+
+
+async def airflow_can_read_runs(request: Request) -> None:
+    """Airflow's own check, as its routes do it: a logged-in user (JWT cookie or bearer token) allowed
+    to read runs of `training_run`. Imported per request: airflow.api_fastapi pulls in the whole API
+    server, which the scheduler and the tests that load plugins must not pay for."""
+    import asyncio
+
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api import security
+
+    bearer = await security.bearer_scheme(request)
+    user = await security.get_user(request, None, bearer)
+    check = security.requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID)
+    await asyncio.to_thread(check, request, user)
+
+
+def airflow_auth() -> list[Any]:
+    return [Depends(airflow_can_read_runs)]
+
+
+def airflow_run_name(dag_id: str, run_id: str) -> str | None:
+    """The longrun run name of an Airflow DAG run: its conf's `run_name` (or `run`)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        dr = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+        conf = dict(dr.conf or {}) if dr is not None else {}
+    name = conf.get("run_name") or conf.get("run")
+    return name if isinstance(name, str) else None
+
+
+def create_app(
+    *,
+    store: Callable[[], ObjectStore] = store_from_env,
+    nodes: Callable[[], NodeSource | None] = default_nodes,
+    runbooks_dir: Callable[[], Path] = default_runbooks_dir,
+    auth: Callable[[], list[Any]] | None = airflow_auth,
+    run_name_of: Callable[[str, str], str | None] = airflow_run_name,
+) -> FastAPI:
+    """Build the app. Every collaborator is a factory called per request, so the environment the API
+    server was started with is read late, and tests pass a local store and no Airflow auth."""
+    app = FastAPI(
+        title="longrun run health",
+        dependencies=auth() if auth else [],
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+
+    def base(request_root: str) -> str:
+        return request_root.rstrip("/")
+
+    def checked(run: str) -> str:
+        try:
+            return schema.check_run_name(run)
+        except schema.SchemaError as e:
+            raise HTTPException(404, str(e)) from None
+
+    def health(run: str):  # noqa: ANN202
+        try:
+            return load_run_health(store(), checked(run), nodes=nodes())
+        except StoreError as e:
+            raise HTTPException(503, f"store unavailable: {e}") from None
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(request: Request) -> str:
+        s = store()
+        try:
+            runs = list_runs(s)
+        except StoreError as e:
+            raise HTTPException(503, f"store unavailable: {e}") from None
+        return page.index_html(runs, base=base(request.scope.get("root_path", "")), store=s.describe())
+
+    @app.get("/runs/{run}", response_class=HTMLResponse)
+    def run_page(run: str, request: Request) -> str:
+        h = health(run)
+        return page.run_html(h, base=base(request.scope.get("root_path", "")), store=store().describe())
+
+    @app.get("/runs/{run}/health.json")
+    def run_json(run: str) -> JSONResponse:
+        return JSONResponse(dataclasses.asdict(health(run)))
+
+    @app.get("/runs/{run}/{name}.png")
+    def run_plot(run: str, name: str) -> Response:
+        draw = plots.PLOTS.get(f"{name}.png")
+        if draw is None:
+            raise HTTPException(404, f"no plot named {name!r}; known: {sorted(plots.PLOTS)}")
+        return Response(draw(health(run)), media_type="image/png", headers={"Cache-Control": "no-store"})
+
+    @app.get("/runs/{run}/incidents/{incident_id}/{name}")
+    def incident_file(run: str, incident_id: str, name: str) -> Response:
+        if not (_NAME.match(incident_id) and _NAME.match(name) and name.endswith(".png")):
+            raise HTTPException(404, "not an incident plot")
+        try:
+            data = store().get_bytes(plots.incident_plot_key(checked(run), incident_id, name))
+        except NotFound:
+            raise HTTPException(404, f"no plot {name} for incident {incident_id}") from None
+        except StoreError as e:
+            raise HTTPException(503, f"store unavailable: {e}") from None
+        return Response(data, media_type="image/png")
+
+    @app.get("/runbooks/{name}", response_class=HTMLResponse)
+    def runbook(name: str, request: Request) -> str:
+        stem = name[:-3] if name.endswith(".md") else name
+        if not _NAME.match(stem):
+            raise HTTPException(404, f"runbook name {name!r} is not a plain name")
+        path = runbooks_dir() / f"{stem}.md"
+        if not path.is_file():
+            raise HTTPException(404, f"no runbook {stem}.md in {runbooks_dir()}")
+        return page.runbook_html(stem, path.read_text(), base=base(request.scope.get("root_path", "")))
+
+    @app.get("/dag_runs/{dag_id}/{run_id}")
+    def from_dag_run(dag_id: str, run_id: str, request: Request) -> Response:
+        name = run_name_of(dag_id, run_id)
+        root = base(request.scope.get("root_path", ""))
+        if not name:
+            text = f"DAG run {run_id!r} of {dag_id!r} names no longrun run (no run_name in its conf)."
+            return HTMLResponse(
+                page.message_html("No run for this DAG run", text, base=root), status_code=404
+            )
+        return RedirectResponse(f"{root}/runs/{checked(name)}", status_code=307)
+
+    return app

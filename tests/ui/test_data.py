@@ -1,0 +1,184 @@
+"""The run-health data layer over a local store filled with schema records."""
+
+from __future__ import annotations
+
+import pytest
+from longrun.slurm.client import NodeState
+from longrun.ui import data
+from longrun.ui.model import CheckEvent, VotePoint
+
+from training import schema
+from training.store import LocalDirStore, put_json
+from ui.drill_records import ALERT_STEP, T0, fill_drill, loss_at
+
+
+@pytest.fixture
+def store(tmp_path):
+    return LocalDirStore(tmp_path / "store")
+
+
+def nodes():
+    return [
+        NodeState(
+            name="n2", state="idle", flags=frozenset({"DRAIN"}), reason="longrun:sdc-diag-fail:drill-1:25"
+        ),
+        NodeState(name="n1", state="allocated"),
+        NodeState(name="n3", state="idle", flags=frozenset({"DRAIN"}), reason="longrun:sdc:other-run:3"),
+        NodeState(name="n4", state="down", flags=frozenset({"NOT_RESPONDING"}), reason="admin: fan"),
+    ]
+
+
+def test_progress_report_and_series(store):
+    fill_drill(store)
+    h = data.load_run_health(store, "drill-1", now=T0 + 260)
+    assert (h.step, h.total_steps, h.finished) == (40, 40, True)
+    assert h.final_fingerprint == "00ff00ff00ff00ff"
+    assert h.heartbeat_age_s == pytest.approx(60)
+    assert h.step_time_s == 0.05
+    steps = [s for s, _ in h.loss_series]
+    assert steps == sorted(set(steps)) and steps[0] == 1 and steps[-1] == 40
+    # the relaunch's values win for re-trained steps (21..25 were written twice)
+    assert dict(h.loss_series)[22] == pytest.approx(loss_at(22) + 0.001)
+    assert h.problems == ()
+
+
+def test_check_timeline_has_passes_failures_and_the_alert(store):
+    fill_drill(store)
+    h = data.load_run_health(store, "drill-1")
+    counts = h.check_counts()
+    assert counts["recompute"] == {"pass": 2, "fail": 1, "alert": 1}
+    assert counts["weight_vote"] == {"pass": 4}
+    assert counts["finite"]["pass"] == 40
+    (alert,) = h.alerts
+    assert (alert.step, alert.check, alert.suspect_nodes) == (ALERT_STEP, "recompute", ("n2",))
+    assert [c.step for c in h.checks] == sorted(c.step for c in h.checks)
+
+
+def test_checkpoint_states(store):
+    fill_drill(store)
+    h = data.load_run_health(store, "drill-1")
+    states = {c.step: c.state for c in h.checkpoints}
+    # 24 was saved after the last known-good step (20) and before the suspect record: demoted.
+    assert states == {10: "promoted", 20: "promoted", 24: "suspect", 30: "promoted", 40: "validated"}
+    assert [c.step for c in h.checkpoints if c.current] == [30]
+
+
+def test_invalid_checkpoint_shows_its_errors(store):
+    fill_drill(store)
+    put_json(
+        store,
+        schema.store_key("drill-1", schema.validation_path(40, "v2")),
+        schema.record(
+            "validation", run="drill-1", step=40, ok=False, errors=["model.pt: sha256 differs"], time=T0 + 999
+        ),
+    )
+    (ck,) = [c for c in data.load_run_health(store, "drill-1").checkpoints if c.step == 40]
+    assert ck.state == "invalid" and ck.validation_errors == ("model.pt: sha256 differs",)
+
+
+def test_incident_view(store):
+    ident = fill_drill(store)
+    (inc,) = data.load_run_health(store, "drill-1").incidents
+    assert inc.incident_id == ident
+    assert (inc.mode, inc.status, inc.verdict, inc.step, inc.check) == (
+        "act",
+        "relaunched",
+        "fail",
+        25,
+        "recompute",
+    )
+    assert [e["event"] for e in inc.timeline] == [
+        "opened",
+        "frozen",
+        "attributed",
+        "drained",
+        "diagnosed",
+        "relaunched",
+    ]
+    assert inc.runbooks == ("recompute-mismatch",)
+    facts = dict(inc.facts)
+    assert facts["lost steps"] == "5" and facts["alert to running again"] == "6.5 s"
+    assert "20" in facts["restart checkpoint"] and "exclude=['n2']" in facts["relaunch"]
+
+
+def test_votes_pass_and_fail():
+    world = 3
+    ok = data._vote(
+        {"step": 10, "check": "weight_vote", "verdict": "pass", "evidence": {"fingerprint": "a"}}, world
+    )
+    assert ok == VotePoint(step=10, agreeing=3, replicas=3)
+    bad = data._vote(
+        {
+            "step": 12,
+            "check": "weight_vote",
+            "verdict": "fail",
+            "suspect_ranks": [2],
+            "evidence": {"fingerprints_by_rank": {"0": "a", "1": "a", "2": "b"}},
+        },
+        world,
+    )
+    assert bad == VotePoint(step=12, agreeing=2, replicas=3, dissenters=(2,))
+    split = data._vote(
+        {
+            "step": 14,
+            "check": "weight_vote",
+            "verdict": "fail",
+            "evidence": {"fingerprints_by_rank": {"0": "a", "1": "b"}},
+        },
+        world,
+    )
+    assert split.agreeing == 0 and split.dissenters == ()
+
+
+def test_node_states_mark_this_runs_drains(store):
+    fill_drill(store)
+    h = data.load_run_health(store, "drill-1", nodes=nodes)
+    by = {n.name: n for n in h.nodes}
+    assert [n.name for n in h.nodes] == ["n1", "n2", "n3", "n4"]
+    assert by["n2"].state == "idle+DRAIN" and by["n2"].ours and by["n2"].this_run
+    assert by["n3"].ours and not by["n3"].this_run
+    assert not by["n4"].ours and by["n4"].state == "down+NOT_RESPONDING"
+    assert h.nodes_error is None
+
+
+def test_slurm_errors_are_shown_not_raised(store):
+    fill_drill(store)
+
+    def broken():
+        raise OSError("slurmctld: connection refused")
+
+    h = data.load_run_health(store, "drill-1", nodes=broken)
+    assert h.nodes == () and "connection refused" in h.nodes_error
+    assert "SLURM_CONF" in data.load_run_health(store, "drill-1").nodes_error
+
+
+def test_bad_records_are_listed_and_skipped(store):
+    fill_drill(store, finished=False)
+    store.put_bytes(
+        schema.store_key("drill-1", "checks/99999999-99999999-r000.jsonl"), b'{"kind": "check"}\nnot json\n'
+    )
+    store.put_bytes(schema.store_key("drill-1", "alerts/00000099-finite-x.json"), b"[]")
+    h = data.load_run_health(store, "drill-1")
+    assert len(h.problems) == 3, h.problems
+    assert len(h.alerts) == 1 and not h.finished and h.step == 33
+
+
+def test_empty_run_and_listing(store):
+    assert data.list_runs(store) == []
+    h = data.load_run_health(store, "nothing-yet")
+    assert (h.step, h.checks, h.checkpoints, h.incidents, h.loss_series) == (None, (), (), (), ())
+    fill_drill(store, "a-run")
+    fill_drill(store, "b-run")
+    assert data.list_runs(store) == ["a-run", "b-run"]
+
+
+def test_bad_run_name_is_refused(store):
+    with pytest.raises(schema.SchemaError, match="run name"):
+        data.load_run_health(store, "../etc")
+
+
+def test_model_validation_names_the_field():
+    with pytest.raises(ValueError, match="verdict = 'maybe'"):
+        CheckEvent(step=1, check="finite", verdict="maybe")
+    with pytest.raises(ValueError, match="agreeing = 4"):
+        VotePoint(step=1, agreeing=4, replicas=3)
