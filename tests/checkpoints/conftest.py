@@ -8,10 +8,15 @@ for the test, because the saver's NVRx worker process rebuilds the store from it
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from ckpt_helpers import Saver, tiny_state
 
+from training.checkpointing import CheckpointSaver, SaverSettings
 from training.s3_store import S3Store
 from training.store import LocalDirStore, ObjectStore
 
@@ -41,3 +46,45 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
 def run() -> str:
     """A run name of its own per test, so tests sharing the session's bucket never see each other."""
     return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def save_checkpoints(tmp_path: Path) -> Saver:
+    """save_checkpoints(store, run, steps, coverage=..., fields=...) -> {step: model_state}: real saves
+    through CheckpointSaver (writer thread, fast), waited for."""
+
+    def save(
+        store: ObjectStore,
+        run: str,
+        steps: list[int],
+        *,
+        coverage: Callable[[int], dict[str, int]] | None = None,
+        fields: Callable[[int, dict[str, torch.Tensor]], dict[str, Any]] | None = None,
+        writer: str = "thread",
+    ) -> dict[int, dict[str, torch.Tensor]]:
+        states = {}
+        settings = SaverSettings(writer=writer, retry_deadline_s=10, wait_timeout_s=120)
+        with CheckpointSaver(
+            run=run, run_dir=tmp_path / f"run-{run}", store=store, settings=settings
+        ) as saver:
+            for step in steps:
+                model, optim = tiny_state(step)
+                extra_fields: dict[str, Any] = {
+                    "coverage": coverage(step) if coverage else {},
+                    "loss": 1.0 / (step + 1),
+                }
+                if fields:
+                    extra_fields.update(fields(step, model))
+                saver.save(
+                    step=step,
+                    model_state=model,
+                    optim_state=optim,
+                    extra={"rng": torch.get_rng_state()},
+                    manifest_fields=extra_fields,
+                )
+                states[step] = model
+            assert saver.wait(120), "saves did not finish"
+            assert saver.last_error is None, saver.last_error
+        return states
+
+    return save
