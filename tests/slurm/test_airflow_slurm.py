@@ -1,0 +1,189 @@
+"""The Airflow side of the Slurm layer: trigger serialization, deferral, reattach, event handling.
+
+Operators run outside a scheduler here (their `execute` is called with a context built for the test);
+the DAG-level behaviour through a real scheduler and triggerer is in test_example_dag.py. Slurm is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from longrun.hooks.slurm import SlurmHook
+from longrun.operators.slurm import SlurmSubmitJobOperator, finish
+from longrun.sensors.slurm import SlurmJobSensor
+from longrun.slurm.errors import InvalidSpecError, SlurmUnavailableError
+from longrun.triggers.slurm import SlurmJobTrigger
+
+JOB = {"name": "af", "partition": "debug", "gpus_per_node": 0, "exclusive": False, "time_limit_min": 5}
+
+
+def test_trigger_serialize_round_trip_exact_kwargs():
+    t = SlurmJobTrigger(job_id=42, slurm_conf="/etc/slurm/slurm.conf", backend="cli", max_restarts=2)
+    path, kwargs = t.serialize()
+    assert path == "longrun.triggers.slurm.SlurmJobTrigger"
+    assert kwargs == {
+        "job_id": 42,
+        "slurm_conf": "/etc/slurm/slurm.conf",
+        "backend": "cli",
+        "poll_interval": 1.0,
+        "max_poll_interval": 10.0,
+        "max_restarts": 2,
+        "max_consecutive_errors": 30,
+    }
+    module, _, name = path.rpartition(".")
+    again = getattr(importlib.import_module(module), name)(**kwargs)
+    assert again.serialize() == (path, kwargs)
+
+
+def test_operator_refuses_a_comment_and_bad_specs_at_parse_time():
+    with pytest.raises(ValueError, match="comment"):
+        SlurmSubmitJobOperator(task_id="t", job={**JOB, "command": ["true"], "comment": "x"})
+    with pytest.raises(InvalidSpecError, match="^name"):
+        SlurmSubmitJobOperator(task_id="t", job={**JOB, "name": "--wrap=id", "command": ["true"]})
+    # Templated values are checked when rendered, at run time.
+    SlurmSubmitJobOperator(task_id="t", job={**JOB, "name": "{{ params.name }}", "command": ["true"]})
+
+
+@pytest.mark.parametrize(
+    ("event", "error", "match"),
+    [
+        (None, AirflowFailException, "malformed"),
+        ({"status": "done"}, AirflowFailException, "malformed"),
+        ({"status": "weird", "job_id": 1}, AirflowFailException, "unknown"),
+        ({"status": "error", "job_id": 1, "retryable": True, "message": "m"}, SlurmUnavailableError, "m"),
+        ({"status": "error", "job_id": 1, "retryable": False, "message": "m"}, AirflowFailException, "m"),
+    ],
+)
+def test_finish_validates_events(event, error, match):
+    with pytest.raises(error, match=match):
+        finish(SlurmHook(None, slurm_conf="/nonexistent", backend="cli"), event, max_restarts=None)
+
+
+# --- against the real cluster ----------------------------------------------------------------------
+
+
+@dataclass
+class Store:
+    """The task state store's interface (get/set), kept in memory across the test's 'tries'."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def set(self, key: str, value: Any, **_: Any) -> None:
+        self.data[key] = value
+
+
+@dataclass
+class TI:
+    """The task instance fields the operator reads."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    try_number: int = 1
+    map_index: int = -1
+    stats_tags: dict[str, str] = field(default_factory=dict)
+    xcom: dict[str, Any] = field(default_factory=dict)
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcom[key] = value
+
+
+def context(ti: TI, store: Store) -> dict[str, Any]:
+    return {"ti": ti, "task_state_store": store}
+
+
+def run_trigger(trigger: SlurmJobTrigger, timeout_s: float = 60) -> dict[str, Any]:
+    async def first() -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("trigger ended without an event")
+
+    return asyncio.run(asyncio.wait_for(first(), timeout_s))
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster, monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
+    hook = SlurmHook(None)
+    yield {"workdir": str(tmp_path), "output": f"{tmp_path}/slurm-%j.out"}
+    for state in hook.find_jobs("longrun/test_af/"):
+        hook.cancel(state.job_id)
+
+
+@pytest.mark.slurm
+def test_operator_defers_and_completes(slurm_env, request):
+    op = SlurmSubmitJobOperator(
+        task_id="ok", job={**JOB, **slurm_env, "command": ["echo hi"]}, poll_interval=0.5
+    )
+    ti = TI(dag_id="test_af", run_id=request.node.name.replace("[", "_").replace("]", ""), task_id="ok")
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context(ti, Store()))
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, SlurmJobTrigger) and deferred.value.method_name == "execute_complete"
+    assert ti.xcom["slurm_job_id"] == trigger.job_id
+    event = run_trigger(trigger)
+    assert (event["status"], event["label"], event["state"]["exit_code"]) == ("done", "completed", 0)
+    result = op.execute_complete(context(ti, Store()), event)
+    assert result["status"] == "completed" and result["job_id"] == trigger.job_id
+
+
+@pytest.mark.slurm
+def test_failed_job_fails_the_task_with_slurm_reason_and_exit_code(slurm_env):
+    op = SlurmSubmitJobOperator(
+        task_id="fail", job={**JOB, **slurm_env, "command": ["exit 3"]}, poll_interval=0.5
+    )
+    ti = TI(dag_id="test_af", run_id="fail", task_id="fail")
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context(ti, Store()))
+    event = run_trigger(deferred.value.trigger)
+    assert event["label"] == "failed"
+    with pytest.raises(AirflowFailException, match=r"FAILED reason=NonZeroExitCode exit_code=3"):
+        op.execute_complete(context(ti, Store()), event)
+
+
+@pytest.mark.slurm
+def test_retry_reattaches_instead_of_submitting_twice(slurm_env):
+    hook = SlurmHook(None)
+    job = {**JOB, **slurm_env, "command": ["sleep 60"]}
+    store = Store()
+    first = TI(dag_id="test_af", run_id="reattach", task_id="long", try_number=1)
+    with pytest.raises(TaskDeferred) as d1:
+        SlurmSubmitJobOperator(task_id="long", job=job).execute(context(first, store))
+    # Try 2 with the stored id (the mixin's path).
+    second = TI(dag_id="test_af", run_id="reattach", task_id="long", try_number=2)
+    with pytest.raises(TaskDeferred) as d2:
+        SlurmSubmitJobOperator(task_id="long", job=job).execute(context(second, store))
+    # Try 3 after the worker died before storing the id: found by its tag.
+    third = TI(dag_id="test_af", run_id="reattach", task_id="long", try_number=3)
+    with pytest.raises(TaskDeferred) as d3:
+        SlurmSubmitJobOperator(task_id="long", job=job).execute(context(third, Store()))
+    ids = {d.value.trigger.job_id for d in (d1, d2, d3)}
+    assert len(ids) == 1
+    assert [s.job_id for s in hook.find_jobs("longrun/test_af/reattach/long/")] == list(ids)
+
+
+@pytest.mark.slurm
+def test_sensor_defers_until_done_and_on_kill_cancels(slurm_env):
+    hook = SlurmHook(None)
+    op = SlurmSubmitJobOperator(
+        task_id="submit", job={**JOB, **slurm_env, "command": ["sleep 60"]}, wait_for_completion=False
+    )
+    ti = TI(dag_id="test_af", run_id="sensor", task_id="submit")
+    job_id = op.execute(context(ti, Store()))
+    assert isinstance(job_id, int) and ti.xcom["slurm_job_id"] == job_id
+    sensor = SlurmJobSensor(task_id="wait", job_id=str(job_id), poll_interval=0.5)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context(TI(dag_id="test_af", run_id="sensor", task_id="wait"), Store()))
+    op.on_kill()  # what Airflow calls when the submitting task is killed
+    event = run_trigger(deferred.value.trigger)
+    assert event["label"] == "cancelled" and hook.job_state(job_id).status.value == "cancelled"
+    with pytest.raises(AirflowFailException, match="CANCELLED"):
+        sensor.execute_complete({}, event)

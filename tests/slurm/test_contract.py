@@ -1,0 +1,109 @@
+"""The SlurmClient contract, run against every backend present (pyslurm is skipped with its reason).
+
+Against the real four-node cluster of the local stack; nothing here is mocked.
+"""
+
+from __future__ import annotations
+
+import pytest
+from longrun.slurm import ops
+from longrun.slurm.client import JobStatus, SlurmClient
+from longrun.slurm.errors import ForeignDrainError, InvalidSpecError, JobNotFoundError, SubmitRejectedError
+
+pytestmark = pytest.mark.slurm
+
+FINAL = {s for s in JobStatus} - {
+    JobStatus.PENDING,
+    JobStatus.RUNNING,
+    JobStatus.REQUEUED,
+    JobStatus.SUSPENDED,
+}
+
+
+def test_conforms_to_the_protocol(guard):
+    assert isinstance(guard.client, SlurmClient)
+    assert guard.client.version().split(".")[0].isdigit()
+
+
+def test_completed(guard):
+    job = guard.submit(guard.spec("ok", ["echo hello"]))
+    state = ops.wait_status(guard.client, job, FINAL, timeout_s=60)
+    assert (state.status, state.exit_code, state.restart_count) == (JobStatus.COMPLETED, 0, 0)
+    assert len(state.nodes) == 1 and state.comment == "longrun/test/ok/t/-1/1"
+    assert "hello" in guard.output(job)
+
+
+def test_failed_exit_3_keeps_code_and_reason(guard):
+    job = guard.submit(guard.spec("fail3", ["exit 3"]))
+    state = ops.wait_status(guard.client, job, FINAL, timeout_s=60)
+    assert (state.status, state.exit_code, state.reason) == (JobStatus.FAILED, 3, "NonZeroExitCode")
+
+
+def test_cancelled(guard):
+    job = guard.submit(guard.spec("sleeper", ["sleep 120"]))
+    ops.wait_status(guard.client, job, {JobStatus.RUNNING}, timeout_s=30)
+    guard.client.cancel(job)
+    state = ops.wait_status(guard.client, job, FINAL, timeout_s=30)
+    assert state.status is JobStatus.CANCELLED
+    guard.client.cancel(job)  # idempotent on a finished job
+
+
+def test_durable_record_agrees_with_the_controller(guard):
+    """After MinJobAge slurmctld forgets a job; jobcomp/filetxt then answers with the same final state."""
+    if not hasattr(guard.client, "_from_jobcomp"):
+        pytest.skip("the durable record is read by the CLI backend (pyslurm delegates to it)")
+    job = guard.submit(guard.spec("durable", ["exit 3"]))
+    live = ops.wait_status(guard.client, job, FINAL, timeout_s=60)
+    durable = ops.wait_for(
+        guard.client, job, lambda _s: guard.client._from_jobcomp(job) is not None, timeout_s=10
+    )
+    durable = guard.client._from_jobcomp(job)
+    assert durable is not None and durable.source == "jobcomp"
+    assert (durable.status, durable.exit_code, durable.nodes) == (live.status, live.exit_code, live.nodes)
+
+
+def test_unknown_job(guard):
+    with pytest.raises(JobNotFoundError):
+        guard.client.job(99_999_999)
+
+
+def test_find_by_tag_newest_first(guard):
+    a = guard.submit(guard.spec("tagged", ["sleep 30"], comment="longrun/test/findme/t/-1/1"))
+    b = guard.submit(guard.spec("tagged", ["sleep 30"], comment="longrun/test/findme/t/-1/2"))
+    guard.submit(guard.spec("other", ["sleep 30"], comment="longrun/test/other/t/-1/1"))
+    found = guard.client.find_jobs("longrun/test/findme/t/-1/")
+    assert [s.job_id for s in found] == [b, a]
+
+
+def test_submit_rejected_for_unknown_partition(guard):
+    with pytest.raises(SubmitRejectedError, match="partition"):
+        guard.submit(guard.spec("nopart", ["true"], partition="nosuchpart"))
+
+
+def test_drain_needs_our_prefix_and_resume_refuses_foreign(guard, slurm_cluster):
+    with pytest.raises(InvalidSpecError, match="longrun:"):
+        guard.client.drain("n4", "maintenance")
+    guard.client.drain("n4", "longrun:test:drain")
+    n4 = guard.client.node("n4")
+    assert n4.drain_flag and n4.is_ours and n4.reason == "longrun:test:drain"
+    guard.client.resume("n4")
+    assert not guard.client.node("n4").drain_flag
+    guard.client.resume("n4")  # not drained: nothing to do
+
+    guard.drain_foreign("n3", "admin: bad DIMM")
+    with pytest.raises(ForeignDrainError, match="admin: bad DIMM"):
+        guard.client.resume("n3")
+    assert guard.client.node("n3").drain_flag  # untouched
+
+
+def test_node_states_list_all_nodes(guard, slurm_cluster):
+    states = {s.name: s for s in guard.client.nodes()}
+    assert sorted(states) == sorted(slurm_cluster.nodes)
+    assert all(s.state in ("idle", "mixed", "allocated") for s in states.values())
+
+
+def test_maint_reservation_create_delete(guard):
+    name = guard.client.create_maint_reservation("longrun_test_resv", ("n4",), duration_min=5)
+    assert name in guard.client.reservations()
+    guard.client.delete_reservation(name)
+    assert name not in guard.client.reservations()

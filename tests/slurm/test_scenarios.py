@@ -1,0 +1,118 @@
+"""The issue's scenarios on the real four-node cluster: multi-node ranks, drain/cancel/relaunch,
+requeue-hold, diagnosis on a drained node through a MAINT reservation, TIMEOUT and NODE_FAIL."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from longrun.slurm import ops
+from longrun.slurm.client import JobStatus
+from longrun.slurm.errors import ForeignDrainError
+from longrun.slurm.outcomes import Kind, classify
+
+pytestmark = pytest.mark.slurm
+
+FINAL = {s for s in JobStatus} - {
+    JobStatus.PENDING,
+    JobStatus.RUNNING,
+    JobStatus.REQUEUED,
+    JobStatus.SUSPENDED,
+}
+# srun's hostname is the same on every node here (one host): report Slurm's node id and name instead.
+RANK_LINE = "srun bash -c 'echo rank=$SLURM_PROCID nodeid=$SLURM_NODEID node=$SLURMD_NODENAME'"
+
+
+def ranks(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("rank="):
+            fields = dict(kv.split("=", 1) for kv in line.split())
+            out[fields["rank"]] = fields["node"]
+    return out
+
+
+def test_three_node_job_reports_one_rank_per_node(guard):
+    job = guard.submit(guard.spec("ranks", [RANK_LINE], nodes=3))
+    state = ops.wait_status(guard.client, job, FINAL, timeout_s=60)
+    assert state.status is JobStatus.COMPLETED and len(state.nodes) == 3
+    got = ranks(guard.output(job))
+    assert sorted(got) == ["0", "1", "2"]
+    assert sorted(got.values()) == sorted(state.nodes)
+
+
+def test_drain_leaves_running_job_running_then_cancel_and_relaunch_excluding(guard):
+    spec = guard.spec("victim", [RANK_LINE, "sleep 120"], nodes=3, nodelist=("n1", "n2", "n3"))
+    job = guard.submit(spec)
+    ops.wait_status(guard.client, job, {JobStatus.RUNNING}, timeout_s=30)
+    guard.client.drain("n2", "longrun:sdc:test:1")
+    time.sleep(2)
+    assert guard.client.job(job).status is JobStatus.RUNNING  # drain does not stop it
+    assert guard.client.node("n2").drain_flag
+
+    relaunch = spec.__class__(**{**spec.to_dict(), "nodelist": (), "comment": "longrun/test/victim/t/-1/2"})
+    t0 = time.monotonic()
+    new = ops.cancel_and_relaunch(guard.client, job, relaunch, ("n2",))
+    guard.jobs.append(new)
+    running = ops.wait_status(guard.client, new, {JobStatus.RUNNING}, timeout_s=30)
+    assert guard.client.job(job).status is JobStatus.CANCELLED
+    assert "n2" not in running.nodes and len(running.nodes) == 3
+    print(f"cancel + relaunch excluding n2 -> RUNNING in {time.monotonic() - t0:.2f} s")
+
+
+def test_requeue_hold_path_moves_the_job_off_the_node(guard):
+    job = guard.submit(guard.spec("requeue", [RANK_LINE, "sleep 120"], nodes=3))
+    before = ops.wait_status(guard.client, job, {JobStatus.RUNNING}, timeout_s=30)
+    suspect = before.nodes[1]
+    guard.client.drain(suspect, "longrun:sdc:test:2")
+    t0 = time.monotonic()
+    ops.requeue_excluding(guard.client, job, (suspect,))
+    state = ops.wait_for(
+        guard.client, job, lambda s: s.status is JobStatus.RUNNING and suspect not in s.nodes, timeout_s=30
+    )
+    assert state.job_id == job and state.restart_count == 1 and len(state.nodes) == 3
+    print(f"requeue-hold + exclude {suspect} + release -> RUNNING in {time.monotonic() - t0:.2f} s")
+
+
+def test_diagnose_drained_node_through_reservation(guard):
+    guard.client.drain("n2", "longrun:sdc:test:3")
+    result = ops.run_on_drained_node(
+        guard.client,
+        "n2",
+        ("bash", "-c", "echo diag on $SLURMD_NODENAME; exit 5"),
+        verdict=lambda r: f"longrun:diag:test:exit{r.exit_code}",
+        timeout_s=60,
+    )
+    assert result.exit_code == 5 and "diag on n2" in result.stdout
+    n2 = guard.client.node("n2")
+    assert n2.drain_flag and n2.reason == "longrun:diag:test:exit5"
+    assert not [r for r in guard.client.reservations() if r.startswith("longrun_diag_n2")]
+
+
+def test_diagnosis_refuses_a_foreign_drained_node(guard):
+    guard.drain_foreign("n3", "admin: do not touch")
+    with pytest.raises(ForeignDrainError):
+        ops.run_on_drained_node(guard.client, "n3", ("true",), verdict="longrun:diag:x", timeout_s=30)
+    assert guard.client.node("n3").reason == "admin: do not touch"
+    assert not guard.client.reservations()
+
+
+@pytest.mark.slow
+def test_timeout_maps_to_terminal_timeout(guard):
+    job = guard.submit(guard.spec("timeout", ["sleep 600"], time_limit_min=1))
+    state = ops.wait_status(guard.client, job, FINAL, timeout_s=180, poll_s=2)
+    assert state.status is JobStatus.TIMEOUT
+    assert (classify(state).kind, classify(state).label) == (Kind.TERMINAL, "timeout")
+
+
+@pytest.mark.slow
+def test_node_fail_from_a_killed_slurmd_is_retryable(guard, slurm_cluster):
+    job = guard.submit(guard.spec("nodefail", ["sleep 300"], nodelist=("n4",), requeue=False))
+    ops.wait_status(guard.client, job, {JobStatus.RUNNING}, timeout_s=30)
+    slurm_cluster.kill_slurmd("n4")
+    try:
+        state = ops.wait_status(guard.client, job, FINAL, timeout_s=120, poll_s=1)
+        assert state.status is JobStatus.NODE_FAIL
+        assert (classify(state).kind, classify(state).label) == (Kind.RETRYABLE, "node_fail")
+    finally:
+        slurm_cluster.restart_slurmd("n4")
