@@ -1,0 +1,184 @@
+"""The launch path: a RunSpec becomes the JobSpec whose sbatch script runs the run under NVRx.
+
+Inside the job, the script
+1. resolves the rendezvous address from the FIRST node's `NodeAddr` (`scontrol`): on the local cluster
+   every node has the same host name, so a host name would not tell the nodes apart;
+2. picks the rendezvous port from the job id (two jobs sharing a node do not collide);
+3. `srun`s one NVRx `ft_launcher` per node (c10d rendezvous on that address; the first node hosts the
+   store), which starts `ranks_per_node` trainer processes and restarts them, up to `max_restarts`
+   times, when one dies or stops sending heartbeats;
+4. after `srun` returns, exits 93 if this launch wrote an SDC alert record (the record is the evidence
+   the orchestrator reads), else with srun's exit code.
+
+Why step 4: in NVRx 0.4.1 a trainer's ShutdownWorkload request closes the rendezvous, so no agent
+restarts anything, but every agent then exits 1, the same code as "restarts used up". The alert record
+tells the two apart; `longrun.slurm.outcomes` maps 93 to `sdc_verdict`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from longrun.runspec import RunSpec
+from longrun.slurm import validate as v
+from longrun.slurm.errors import InvalidSpecError
+from longrun.slurm.spec import JobSpec, JobTag
+
+#: Rendezvous ports are 20000 + job id mod 20000 (the same rule as training.dist for plain srun).
+PORT_BASE = 20000
+PORT_SPAN = 20000
+
+
+def _positive(name: str, value: object, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= hi:
+        raise InvalidSpecError(name, value, f"must be a number in (0, {hi}]")
+    return float(value)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NvrxLaunch:
+    """ft_launcher settings of one launch. Defaults suit minutes-long H100 steps; tests shrink them."""
+
+    initial_heartbeat_timeout_s: float = 1800.0
+    """First heartbeat deadline after a (re)start: imports, rendezvous, checkpoint load, the first step."""
+    heartbeat_timeout_s: float = 900.0
+    """Heartbeat deadline until the trainer has seen a checkpoint save and an audit step; after that NVRx
+    uses timeouts calculated from the observed step intervals (times `safety_factor`)."""
+    safety_factor: float = 5.0
+    """Calculated timeout = longest observed interval x this."""
+    workload_check_interval_s: float = 1.0
+    """How often each rank monitor checks its rank's heartbeat (NVRx's default, 5 s, delays detection)."""
+    monitor_interval_s: float = 0.5
+    """How often each agent polls its workers for exits."""
+    workers_stop_timeout_s: float = 15.0
+    """SIGTERM-to-SIGKILL grace when the agent stops its workers to restart them."""
+    term_timeout_s: float = 60.0
+    """SIGTERM-to-SIGKILL grace when Slurm cancels the job (the trainer flushes its records)."""
+
+    def __post_init__(self) -> None:
+        _positive("initial_heartbeat_timeout_s", self.initial_heartbeat_timeout_s, 86400)
+        _positive("heartbeat_timeout_s", self.heartbeat_timeout_s, 86400)
+        _positive("safety_factor", self.safety_factor, 1000)
+        if self.safety_factor < 1:
+            raise InvalidSpecError("safety_factor", self.safety_factor, "must be >= 1")
+        _positive("workload_check_interval_s", self.workload_check_interval_s, 600)
+        _positive("monitor_interval_s", self.monitor_interval_s, 600)
+        _positive("workers_stop_timeout_s", self.workers_stop_timeout_s, 3600)
+        _positive("term_timeout_s", self.term_timeout_s, 3600)
+
+    @classmethod
+    def for_step_time(cls, step_s: float) -> NvrxLaunch:
+        """Settings for an expected step time: generous until the timeouts are calculated in-job."""
+        step = _positive("step_s", step_s, 86400)
+        return cls(
+            initial_heartbeat_timeout_s=max(120.0, 20 * step),
+            heartbeat_timeout_s=max(60.0, 20 * step),
+        )
+
+    def flags(self) -> list[str]:
+        return [
+            f"--monitor-interval={self.monitor_interval_s:g}",
+            f"--workers-stop-timeout={self.workers_stop_timeout_s:g}",
+            f"--term-timeout={self.term_timeout_s:g}",
+            f"--ft-initial-rank-heartbeat-timeout={self.initial_heartbeat_timeout_s:g}",
+            f"--ft-rank-heartbeat-timeout={self.heartbeat_timeout_s:g}",
+            f"--ft-safety-factor={self.safety_factor:g}",
+            f"--ft-workload-check-interval={self.workload_check_interval_s:g}",
+            # No InfiniBand here or on CPU nodes; the NIC monitor only logs noise there.
+            "--ft-enable-nic-monitor=false",
+        ]
+
+
+def run_dir_for(run: RunSpec, run_dir_root: str) -> str:
+    """The run's local record dir: <run_dir_root>/<run name> (one per run, shared by its relaunches)."""
+    v.path("run_dir_root", run_dir_root)
+    if not run_dir_root.startswith("/"):
+        raise InvalidSpecError("run_dir_root", run_dir_root, "must be an absolute path")
+    return posixpath.join(run_dir_root.rstrip("/") or "/", run.run_name)
+
+
+def _launcher_for(python: str) -> str:
+    # The console script sits next to the interpreter of the same environment.
+    return posixpath.join(posixpath.dirname(python), "ft_launcher") if "/" in python else "ft_launcher"
+
+
+def job_spec_for_run(
+    run: RunSpec,
+    *,
+    tag: JobTag,
+    run_dir_root: str,
+    env: Mapping[str, str],
+    nvrx: NvrxLaunch | None = None,
+    python: str = "python",
+) -> JobSpec:
+    """The JobSpec of one launch of `run` (render it with `longrun.slurm.render.render_sbatch`).
+
+    `env` is exported by the script (store endpoint, bucket, credentials' names...); `python` is the
+    interpreter of the environment that has longrun and NVRx (its `ft_launcher` is used).
+    """
+    nvrx = nvrx or NvrxLaunch()
+    v.path("python", python)
+    run_dir = run_dir_for(run, run_dir_root)
+    q = shlex.quote
+    launcher = _launcher_for(python)
+    ft_args = [
+        f"--nnodes={run.nodes}",
+        f"--nproc-per-node={run.ranks_per_node}",
+        "--rdzv-backend=c10d",
+        '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
+        '--rdzv-id="$SLURM_JOB_ID"',
+        f"--max-restarts={run.max_restarts}",
+        *nvrx.flags(),
+        "--module",
+        "training.train",
+    ]
+    train = " ".join(q(a) for a in run.train_args(run_dir=run_dir))
+    store = " --store" if env.get("AWS_ENDPOINT_URL") or env.get("LONGRUN_STORE_DIR") else ""
+    command = [
+        "set -uo pipefail",
+        f"RUN_DIR={q(run_dir)}",
+        "LAUNCH_T0=$(date +%s)",
+        'mkdir -p "$RUN_DIR"',
+        "# Every node may share one host name (several slurmd on one host): use the first node's NodeAddr.",
+        'FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "MASTER_ADDR=$(scontrol -o show node \"$FIRST_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
+        'if [ -z "$MASTER_ADDR" ]; then echo "longrun: no NodeAddr for $FIRST_NODE" >&2; exit 1; fi',
+        f"MASTER_PORT=$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))",
+        "export MASTER_ADDR MASTER_PORT",
+        'echo "longrun: job $SLURM_JOB_ID (slurm restart ${SLURM_RESTART_COUNT:-0}) rendezvous'
+        ' $MASTER_ADDR:$MASTER_PORT on $SLURM_JOB_NODELIST"',
+        "# One ft_launcher per node; only the first node hosts the rendezvous store (PET_RDZV_CONF is"
+        " ft_launcher's --rdzv-conf, set per node).",
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c"
+        ' \'PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) exec "$0" "$@"\' '
+        f"{q(launcher)} {' '.join(ft_args)} {train}",
+        "rc=$?",
+        f'if {q(python)} -m training.nvrx launch-verdict --run-dir "$RUN_DIR" --run {q(run.run_name)}'
+        f' --since "$LAUNCH_T0"{store}; then',
+        '  echo "longrun: SDC verdict in this launch (ft_launcher exit $rc): exit 93"',
+        "  exit 93",
+        "fi",
+        'echo "longrun: ft_launcher exit $rc"',
+        'exit "$rc"',
+    ]
+    gpu = run.gpus_per_node > 0
+    return JobSpec(
+        name=run.run_name,
+        partition=run.partition,
+        command=tuple(command),
+        comment=tag.render(),
+        nodes=run.nodes,
+        ntasks_per_node=1,
+        gpus_per_node=run.gpus_per_node,
+        # CPU ranks share nodes with diagnostics; GPU jobs own their nodes.
+        exclusive=gpu,
+        time_limit_min=run.time_limit_min,
+        exclude=run.exclude,
+        # sbatch opens these before the script runs, so they must already exist: the root does.
+        workdir=run_dir_root,
+        output=f"{run_dir}.slurm-%j.out",
+        env={**dict(run.extra_env), **dict(env)},
+    )
