@@ -13,6 +13,7 @@ left running; ones it had to start are stopped at the end.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -34,6 +35,16 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         lock.close()
 
 
+def _progress(stack: Stack):  # noqa: ANN202
+    """Progress lines go to <state dir>/fixtures.log (pytest captures stdout)."""
+
+    def say(line: str) -> None:
+        with open(stack.state_dir / "fixtures.log", "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+
+    return say
+
+
 def _bring_up(stack: Stack, component: str, request: pytest.FixtureRequest) -> None:
     """Start `component` unless it runs; stop it at session end only if this session started it."""
     comp = stack.components[component]
@@ -42,9 +53,9 @@ def _bring_up(stack: Stack, component: str, request: pytest.FixtureRequest) -> N
         return
     if not comp.is_recorded():
         # Only what this session started is stopped; a partly running reused stack is only repaired.
-        request.addfinalizer(lambda: stack.down([component], say=lambda _line: None))
+        request.addfinalizer(lambda: stack.down([component], say=_progress(stack)))
     try:
-        stack.up([component], say=lambda _line: None)
+        stack.up([component], say=_progress(stack))
     except StackError as exc:
         pytest.fail(f"local stack: {exc}", pytrace=False)
 

@@ -18,6 +18,8 @@ from typing import Any
 import requests
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
+# Worth another poll: the API was slow or briefly unreachable.
+_TRANSIENT = (requests.Timeout, requests.ConnectionError)
 
 
 class AirflowApiError(RuntimeError):
@@ -32,8 +34,8 @@ class AirflowApi:
     """Base URL without a trailing slash, e.g. http://127.0.0.1:22080."""
     token: str
     """JWT from POST /auth/token."""
-    timeout: float = 10.0
-    """Seconds per HTTP request."""
+    timeout: float = 30.0
+    """Seconds per HTTP request (on 2 busy cores, SQLite locks can stall the API for seconds)."""
     session: requests.Session = field(default_factory=requests.Session)
     """Keeps the connection open between calls."""
 
@@ -45,7 +47,7 @@ class AirflowApi:
         self.session.headers["Authorization"] = f"Bearer {self.token}"
 
     @classmethod
-    def login(cls, url: str, user: str, password: str, *, timeout: float = 10.0) -> AirflowApi:
+    def login(cls, url: str, user: str, password: str, *, timeout: float = 30.0) -> AirflowApi:
         """Get a token with the user's password."""
         url = url.rstrip("/")
         resp = requests.post(
@@ -85,10 +87,13 @@ class AirflowApi:
         """Wait until the DAG is known; fail early if its file (`file_hint`, a substring) has an import error."""
         deadline = time.monotonic() + timeout
         while True:
-            if (found := self.dag(dag_id)) is not None:
-                return found
-            hint = file_hint or dag_id
-            errors = [e for e in self.import_errors() if hint in str(e.get("filename", ""))]
+            try:
+                if (found := self.dag(dag_id)) is not None:
+                    return found
+                hint = file_hint or dag_id
+                errors = [e for e in self.import_errors() if hint in str(e.get("filename", ""))]
+            except _TRANSIENT:
+                errors = []
             if errors:
                 raise AirflowApiError(
                     f"DAG {dag_id}: import error in {errors[0].get('filename')}: {errors[0].get('stack_trace')}"
@@ -119,7 +124,10 @@ class AirflowApi:
         deadline = time.monotonic() + timeout
         state = "?"
         while time.monotonic() < deadline:
-            state = str(self.run(dag_id, run_id)["state"])
+            try:
+                state = str(self.run(dag_id, run_id)["state"])
+            except _TRANSIENT:
+                continue  # a slow answer is not an answer; the deadline still bounds the wait
             if state in TERMINAL_RUN_STATES:
                 return state
             time.sleep(interval)

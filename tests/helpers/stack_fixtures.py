@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import IO
 
 from longrun.stack import NODES, PARTITION, Stack
-from longrun.stack.layout import SLOT_WIDTH
+from longrun.stack.layout import SLOT_WIDTH, Layout, ports_in_use
 
 TEST_PORT_BASES = tuple(22000 + SLOT_WIDTH * i for i in range(5))
 """Port bases for test sessions (the default stack uses 21800); all keep SeaweedFS's gRPC ports < 32768."""
 
 
 def claim_port_base() -> tuple[int, IO[bytes]]:
-    """A port base no other test session holds, and the open lock file that holds it (keep it open)."""
+    """A port base no other test session holds and nothing listens on, and the open lock file that holds it (keep it open)."""
     if env := os.environ.get("LONGRUN_TEST_PORT_BASE"):
         candidates: tuple[int, ...] = (int(env),)
     else:
@@ -33,6 +33,10 @@ def claim_port_base() -> tuple[int, IO[bytes]]:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            lock.close()
+            continue
+        # Also skip a range someone uses without the lock (e.g. a stack started by hand there).
+        if ports_in_use(Layout(state_dir=Path("/"), port_base=base).all_ports()):
             lock.close()
             continue
         return base, lock

@@ -34,7 +34,7 @@ from .procs import ProcRecord, StackError, write_private
 ADMIN_USER = "admin"
 MIGRATE_TIMEOUT_S = 300.0
 READY_TIMEOUT_S = 180.0
-# Start order; stopped in reverse (the API last, so the others can still report in).
+# Start order.
 DAEMONS = (
     ("api-server", ["api-server"]),
     ("scheduler", ["scheduler", "--skip-serve-logs"]),
@@ -231,6 +231,11 @@ class Airflow(Component):
             interval=0.5,
         )
         say(f"waiting for airflow at {self.layout.airflow_url} ... ok ({took:.1f} s)")
+
+    def stop_groups(self, recs: list[ProcRecord]) -> list[list[ProcRecord]]:
+        # Independent processes that share only the database: stop them together (each ends its
+        # own workers), so `down` waits for the slowest rather than for the sum.
+        return [recs]
 
     def probe(self, rec: ProcRecord) -> tuple[bool, str]:
         try:

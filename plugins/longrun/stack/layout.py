@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,6 +23,19 @@ NODES = ("n1", "n2", "n3", "n4")
 PARTITION = "debug"
 COMPONENTS = ("slurm", "s3", "airflow")
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def ports_in_use(ports: list[int]) -> list[int]:
+    """The ports among `ports` that something already holds on 127.0.0.1."""
+    busy = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                busy.append(port)
+    return busy
 
 
 def repo_root() -> Path | None:
@@ -96,12 +110,20 @@ class Layout:
     def airflow_url(self) -> str:
         return f"http://{HOST}:{self.airflow_port}"
 
+    def ports_of(self, component: str) -> list[int]:
+        """Every TCP port `component` listens on by design (srun's range not included)."""
+        if component == "slurm":
+            return [self.slurmctld_port, *(self.slurmd_port(n) for n in NODES)]
+        if component == "s3":
+            grpc = [self.weed_ports[k] + 10000 for k in ("master", "volume", "filer", "s3", "admin")]
+            return [*self.weed_ports.values(), *grpc]
+        if component == "airflow":
+            return [self.airflow_port]
+        raise ValueError(f"component must be one of {', '.join(COMPONENTS)}, got {component!r}")
+
     def all_ports(self) -> list[int]:
         """Every TCP port the stack listens on by design (srun's range not included)."""
-        slurm = [self.slurmctld_port, *(self.slurmd_port(n) for n in NODES)]
-        weed = list(self.weed_ports.values())
-        weed_grpc = [self.weed_ports[k] + 10000 for k in ("master", "volume", "filer", "s3", "admin")]
-        return slurm + weed + weed_grpc + [self.airflow_port]
+        return [p for c in COMPONENTS for p in self.ports_of(c)]
 
     def dir(self, component: str) -> Path:
         return self.state_dir / component

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterable
 from pathlib import Path
 
 from .component import Component, ProcStatus, Say
-from .layout import COMPONENTS, HOST, Layout
+from .layout import COMPONENTS, HOST, Layout, ports_in_use
 from .procs import StackError
 from .s3 import S3
 from .slurm import Slurm
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return True
-    return False
 
 
 class Stack:
@@ -55,16 +44,8 @@ class Stack:
         return [c for c in COMPONENTS if c in wanted]
 
     def _check_ports(self, component: str) -> None:
-        ours = {
-            "slurm": [
-                self.layout.slurmctld_port,
-                *(self.layout.slurmd_port(n) for n in ("n1", "n2", "n3", "n4")),
-            ],
-            "s3": [p for k, p in self.layout.weed_ports.items()]
-            + [self.layout.weed_ports[k] + 10000 for k in ("master", "volume", "filer", "s3", "admin")],
-            "airflow": [self.layout.airflow_port],
-        }[component]
-        busy = [p for p in ours if _port_in_use(p)]
+        ours = self.layout.ports_of(component)
+        busy = ports_in_use(ours)
         if busy:
             raise StackError(
                 f"{component}: ports {busy} on {HOST} are taken by something this state dir did not start;"

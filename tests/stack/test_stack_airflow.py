@@ -1,0 +1,47 @@
+"""The session's Airflow: healthy, logs in, listens on 127.0.0.1 only, and runs a DAG through its
+real scheduler and executor, triggered over REST."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from helpers.airflow_api import AirflowApi
+from helpers.stack_fixtures import AirflowStack
+from longrun.stack import Stack
+
+from .listening import listeners, process_group_pids
+
+pytestmark = pytest.mark.airflow
+
+
+def test_healthy_and_login(airflow_stack: AirflowStack) -> None:
+    health = requests.get(f"{airflow_stack.url}/api/v2/monitor/health", timeout=5).json()
+    for part in ("metadatabase", "scheduler", "triggerer", "dag_processor"):
+        assert health[part]["status"] == "healthy", health
+    bad = requests.post(
+        f"{airflow_stack.url}/auth/token",
+        json={"username": airflow_stack.user, "password": "wrong"},
+        timeout=5,
+    )
+    assert bad.status_code == 401
+    api = AirflowApi.login(airflow_stack.url, airflow_stack.user, airflow_stack.password)
+    assert "dags" in api.get("/dags", limit=1)
+
+
+def test_listens_on_loopback_only(airflow_stack: AirflowStack, local_stack: Stack) -> None:
+    pgids = {st.pid for st in local_stack.airflow.status()}
+    ours = process_group_pids(pgids)
+    mine = [s for s in listeners() if set(s.pids) & ours]
+    assert [(s.address, s.port) for s in mine] == [("127.0.0.1", local_stack.layout.airflow_port)]
+
+
+def test_smoke_dag_through_scheduler(airflow_stack: AirflowStack) -> None:
+    api = AirflowApi.login(airflow_stack.url, airflow_stack.user, airflow_stack.password)
+    api.wait_dag_parsed("smoke", timeout=90, file_hint="smoke.py")
+    api.unpause("smoke")
+    run_id = api.trigger("smoke", conf={})
+    assert api.wait_run("smoke", run_id, timeout=120) == "success", api.task_states("smoke", run_id)
+    assert api.task_states("smoke", run_id) == {"hello": "success"}
+    log = api.task_log("smoke", run_id, "hello")
+    # The stack hands Slurm and S3 settings to tasks.
+    assert "stack variables present: SLURM_CONF AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID LONGRUN_BUCKET" in log, log
