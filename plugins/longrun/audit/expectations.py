@@ -10,6 +10,7 @@ which property broke. Great Expectations is imported only when an audit runs (~3
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,8 @@ def import_gx() -> Any:
             "ignore", message=r"module 'sre_\w+' is deprecated", category=DeprecationWarning
         )
         import great_expectations as gx
+    # GX logs every registration at INFO; in a task log that buries the audit's own lines.
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     return gx
 
 
