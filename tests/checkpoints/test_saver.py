@@ -171,7 +171,7 @@ _CHILD = textwrap.dedent(
     def main():
         spec, run, run_dir = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
         store = store_from_spec(spec)
-        state = {"w%d" % i: torch.randn(4 << 20) for i in range(6)}  # 96 MiB in each file
+        state = {"w%d" % i: torch.randn(4 << 20) for i in range(3)}  # 48 MiB in each file
         saver = CheckpointSaver(run=run, run_dir=run_dir, store=store, settings=SaverSettings(writer="thread"))
         saver.save(step=7, model_state=state, optim_state={"state": dict(state)})
         print("saving", flush=True)

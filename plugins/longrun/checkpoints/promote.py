@@ -80,12 +80,12 @@ def promote(store: ObjectStore, run: str, step: int, *, by: str = "longrun") -> 
     cur = catalog.current_pointer(store, run)
     if cur is not None and cur[0]["step"] == step:
         return cur[0]
-    return _write_pointer(
+    return write_pointer(
         store, run, step, manifest_key, cur, by=by, validation_key=v["_key"], reason="promoted"
     )
 
 
-def _write_pointer(
+def write_pointer(
     store: ObjectStore,
     run: str,
     step: int,
@@ -93,6 +93,8 @@ def _write_pointer(
     cur: tuple[dict[str, Any], str] | None,
     **fields: Any,
 ) -> dict[str, Any]:
+    """Compare-and-swap the pointer: write a promotion of `step` if the pointer is still `cur` (the
+    (record, ETag) the caller read, or None for "no pointer yet"); PromotionConflict otherwise."""
     if cur is not None:
         _put_history(store, run, cur[0])  # backfill if its writer died before recording it
     rec = schema.record(
@@ -154,7 +156,7 @@ def _repoint_after_demotion(store: ObjectStore, run: str) -> str:
                 f"unchanged: it names suspect step {cur[0]['step']} and no earlier promoted checkpoint exists"
             )
         try:
-            _write_pointer(
+            write_pointer(
                 store,
                 run,
                 fallback,

@@ -1,0 +1,162 @@
+"""Promotion by conditional write, its history, the race between writers, and demotion."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from ckpt_helpers import Saver
+from longrun.checkpoints import catalog
+from longrun.checkpoints.promote import (
+    PromotionConflict,
+    PromotionRefused,
+    mark_suspect,
+    promote,
+    write_pointer,
+)
+from longrun.checkpoints.validate import validate
+
+from training import schema
+from training.store import ObjectStore
+
+
+def _ready(store: ObjectStore, run: str, save: Saver, steps: list[int]) -> None:
+    save(store, run, steps)
+    for s in steps:
+        assert validate(store, run, s)["ok"]
+
+
+def test_promotion_needs_a_passing_validation(store: ObjectStore, run: str, save_checkpoints: Saver) -> None:
+    save_checkpoints(store, run, [10])
+    with pytest.raises(PromotionRefused, match="not validated"):
+        promote(store, run, 10)
+    with pytest.raises(PromotionRefused, match="no manifest"):
+        promote(store, run, 99)
+    key = schema.store_key(run, schema.checkpoint_dir(10) + "model.pt")
+    good = store.get_bytes(key)
+    store.put_bytes(key, good[:-1] + bytes([good[-1] ^ 1]))
+    assert not validate(store, run, 10)["ok"]
+    with pytest.raises(PromotionRefused, match="failed its latest validation: model.pt: sha256"):
+        promote(store, run, 10)
+    assert catalog.current_pointer(store, run) is None
+
+
+def test_promotion_refuses_a_manifest_changed_after_validation(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    _ready(store, run, save_checkpoints, [10])
+    key = schema.store_key(run, schema.manifest_path(10))
+    store.put_bytes(key, store.get_bytes(key) + b"\n")
+    with pytest.raises(PromotionRefused, match="changed since it was validated"):
+        promote(store, run, 10)
+
+
+def test_promote_moves_the_pointer_and_keeps_history(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    _ready(store, run, save_checkpoints, [10, 20])
+    first = promote(store, run, 10)
+    assert first["seq"] == 1 and first["previous_step"] is None
+    second = promote(store, run, 20)
+    assert second["seq"] == 2 and second["previous_step"] == 10
+    assert promote(store, run, 20) == second  # already current: nothing written
+    cur = catalog.current_pointer(store, run)
+    assert cur is not None and cur[0] == second
+    assert [(r["seq"], r["step"]) for r in catalog.promotion_history(store, run)] == [(1, 10), (2, 20)]
+    assert catalog.promoted_steps(store, run) == [10, 20]
+
+
+def test_a_lost_history_entry_is_backfilled(store: ObjectStore, run: str, save_checkpoints: Saver) -> None:
+    _ready(store, run, save_checkpoints, [10, 20])
+    promote(store, run, 10)
+    store.delete(schema.store_key(run, schema.promotion_history_path(1)))  # its writer died after the pointer
+    promote(store, run, 20)
+    assert [r["step"] for r in catalog.promotion_history(store, run)] == [10, 20]
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["first", "next"])
+def test_two_writers_from_the_same_state_one_wins(
+    store: ObjectStore, run: str, save_checkpoints: Saver, existing: bool
+) -> None:
+    _ready(store, run, save_checkpoints, [10, 20, 30])
+    if existing:
+        promote(store, run, 10)
+    observed = catalog.current_pointer(store, run)
+    barrier = threading.Barrier(2)
+    outcome: dict[int, object] = {}
+
+    def writer(step: int) -> None:
+        barrier.wait(10)
+        try:
+            outcome[step] = write_pointer(
+                store, run, step, schema.store_key(run, schema.manifest_path(step)), observed, reason="test"
+            )
+        except PromotionConflict as e:
+            outcome[step] = e
+
+    threads = [threading.Thread(target=writer, args=(s,)) for s in (20, 30)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    winners = [s for s, o in outcome.items() if isinstance(o, dict)]
+    losers = [s for s, o in outcome.items() if isinstance(o, PromotionConflict)]
+    assert len(winners) == 1 and len(losers) == 1, outcome
+    cur = catalog.current_pointer(store, run)
+    assert cur is not None and cur[0]["step"] == winners[0]
+    assert [r["step"] for r in catalog.promotion_history(store, run)] == ([10] if existing else []) + winners
+
+
+def test_racing_promotions_never_lose_an_update(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    steps = [10, 20, 30, 40]
+    _ready(store, run, save_checkpoints, steps)
+    barrier = threading.Barrier(len(steps))
+    outcome: dict[int, object] = {}
+
+    def writer(step: int) -> None:
+        barrier.wait(10)
+        try:
+            outcome[step] = promote(store, run, step)
+        except PromotionConflict as e:
+            outcome[step] = e
+
+    threads = [threading.Thread(target=writer, args=(s,)) for s in steps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    won = sorted((o["seq"], s) for s, o in outcome.items() if isinstance(o, dict))
+    assert len(outcome) == len(steps) and won, outcome
+    assert [seq for seq, _s in won] == list(range(1, len(won) + 1))  # every win is its own sequence number
+    assert [(r["seq"], r["step"]) for r in catalog.promotion_history(store, run)] == won
+    cur = catalog.current_pointer(store, run)
+    assert cur is not None and cur[0]["step"] == won[-1][1]
+
+
+def test_demotion_marks_later_checkpoints_suspect_and_moves_the_pointer_back(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    _ready(store, run, save_checkpoints, [10, 20, 30])
+    for s in (10, 20, 30):
+        promote(store, run, s)
+    rec = mark_suspect(store, run, 15, "recompute alert at step 27", incident_id="inc-1")
+    assert rec["pointer"] == "moved from step 30 back to step 10"
+    cur = catalog.current_pointer(store, run)
+    assert cur is not None and cur[0]["step"] == 10 and cur[0]["demoted_from"] == 30
+    with pytest.raises(PromotionRefused, match="suspect"):
+        promote(store, run, 20)
+    again = mark_suspect(store, run, 15, "recompute alert at step 27", incident_id="inc-1")
+    assert again["pointer"] == "unchanged"
+    assert len(catalog.suspect_marks(store, run)) == 1
+    assert catalog.suspect_after(store, run) == 15
+
+
+def test_demotion_without_an_earlier_promotion_leaves_the_pointer(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    _ready(store, run, save_checkpoints, [30])
+    promote(store, run, 30)
+    rec = mark_suspect(store, run, 5, "finite alert at step 6")
+    assert rec["pointer"].startswith("unchanged: it names suspect step 30")
