@@ -1,0 +1,46 @@
+"""example_slurm_job DAGs through a real Airflow scheduler and triggerer (not dag.test()): the sensor
+defers in the triggerer, which must import SlurmJobTrigger from the installed package."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.airflow_api import AirflowApi
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slurm]
+
+FILE = "example_slurm_job"
+
+
+def explain(api: AirflowApi, dag_id: str, run_id: str) -> str:
+    """Task states and the tail of each task's log, for a failure message."""
+    out = [str(api.task_states(dag_id, run_id))]
+    for task_id in api.task_states(dag_id, run_id):
+        out.append(f"--- {task_id}\n" + api.task_log(dag_id, run_id, task_id)[-3000:])
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="module")
+def api(airflow_stack) -> AirflowApi:
+    return AirflowApi.login(airflow_stack.url, airflow_stack.user, airflow_stack.password)
+
+
+def test_job_succeeds_through_the_deferrable_sensor(api):
+    api.wait_dag_parsed("example_slurm_job", file_hint=FILE)
+    api.unpause("example_slurm_job")
+    run_id = api.trigger("example_slurm_job", conf={"nodes": 2})
+    state = api.wait_run("example_slurm_job", run_id, timeout=240)
+    assert state == "success", explain(api, "example_slurm_job", run_id)
+    assert api.task_states("example_slurm_job", run_id) == {"submit": "success", "wait": "success"}
+    log = api.task_log("example_slurm_job", run_id, "wait")
+    assert "COMPLETED" in log
+
+
+def test_failing_job_fails_the_task_with_the_slurm_reason(api):
+    api.wait_dag_parsed("example_slurm_job_fails", file_hint=FILE)
+    api.unpause("example_slurm_job_fails")
+    run_id = api.trigger("example_slurm_job_fails")
+    state = api.wait_run("example_slurm_job_fails", run_id, timeout=240)
+    assert state == "failed", explain(api, "example_slurm_job_fails", run_id)
+    assert api.task_states("example_slurm_job_fails", run_id) == {"submit_and_wait": "failed"}
+    log = api.task_log("example_slurm_job_fails", run_id, "submit_and_wait")
+    assert "NonZeroExitCode" in log and "exit_code=3" in log, log[-2000:]
