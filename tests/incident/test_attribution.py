@@ -79,3 +79,27 @@ def test_attribution_checks_its_own_fields():
         Attribution(verdict=NODE, node=None, ranks=(), reason="", runbook="")
     d = attribute(alert()).to_dict()
     assert d["verdict"] == NODE and d["ranks"] == [1]
+
+
+def test_trainer_shaped_evidence():
+    # The shapes training.verdict / training.checks write: world nodes nested, attributable flags.
+    world = {"world": {"world_size": 3, "nodes": ["n1", "n2", "n3"]}}
+    a = attribute(alert(suspect_nodes=[], suspect_ranks=[2], evidence=world))
+    assert (a.verdict, a.node) == (NODE, "n3")
+    a = attribute(
+        alert(
+            suspect_nodes=[],
+            suspect_ranks=[],
+            evidence={**world, "attributable": False, "why_unnamed": "2 node(s)"},
+        )
+    )
+    assert a.verdict == AMBIGUOUS and "2 node(s)" in a.reason
+    a = attribute(
+        alert(
+            check="weight_vote",
+            suspect_nodes=["n1", "n2", "n3"],
+            suspect_ranks=[0, 1, 2],
+            evidence={**world, "majority": None},
+        )
+    )
+    assert a.verdict == AMBIGUOUS and "no strict majority" in a.reason

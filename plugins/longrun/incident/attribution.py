@@ -67,7 +67,7 @@ class Attribution:
 def _world_nodes(alert: Mapping[str, Any]) -> list[str]:
     """Node of every rank, in rank order, when the alert carries it (evidence or a `world` block)."""
     evidence = alert.get("evidence") or {}
-    for source in (evidence, alert.get("world") or {}, alert):
+    for source in (evidence.get("world") or {}, evidence, alert.get("world") or {}, alert):
         for key in _WORLD_KEYS:
             value = source.get(key) if isinstance(source, Mapping) else None
             if isinstance(value, Sequence) and not isinstance(value, str) and value:
@@ -93,8 +93,16 @@ def attribute(alert: Mapping[str, Any]) -> Attribution:
             verdict=AMBIGUOUS, node=None, ranks=ranks, reason=reason, runbook=runbooks.AMBIGUOUS_EVIDENCE
         )
 
-    if any(evidence.get(k) for k in _NO_MAJORITY_KEYS):
+    # The checks say "no strict majority" as a flag, as a weight vote without a majority value, or as
+    # a recompute dispute they could not attribute.
+    no_majority = any(evidence.get(k) for k in _NO_MAJORITY_KEYS) or (
+        "majority" in evidence and evidence["majority"] is None
+    )
+    if no_majority:
         return ambiguous(f"{check} at step {alert['step']}: every replica disagrees (no strict majority)")
+    if evidence.get("attributable") is False:
+        why = evidence.get("why_unnamed") or "the dispute cannot be attributed"
+        return ambiguous(f"{check} at step {alert['step']}: the evidence names no node ({why})")
     distinct_world = list(dict.fromkeys(world))
     if len(distinct_world) > 1 and set(nodes) >= set(distinct_world):
         return ambiguous(f"{check} at step {alert['step']}: every node of the run is suspect ({nodes})")

@@ -1,0 +1,163 @@
+"""`sdc_incident`: from an SDC alert to a drained, diagnosed node and a relaunch from a clean checkpoint.
+
+open the record -> freeze the job -> attribute (ambiguous: drain nothing, fail, runbook) -> [approve]
+-> drain (rate-limited, longrun's reason) -> diagnose (reference probe on a healthy node, then probe +
+DCGM on the suspect in a MAINT reservation; drained again with the verdict) -> pick the pre-incident
+checkpoint -> [approve] -> relaunch (node excluded, drill off, resumed) -> re-enter monitoring (a new
+`training_run` run attached to the job) -> summary.
+
+Triggered by `training_run` with the alert as conf (run id `incident__<alert id>`), or by hand with
+`run_name` and `alert_key`. Modes (the run's `incident_mode`): act, approve (human-in-the-loop approval
+before the drain and before the relaunch), observe (records what would be done, changes nothing).
+Every step is idempotent through the incident record; the work is in `longrun.incident`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import Param, dag, task
+from longrun.monitor.handover import ReenterOperator
+
+ALERT, RUN = "Alert", "Run"
+SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') }}"
+
+
+@dag(
+    dag_id="sdc_incident",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=4,
+    render_template_as_native_obj=True,
+    tags=["longrun", "incident"],
+    doc_md=__doc__,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=3)},
+    params={
+        "run_name": Param(
+            "demo", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", title="Run name", section=RUN
+        ),
+        "alert_key": Param(
+            "runs/demo/alerts/00000001-finite-r000-0.json",
+            type="string",
+            pattern=r"^runs/[A-Za-z0-9._-]+/alerts/[A-Za-z0-9._-]+\.json$",
+            title="Alert record key",
+            description="Store key of the alert (runs/<run>/alerts/<step>-<check>-<id>.json)",
+            section=ALERT,
+        ),
+        "alert": Param(
+            None,
+            type=["null", "object"],
+            title="Alert record",
+            description="The alert itself (read from the store by key when null)",
+            section=ALERT,
+        ),
+        "job_id": Param(None, type=["null", "integer"], minimum=1, title="Slurm job", section=RUN),
+        "run_params": Param(
+            {},
+            type="object",
+            title="The run's training_run params",
+            description="incident_mode decides act / approve / observe; the relaunch reuses the rest",
+            section=RUN,
+        ),
+    },
+)
+def sdc_incident() -> None:
+    @task(retries=3)
+    def open_record(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+        from longrun.incident.tasks import open_task
+
+        return open_task(params, run_id)
+
+    @task
+    def freeze(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+        from longrun.incident.tasks import freeze_task
+
+        return freeze_task(params, run_id)
+
+    @task(retries=0)
+    def attribute(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+        from longrun.incident.tasks import attribute_task
+
+        return attribute_task(params, run_id)
+
+    @task.branch
+    def drain_gate(opened: dict[str, Any]) -> str:
+        return "approve_drain" if opened["mode"] == "approve" else "drain"
+
+    approve_drain = ApprovalOperator(
+        task_id="approve_drain",
+        subject="SDC incident: drain the suspect node?",
+        body="Attribution: "
+        + SUMMARY
+        + "\n\nApprove to drain and diagnose it; reject to leave it in service.",
+        response_timeout=timedelta(hours=4),
+    )
+
+    @task(trigger_rule="none_failed_min_one_success")
+    def drain(
+        params: dict[str, Any], run_id: str, attributed: dict[str, Any], opened: dict[str, Any]
+    ) -> dict[str, Any]:
+        from longrun.incident.tasks import drain_task
+
+        return drain_task(params, run_id, attributed["node"], approved=opened["mode"] == "approve")
+
+    @task(execution_timeout=timedelta(minutes=30))
+    def diagnose(params: dict[str, Any], run_id: str, attributed: dict[str, Any]) -> dict[str, Any]:
+        from longrun.incident.tasks import diagnose_task
+
+        return diagnose_task(params, run_id, attributed["node"])
+
+    @task
+    def pick_checkpoint(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+        from longrun.incident.tasks import pick_task
+
+        return pick_task(params, run_id)
+
+    @task.branch
+    def relaunch_gate(opened: dict[str, Any]) -> str:
+        return "approve_relaunch" if opened["mode"] == "approve" else "relaunch"
+
+    approve_relaunch = ApprovalOperator(
+        task_id="approve_relaunch",
+        subject="SDC incident: relaunch the run?",
+        body="Resume from: {{ ti.xcom_pull(task_ids='pick_checkpoint') }}\n\nApprove to relaunch without the node.",
+        response_timeout=timedelta(hours=4),
+    )
+
+    @task(trigger_rule="none_failed_min_one_success")
+    def relaunch(
+        params: dict[str, Any], run_id: str, attributed: dict[str, Any], checkpoint: dict[str, Any]
+    ) -> dict[str, Any]:
+        from longrun.incident.tasks import relaunch_task
+
+        return relaunch_task(params, run_id, attributed["node"], checkpoint)
+
+    reenter = ReenterOperator(task_id="reenter_monitoring")
+
+    @task(trigger_rule="all_done", retries=1)
+    def summary(params: dict[str, Any], run_id: str) -> dict[str, Any]:
+        from longrun.incident.tasks import summary_task
+
+        return summary_task(params, run_id)
+
+    opened = open_record()
+    frozen = freeze()
+    attributed = attribute()
+    gate1 = drain_gate(opened)
+    drained = drain(attributed=attributed, opened=opened)
+    diagnosed = diagnose(attributed=attributed)
+    picked = pick_checkpoint()
+    gate2 = relaunch_gate(opened)
+    relaunched = relaunch(attributed=attributed, checkpoint=picked)
+    done = summary()
+
+    opened >> frozen >> attributed >> gate1 >> [approve_drain, drained]
+    approve_drain >> drained >> diagnosed >> picked >> gate2 >> [approve_relaunch, relaunched]
+    approve_relaunch >> relaunched >> reenter >> done
+
+
+sdc_incident()

@@ -1,0 +1,353 @@
+"""The steps of `sdc_incident`, as plain functions over a store and a Slurm client (no Airflow here).
+
+Each step first reads the incident record and does nothing it has done before (the record's timeline is
+the memory), so rerunning a task or the whole DAG run never drains twice, never submits twice and never
+loses the record. Each returns a small dict for XCom and the task log.
+
+    open        the record, keyed by the alert
+    freeze      cancel the job if it still runs (an SDC verdict normally ended it already)
+    attribute   one node, or ambiguous -> IncidentStop (drain nothing; the runbook says what to do)
+    drain       rate-limited, with longrun's reason, only if not drained by us already
+    diagnose    reference probe on a healthy idle node, then node_check on the drained node
+    pick        the pre-incident checkpoint (and demote what came after the last known-good step)
+    relaunch    the relaunched job: resumed, drill off, the node excluded; waits until it RUNS
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from longrun.incident import attribution, dcgm, diagnose, modes, record, runbooks
+from longrun.incident.ratelimit import DrainPolicy, DrainRefused, reserve_drain
+from longrun.runspec import RunSpec
+from longrun.slurm import ops
+from longrun.slurm.client import JobStatus, SlurmClient
+from longrun.slurm.errors import JobNotFoundError
+from longrun.slurm.spec import JobSpec, JobTag
+from training import schema
+from training.store import ObjectStore
+
+
+class IncidentStop(Exception):
+    """The incident must stop here and a person must look (ambiguous evidence, rate limit, no nodes).
+    The message names the runbook."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Incident:
+    """Who the incident is about; built once from the DAG run's params."""
+
+    run: str
+    """Run name."""
+    alert_key: str
+    """Store key of the alert record."""
+    alert: Mapping[str, Any]
+    """The alert record."""
+    job_id: int | None
+    """The Slurm job that raised it (None if unknown)."""
+    run_params: Mapping[str, Any]
+    """The training_run params of the attempt that raised it (a RunSpec's params)."""
+    dag_run_id: str = "manual"
+    """The sdc_incident DAG run (part of the relaunch job's tag)."""
+
+    def __post_init__(self) -> None:
+        schema.check_run_name(self.run)
+        schema.validate("alert", self.alert)
+
+    @property
+    def incident_id(self) -> str:
+        return record.incident_id_for(self.alert_key)
+
+    @property
+    def step(self) -> int:
+        return int(self.alert["step"])
+
+    @property
+    def mode(self) -> str:
+        return str(self.run_params.get("incident_mode", modes.ACT))
+
+    @property
+    def plan(self) -> modes.ModePlan:
+        return modes.plan(self.mode)
+
+    def rec(self, store: ObjectStore) -> dict[str, Any]:
+        return record.load(store, run=self.run, incident_id=self.incident_id)
+
+    def event(
+        self, store: ObjectStore, name: str, fields: Mapping[str, Any] | None = None, **data: Any
+    ) -> dict[str, Any]:
+        return record.add_event(
+            store, run=self.run, incident_id=self.incident_id, name=name, fields=fields, **data
+        )
+
+
+def open_record(store: ObjectStore, inc: Incident) -> dict[str, Any]:
+    rec = record.open_incident(store, run=inc.run, alert=inc.alert, alert_key=inc.alert_key, mode=inc.mode)
+    return {"incident_id": rec["incident_id"], "mode": rec["mode"], "status": rec.get("status")}
+
+
+def freeze(
+    store: ObjectStore, client: SlurmClient, inc: Incident, *, timeout_s: float = 60.0
+) -> dict[str, Any]:
+    """Make sure the job no longer runs (a drained node would keep running it)."""
+    rec = inc.rec(store)
+    if done := record.event(rec, "frozen"):
+        return {"job_id": inc.job_id, "already": True, "state": done.get("state")}
+    if inc.job_id is None:
+        inc.event(store, "frozen", state="no job id known")
+        return {"job_id": None, "state": "no job id known"}
+    try:
+        state = client.job(inc.job_id)
+    except JobNotFoundError:
+        inc.event(store, "frozen", state="unknown to Slurm")
+        return {"job_id": inc.job_id, "state": "unknown to Slurm"}
+    if state.is_active:
+        if not inc.plan.changes:
+            inc.event(store, "would_freeze", state=state.describe())
+            return {"job_id": inc.job_id, "state": state.describe(), "observe": True}
+        client.cancel(inc.job_id)
+        state = ops.wait_for(client, inc.job_id, lambda s: s.is_terminal, timeout_s=timeout_s)
+    inc.event(store, "frozen", state=state.describe())
+    return {"job_id": inc.job_id, "state": state.describe()}
+
+
+def attribute(store: ObjectStore, inc: Incident) -> dict[str, Any]:
+    att = attribution.attribute(inc.alert)
+
+    def change(rec: dict[str, Any]) -> None:
+        rec["attribution"] = att.to_dict()
+        record.add_runbook(rec, att.runbook)
+        if att.ambiguous:
+            rec["status"] = record.AMBIGUOUS
+        if not record.has_event(rec, "attributed"):
+            rec["timeline"].append(
+                {"event": "attributed", "time": time.time(), "verdict": att.verdict, "node": att.node}
+            )
+
+    record.update(store, run=inc.run, incident_id=inc.incident_id, change=change)
+    if att.ambiguous:
+        raise IncidentStop(
+            f"AMBIGUOUS evidence, suspect software: {att.reason}. Nothing was drained. Runbook: {att.runbook}"
+        )
+    return att.to_dict()
+
+
+def drain(
+    store: ObjectStore,
+    client: SlurmClient,
+    inc: Incident,
+    *,
+    node: str,
+    policy: DrainPolicy | None = None,
+    operator_override: bool = False,
+) -> dict[str, Any]:
+    reason = diagnose.sdc_reason(inc.run, inc.step)
+    if not inc.plan.changes:
+        inc.event(store, "would_drain", node=node, reason=reason)
+        return {"node": node, "observe": True, "reason": reason}
+    try:
+        grant = reserve_drain(
+            store,
+            incident_id=inc.incident_id,
+            node=node,
+            run=inc.run,
+            policy=policy,
+            operator_override=operator_override,
+        )
+    except DrainRefused as e:
+        inc.event(store, "drain_refused", fields={"status": record.FAILED}, why=str(e))
+        raise IncidentStop(f"{e}. Runbook: {runbooks.AMBIGUOUS_EVIDENCE}") from None
+    out = diagnose.drain_suspect(client, node=node, reason=reason)
+    inc.event(
+        store,
+        "drained",
+        fields={
+            "drain": {
+                "node": node,
+                "reason": out.reason,
+                "drained_now": out.drained_now,
+                "in_window": grant.in_window,
+            }
+        },
+        node=node,
+        reason=out.reason,
+        drained_now=out.drained_now,
+    )
+    return {"node": node, "reason": out.reason, "drained_now": out.drained_now, "rerun": grant.already}
+
+
+def run_diagnosis(
+    store: ObjectStore,
+    client: SlurmClient,
+    inc: Incident,
+    *,
+    node: str,
+    run_nodes: tuple[str, ...] = (),
+    state_dir: str | None = None,
+    python: str | None = None,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
+    rec = inc.rec(store)
+    if rec.get("diagnosis"):
+        return dict(rec["diagnosis"])
+    if not inc.plan.changes:
+        inc.event(store, "would_diagnose", node=node)
+        return {"node": node, "observe": True}
+    healthy = diagnose.pick_healthy(client.nodes(), exclude=[node], prefer=run_nodes)
+    if healthy is None:
+        raise IncidentStop(
+            f"no healthy idle node to compute the probe's reference on; {node} stays drained"
+            f" ({diagnose.sdc_reason(inc.run, inc.step)}). Runbook: {runbooks.DIAGNOSTIC_FAILED}"
+        )
+    t0 = time.time()
+    ref = rec.get("reference") or diagnose.reference(client, node=healthy, python=python, state_dir=state_dir)
+    inc.event(store, "reference", fields={"reference": ref}, node=healthy, fingerprint=ref.get("fingerprint"))
+    level = dcgm.level_for(check=str(inc.alert["check"]))
+    d = diagnose.diagnose(
+        client,
+        node=node,
+        run=inc.run,
+        step=inc.step,
+        expect=str(ref["fingerprint"]),
+        dcgm_level=level,
+        timeout_s=timeout_s,
+        python=python,
+        state_dir=state_dir,
+    )
+    result = {
+        **d.to_dict(),
+        "reference_node": healthy,
+        "dcgm_level": level,
+        "total_s": round(time.time() - t0, 3),
+    }
+
+    def change(r: dict[str, Any]) -> None:
+        r["diagnosis"] = result
+        record.add_runbook(r, d.runbook)
+        if not record.has_event(r, "diagnosed"):
+            r["timeline"].append(
+                {"event": "diagnosed", "time": time.time(), "verdict": d.verdict, "reason": d.reason}
+            )
+
+    record.update(store, run=inc.run, incident_id=inc.incident_id, change=change)
+    return result
+
+
+def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
+    """The checkpoint to resume from; demotes the checkpoints after the last known-good step."""
+    from longrun.checkpoints.pick import pick_pre_incident, plan_pick
+    from longrun.checkpoints.promote import mark_suspect
+
+    rec = inc.rec(store)
+    if rec.get("checkpoint"):
+        return dict(rec["checkpoint"])
+    plan = plan_pick(store, inc.run, inc.alert)
+    if inc.plan.changes:
+        step, why = pick_pre_incident(store, inc.run, inc.alert, write=True)
+        lkg = [s for s in (plan.get("last_known_good") or {}).values() if isinstance(s, int)]
+        if lkg:
+            mark_suspect(
+                store,
+                inc.run,
+                min(lkg),
+                f"incident {inc.incident_id}: {inc.alert['check']} at step {inc.step}",
+                incident_id=inc.incident_id,
+            )
+    else:
+        step, why = plan["step"], plan["why"]
+    if step is None:
+        why += "; restarting from step 0 (a clean start is always from before the fault)"
+    chosen = {"step": step or 0, "key": plan.get("key") if step is not None else None, "why": why}
+    lost = record.lost_steps(alert_step=inc.step, checkpoint_step=chosen["step"])
+    inc.event(store, "picked", fields={"checkpoint": chosen, "lost_steps": lost}, step=chosen["step"])
+    return {**chosen, "lost_steps": lost}
+
+
+def relaunch_spec(
+    inc: Incident, *, resume_from: str | None, exclude: tuple[str, ...], healthy: int
+) -> tuple[RunSpec, str]:
+    """The RunSpec of the relaunch: the same world when enough healthy nodes remain, else smaller."""
+    base = RunSpec.from_params(dict(inc.run_params))
+    if resume_from is None:  # nothing provably clean: start over (drill off, node excluded)
+        spec = dataclasses.replace(
+            base,
+            drill=None,
+            resume_from=None,
+            exclude=tuple(dict.fromkeys((*base.exclude, *exclude))),
+            attempt=base.attempt + 1,
+        )
+    else:
+        spec = base.relaunch(resume_from=resume_from, exclude=exclude)
+    note = f"world kept: {spec.nodes} node(s)"
+    if healthy < spec.nodes:
+        if healthy < 1:
+            raise IncidentStop(f"no healthy node left to relaunch on. Runbook: {runbooks.RELAUNCH_FAILED}")
+        note = f"world SHRUNK from {spec.nodes} to {healthy} node(s): no spare left (results differ in bits)"
+        spec = dataclasses.replace(spec, nodes=healthy)
+    return spec, note
+
+
+def relaunch(
+    store: ObjectStore,
+    client: SlurmClient,
+    inc: Incident,
+    *,
+    node: str | None,
+    checkpoint: Mapping[str, Any],
+    make_job: Callable[[RunSpec, JobTag], JobSpec],
+    running_timeout_s: float = 300.0,
+) -> dict[str, Any]:
+    rec = inc.rec(store)
+    if (rl := rec.get("relaunch")) and record.has_event(rec, "relaunched_running"):
+        return dict(rl)
+    exclude = (node,) if node else ()
+    free = [
+        n
+        for n in client.nodes()
+        if not n.drain_flag
+        and not n.is_down
+        and n.name not in exclude
+        and n.name not in RunSpec.from_params(dict(inc.run_params)).exclude
+    ]
+    spec, note = relaunch_spec(inc, resume_from=checkpoint.get("key"), exclude=exclude, healthy=len(free))
+    if not inc.plan.changes:
+        inc.event(store, "would_relaunch", params=spec.to_params(), note=note)
+        return {"observe": True, "params": spec.to_params(), "note": note}
+    tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
+    job_id = next((s.job_id for s in client.find_jobs(tag.prefix())), None)
+    if job_id is None:
+        job_id = client.submit(make_job(spec, tag))
+        inc.event(store, "relaunch_submitted", job_id=job_id, exclude=list(spec.exclude), note=note)
+    state = ops.wait_for(
+        client, job_id, lambda s: s.status is JobStatus.RUNNING or s.is_terminal, timeout_s=running_timeout_s
+    )
+    if state.status is not JobStatus.RUNNING and state.status is not JobStatus.COMPLETED:
+        inc.event(store, "relaunch_failed", fields={"status": record.FAILED}, state=state.describe())
+        raise IncidentStop(f"relaunched job {state.describe()}. Runbook: {runbooks.RELAUNCH_FAILED}")
+    now = time.time()
+    alert_time = float(inc.alert.get("time") or now)
+    result = {
+        "job_id": job_id,
+        "nodes": list(state.nodes),
+        "exclude": list(spec.exclude),
+        "resume_from": spec.resume_from,
+        "attempt": spec.attempt,
+        "note": note,
+        "params": spec.to_params(),
+    }
+    inc.event(
+        store,
+        "relaunched_running",
+        fields={
+            "relaunch": result,
+            "time_to_recover_s": round(now - alert_time, 3),
+            "status": record.RELAUNCHED,
+        },
+        job_id=job_id,
+        nodes=list(state.nodes),
+    )
+    return result

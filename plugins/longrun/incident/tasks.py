@@ -1,0 +1,128 @@
+"""sdc_incident's @task bodies: build the Incident from the DAG run's params, call `steps`, log the record.
+
+An IncidentStop becomes AirflowFailException (no retry: a person must look) after the record says why;
+every task logs the incident summary with its runbook links, so the Airflow log tells the story.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from longrun.hooks.slurm import SlurmHook
+from longrun.incident import record, steps
+from longrun.monitor import lifecycle
+from training import schema
+from training.store import ObjectStore, store_from_env
+
+log = logging.getLogger("longrun.sdc_incident")
+
+
+def incident_from(params: Mapping[str, Any], dag_run_id: str, store: ObjectStore) -> steps.Incident:
+    run = str(params["run_name"])
+    key = str(params["alert_key"])
+    alert = params.get("alert")
+    if not alert:  # a manual trigger may give only the key
+        alert = json.loads(store.get_bytes(key))
+    run_params = dict(params.get("run_params") or {"run_name": run})
+    return steps.Incident(
+        run=run,
+        alert_key=key,
+        alert=alert,
+        job_id=int(params["job_id"]) if params.get("job_id") is not None else None,
+        run_params=run_params,
+        dag_run_id=dag_run_id,
+    )
+
+
+def _run(params: Mapping[str, Any], dag_run_id: str, body: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    store = store_from_env()
+    inc = incident_from(params, dag_run_id, store)
+    try:
+        out = body(store, inc)
+    except steps.IncidentStop as e:
+        _log_summary(store, inc)
+        raise AirflowFailException(str(e)) from None
+    _log_summary(store, inc)
+    return out
+
+
+def _log_summary(store: ObjectStore, inc: steps.Incident) -> None:
+    try:
+        log.info("%s", record.summary(inc.rec(store)))
+    except Exception as e:  # the summary is for people; never fail a step on it
+        log.warning("no incident summary: %s", e)
+
+
+def open_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+    return _run(params, dag_run_id, lambda store, inc: steps.open_record(store, inc))
+
+
+def freeze_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+    return _run(params, dag_run_id, lambda store, inc: steps.freeze(store, SlurmHook().client, inc))
+
+
+def attribute_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+    return _run(params, dag_run_id, lambda store, inc: steps.attribute(store, inc))
+
+
+def drain_task(params: Mapping[str, Any], dag_run_id: str, node: str, approved: bool) -> dict[str, Any]:
+    return _run(
+        params,
+        dag_run_id,
+        lambda store, inc: steps.drain(store, SlurmHook().client, inc, node=node, operator_override=approved),
+    )
+
+
+def diagnose_task(params: Mapping[str, Any], dag_run_id: str, node: str) -> dict[str, Any]:
+    def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
+        spec = lifecycle.spec_from_params(inc.run_params)
+        run_nodes = tuple(inc.alert.get("evidence", {}).get("nodes") or ())
+        return steps.run_diagnosis(
+            store,
+            SlurmHook().client,
+            inc,
+            node=node,
+            run_nodes=run_nodes,
+            state_dir=lifecycle.fault_state_dir(spec),
+        )
+
+    return _run(params, dag_run_id, body)
+
+
+def pick_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+    return _run(params, dag_run_id, lambda store, inc: steps.pick(store, inc))
+
+
+def relaunch_task(
+    params: Mapping[str, Any], dag_run_id: str, node: str | None, checkpoint: Mapping[str, Any]
+) -> dict[str, Any]:
+    def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
+        out = steps.relaunch(
+            store, SlurmHook().client, inc, node=node, checkpoint=checkpoint, make_job=lifecycle.make_job
+        )
+        return {**out, "incident_id": inc.incident_id}
+
+    return _run(params, dag_run_id, body)
+
+
+def summary_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+    store = store_from_env()
+    inc = incident_from(params, dag_run_id, store)
+    rec = inc.rec(store)
+    log.info("%s", record.summary(rec))
+    schema.validate("incident", rec)
+    return {
+        "incident_id": rec["incident_id"],
+        "status": rec.get("status"),
+        "node": (rec.get("attribution") or {}).get("node"),
+        "diagnosis": (rec.get("diagnosis") or {}).get("verdict"),
+        "checkpoint_step": (rec.get("checkpoint") or {}).get("step"),
+        "lost_steps": rec.get("lost_steps"),
+        "time_to_recover_s": rec.get("time_to_recover_s"),
+        "runbooks": rec.get("runbooks", []),
+    }

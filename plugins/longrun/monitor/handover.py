@@ -1,0 +1,73 @@
+"""Hand-overs between the two DAGs, as TriggerDagRunOperators whose run id makes them idempotent.
+
+HandOverOperator (training_run -> sdc_incident): conf = the alert the monitor returned plus this run's
+params; run id `incident__<incident id>`, so a rerun (or a second monitor seeing the same alert) finds
+the existing incident run and is skipped instead of opening a second incident. The triggered run's note
+names the alert and its runbook, so the Airflow UI links the runbook from the incident run itself.
+
+ReenterOperator (sdc_incident -> training_run): a new training_run run that attaches to the relaunched
+job; run id `<run>__attempt<N>`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+
+from longrun.incident.record import incident_id_for
+from longrun.runbooks import runbook_path
+
+
+class HandOverOperator(TriggerDagRunOperator):
+    """Trigger `sdc_incident` with the alert found by the task `monitor_task_id`."""
+
+    def __init__(self, *, monitor_task_id: str = "monitor", **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_dag_id", "sdc_incident")
+        super().__init__(skip_when_already_exists=True, openlineage_inject_parent_info=False, **kwargs)
+        self.monitor_task_id = monitor_task_id
+
+    def execute(self, context: Any) -> Any:
+        result = context["ti"].xcom_pull(task_ids=self.monitor_task_id)
+        alert, key = result["alert"], result["alert_key"]
+        incident_id = incident_id_for(key)
+        params = dict(context["params"])
+        self.trigger_run_id = f"incident__{incident_id}"
+        self.conf = {
+            "run_name": result["run"],
+            "alert_key": key,
+            "alert": alert,
+            "job_id": result["job_id"],
+            "run_params": params,
+        }
+        self.note = (
+            f"SDC alert: {alert.get('check')} at step {alert.get('step')} on {alert.get('suspect_nodes')} "
+            f"(run {result['run']}, mode {params.get('incident_mode')}). Runbook: {runbook_path(str(alert.get('check')))}"
+        )
+        self.log.info("handing over to sdc_incident as run %s: %s", self.trigger_run_id, self.note)
+        return super().execute(context)
+
+
+class ReenterOperator(TriggerDagRunOperator):
+    """Trigger `training_run` attached to the job the task `relaunch_task_id` started."""
+
+    def __init__(self, *, relaunch_task_id: str = "relaunch", **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_dag_id", "training_run")
+        super().__init__(skip_when_already_exists=True, openlineage_inject_parent_info=False, **kwargs)
+        self.relaunch_task_id = relaunch_task_id
+
+    def execute(self, context: Any) -> Any:
+        result = context["ti"].xcom_pull(task_ids=self.relaunch_task_id)
+        if not result or result.get("observe"):
+            self.log.info("nothing was relaunched (observe mode or no relaunch): not re-entering monitoring")
+            return None
+        params = {
+            **result["params"],
+            "attach_job_id": result["job_id"],
+            "incident_id": result.get("incident_id"),
+        }
+        self.trigger_run_id = f"{params['run_name']}__attempt{params['attempt']}"
+        self.conf = params
+        self.note = f"Relaunch after incident {result.get('incident_id')}: Slurm job {result['job_id']} on {result.get('nodes')}"
+        self.log.info("re-entering monitoring as training_run run %s", self.trigger_run_id)
+        return super().execute(context)

@@ -1,0 +1,128 @@
+"""The non-monitoring steps of `training_run`, as plain functions: preflight, the job spec, the finish.
+
+Where a launch puts things (the submitting environment decides, so the DAG files stay declarative):
+    LONGRUN_RUN_ROOT   directory for run dirs, visible on every node (default: <tmp>/longrun-runs; on a
+                       real cluster set it to a shared filesystem)
+    the interpreter    the Airflow worker's own (`sys.executable`): the same environment has longrun,
+                       the trainer and NVRx's ft_launcher; on a cluster, point workers at that venv
+Store credentials reach the job through sbatch's default environment export, never in the script.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from longrun.launch import job_spec_for_run, run_dir_for
+from longrun.runspec import RunSpec
+from longrun.slurm.client import SlurmClient
+from longrun.slurm.spec import JobSpec, JobTag
+from training import schema
+from training.store import ObjectStore, StoreError, put_json
+
+#: training_run params that are not RunSpec fields: how this DAG run relates to the run's history.
+ATTACH_PARAMS = ("attach_job_id", "incident_id")
+#: Environment names a job needs to find the store (values are not secret; keys travel by export).
+STORE_ENV = ("AWS_ENDPOINT_URL", "LONGRUN_BUCKET", "LONGRUN_STORE_DIR", "AWS_DEFAULT_REGION")
+
+
+def run_root() -> str:
+    return os.environ.get("LONGRUN_RUN_ROOT") or os.path.join(tempfile.gettempdir(), "longrun-runs")
+
+
+def spec_from_params(params: Mapping[str, Any]) -> RunSpec:
+    """The RunSpec of a training_run DAG run (its Params minus the attach fields)."""
+    return RunSpec.from_params({k: v for k, v in params.items() if k not in ATTACH_PARAMS})
+
+
+def run_dir(spec: RunSpec) -> str:
+    return run_dir_for(spec, run_root())
+
+
+def fault_state_dir(spec: RunSpec) -> str:
+    """Where the trainer keeps drill state (sick-node markers): <run dir>/fault-state, its default."""
+    return os.environ.get("LONGRUN_FAULT_STATE_DIR") or os.path.join(run_dir(spec), "fault-state")
+
+
+def make_job(spec: RunSpec, tag: JobTag) -> JobSpec:
+    """The JobSpec of one launch (srun -> NVRx ft_launcher -> trainer), tagged for reattachment."""
+    root = run_root()
+    os.makedirs(root, exist_ok=True)
+    env = {k: os.environ[k] for k in STORE_ENV if os.environ.get(k)}
+    return job_spec_for_run(spec, tag=tag, run_dir_root=root, env=env, python=sys.executable)
+
+
+def preflight(store: ObjectStore, client: SlurmClient, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Check the params, the store and the partition; fail with a message that says what to fix."""
+    spec = spec_from_params(params)
+    try:
+        list(store.list(schema.run_prefix(spec.run_name) + "report.json"))
+    except StoreError as e:
+        raise RuntimeError(f"the store {store.describe()} is not usable: {e}") from e
+    attach = params.get("attach_job_id")
+    nodes = client.nodes()
+    usable = [n.name for n in nodes if not n.drain_flag and not n.is_down and n.name not in spec.exclude]
+    if attach is None and len(usable) < spec.nodes:
+        drained = [f"{n.name} ({n.reason})" for n in nodes if n.drain_flag or n.is_down]
+        raise RuntimeError(
+            f"run {spec.run_name} needs {spec.nodes} node(s) in partition {spec.partition}; usable: {usable}"
+            f" (drained/down: {drained}; excluded: {list(spec.exclude)})"
+        )
+    return {
+        "spec": spec.to_params(),
+        "attach_job_id": attach,
+        "usable_nodes": usable,
+        "run_dir": run_dir(spec),
+        "drill": spec.drill.flag() if spec.drill else None,
+    }
+
+
+def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """After a clean end: the final checkpoint validated and promoted, and the run report written.
+
+    The trainer's report.json (with `final_fingerprint`) is kept; longrun adds an `orchestrator` block:
+    attempts, incidents, promotions, the Slurm job."""
+    from longrun.checkpoints import catalog
+    from longrun.monitor.operator import gate_checkpoint
+
+    spec = spec_from_params(params)
+    run = spec.run_name
+    key = schema.store_key(run, schema.REPORT_PATH)
+    log = logging.getLogger("longrun.training_run")
+    try:
+        report = json.loads(store.get_bytes(key))
+    except StoreError as e:
+        raise RuntimeError(f"run {run} completed but its report {key} is missing: {e}") from e
+    final_step = int(report["final_step"])
+    promoted = catalog.promoted_steps(store, run)
+    gate = None
+    if final_step not in promoted and final_step in catalog.checkpoints(store, run).by_step():
+        gate = gate_checkpoint(store, run, final_step, log=log)
+    incidents = catalog.incidents(store, run)
+    report["orchestrator"] = {
+        "attempt": spec.attempt,
+        "job_id": monitor.get("job_id"),
+        "promoted_steps": catalog.promoted_steps(store, run),
+        "final_gate": gate,
+        "incidents": [
+            {
+                "incident_id": i["incident_id"],
+                "status": i.get("status"),
+                "alert_step": i["alert"].get("step"),
+                "check": i["alert"].get("check"),
+                "node": (i.get("attribution") or {}).get("node"),
+                "lost_steps": i.get("lost_steps"),
+                "time_to_recover_s": i.get("time_to_recover_s"),
+            }
+            for i in incidents
+        ],
+        "finished_at": time.time(),
+    }
+    put_json(store, key, report)
+    return report

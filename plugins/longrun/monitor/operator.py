@@ -1,0 +1,243 @@
+"""RunMonitorOperator: watch a training job until it finishes or an alert hands it to `sdc_incident`.
+
+execute         note what already exists (an earlier attempt's alerts, promoted steps), defer
+execute_complete, one trigger event at a time:
+    checkpoint  validate it, promote it if valid (never an invalid or suspect one), defer again
+    alert       stop watching; return the alert so the DAG hands it to sdc_incident
+    job_done    return the outcome (completed) or fail with Slurm's state and exit code
+    stale       fail loudly: the heartbeat stopped while the job runs (runbook: stale heartbeat)
+    error       retryable -> raise so Airflow retries the task (it re-defers); else fail
+
+Asset events: Airflow 3.3 registers a task's asset events when the task succeeds, not while it is
+deferred, so each promotion is carried across deferrals and emitted, one event per checkpoint with its
+metadata, through the `longrun_checkpoints` alias when the watch ends. The promotion itself (the pointer
+in the store) happens at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import Asset, AssetAlias, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from longrun.hooks.slurm import SlurmHook
+from longrun.monitor import watch
+from longrun.monitor.trigger import RunMonitorTrigger
+from longrun.runbooks import runbook_path
+from training.store import ObjectStore, store_from_env
+
+CHECKPOINTS_ALIAS = AssetAlias(name="longrun_checkpoints")
+COMPLETED = "completed"
+ALERTED = "alert"
+
+
+def checkpoint_asset(store: ObjectStore, run: str) -> Asset:
+    """The asset standing for a run's promoted checkpoints (one event per promotion)."""
+    bucket = getattr(store, "bucket", None)
+    uri = (
+        f"s3://{bucket}/runs/{run}/checkpoints/"
+        if bucket
+        else f"file://longrun-store/runs/{run}/checkpoints/"
+    )
+    return Asset(name=f"longrun_checkpoints_{run}", uri=uri)
+
+
+def gate_checkpoint(store: ObjectStore, run: str, step: int, *, log: Any) -> dict[str, Any]:
+    """Validate then promote checkpoint `step`; a dict saying what happened (for logs and asset events)."""
+    from longrun.checkpoints.promote import PromotionConflict, PromotionRefused, promote
+    from longrun.checkpoints.validate import validate
+
+    t0 = time.perf_counter()
+    v = validate(store, run, step)
+    out: dict[str, Any] = {
+        "step": step,
+        "validated": bool(v["ok"]),
+        "validate_s": round(time.perf_counter() - t0, 3),
+    }
+    if not v["ok"]:
+        log.error(
+            "checkpoint step %s of run %s FAILED validation: %s (runbook: %s)",
+            step,
+            run,
+            "; ".join(v["errors"][:5]),
+            runbook_path("checkpoint_validation_failed"),
+        )
+        out["errors"] = v["errors"][:5]
+        return out
+    for _ in range(3):
+        try:
+            rec = promote(store, run, step, by="training_run.monitor")
+        except PromotionConflict as e:
+            log.warning("promotion of step %s raced another writer (%s); retrying", step, e)
+            continue
+        except PromotionRefused as e:
+            log.warning("checkpoint step %s of run %s not promoted: %s", step, run, e)
+            out["refused"] = str(e)
+            return out
+        out.update(promoted=True, manifest_key=rec["manifest_key"], seq=rec["seq"])
+        try:
+            from longrun.checkpoints.catalog import checkpoints
+
+            m = checkpoints(store, run).by_step().get(step)
+            if m is not None:
+                out.update(
+                    loss=m.manifest.get("loss"),
+                    saved_at=m.manifest.get("time"),
+                    world=m.manifest.get("world"),
+                )
+        except Exception as e:  # metadata is a nicety; the promotion stands
+            log.warning("could not read manifest metadata of step %s: %s", step, e)
+        log.info("checkpoint step %s of run %s validated and promoted (seq %s)", step, run, rec["seq"])
+        return out
+    out["refused"] = "promotion kept racing another writer"
+    return out
+
+
+class RunMonitorOperator(BaseOperator):
+    """Watch `run_name`'s Slurm job `job_id` (both templated) from the triggerer."""
+
+    template_fields: Sequence[str] = ("run_name", "job_id")
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        run_name: str,
+        job_id: Any,
+        stale_after_s: float = 600.0,
+        poll_s: float = 1.0,
+        max_poll_s: float = 5.0,
+        slurm_conn_id: str = SlurmHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("outlets", [CHECKPOINTS_ALIAS])
+        super().__init__(**kwargs)
+        self.run_name = run_name
+        self.job_id = job_id
+        self.stale_after_s = stale_after_s
+        self.poll_s = poll_s
+        self.max_poll_s = max_poll_s
+        self.slurm_conn_id = slurm_conn_id
+
+    @cached_property
+    def hook(self) -> SlurmHook:
+        return SlurmHook(self.slurm_conn_id)
+
+    @cached_property
+    def store(self) -> ObjectStore:
+        return store_from_env()
+
+    def _defer(self, seen: watch.Seen, carry: Mapping[str, Any]) -> None:
+        self.defer(
+            trigger=RunMonitorTrigger(
+                seen=watch.seen_to_dict(seen),
+                carry=dict(carry),
+                poll_s=self.poll_s,
+                max_poll_s=self.max_poll_s,
+                **self.hook.trigger_kwargs(),
+            ),
+            method_name="execute_complete",
+            timeout=self.execution_timeout if isinstance(self.execution_timeout, timedelta) else None,
+        )
+
+    def execute(self, context: Any) -> Any:
+        from longrun.checkpoints.catalog import promoted_steps
+
+        run = str(self.run_name)
+        job_id = int(str(self.job_id))
+        alerts, steps = watch.ignore_existing(self.store, run, promoted_steps(self.store, run))
+        if alerts:
+            self.log.info("ignoring %d alert(s) of earlier attempts: %s", len(alerts), list(alerts))
+        seen = watch.Seen(
+            run=run,
+            job_id=job_id,
+            steps=steps,
+            alerts=alerts,
+            stale_after_s=self.stale_after_s,
+            since=time.time(),
+        )
+        self.log.info(
+            "watching run %s, Slurm job %s (checkpoints already promoted: %s)", run, job_id, list(steps)
+        )
+        self._defer(seen, {"promoted": [], "rejected": []})
+
+    def execute_complete(self, context: Any, event: Any = None) -> Any:
+        if not isinstance(event, dict) or "type" not in event or "seen" not in event:
+            raise AirflowFailException(f"malformed monitor event: {event!r}")
+        seen = watch.seen_from_dict(event["seen"])
+        carry = dict(event.get("carry") or {})
+        kind = event["type"]
+        if kind == watch.CHECKPOINT:
+            step = int(event["step"])
+            result = gate_checkpoint(self.store, seen.run, step, log=self.log)
+            carry.setdefault("promoted" if result.get("promoted") else "rejected", []).append(result)
+            self._defer(watch.handled(seen, event), carry)
+            return None
+        if kind == watch.ERROR:
+            if event.get("retryable"):
+                raise RuntimeError(
+                    f"monitor of run {seen.run} could not look: {event.get('message')} (retrying)"
+                )
+            raise AirflowFailException(f"monitor of run {seen.run} failed: {event.get('message')}")
+        if kind == watch.STALE:
+            raise AirflowFailException(f"{event.get('message')}; runbook: {runbook_path('stale_heartbeat')}")
+        self._emit_asset_events(context, seen.run, carry.get("promoted", []))
+        if kind == watch.ALERT:
+            alert = event["alert"]
+            self.log.error(
+                "SDC ALERT in run %s: %s at step %s, suspect nodes %s; handing over to sdc_incident (runbook: %s)",
+                seen.run,
+                alert.get("check"),
+                alert.get("step"),
+                alert.get("suspect_nodes"),
+                runbook_path(str(alert.get("check"))),
+            )
+            return {
+                "outcome": ALERTED,
+                "run": seen.run,
+                "job_id": seen.job_id,
+                "alert_key": event["alert_key"],
+                "alert": alert,
+                "seen_at": event.get("at"),
+                "promoted": carry.get("promoted", []),
+                "rejected": carry.get("rejected", []),
+            }
+        if kind == watch.JOB_DONE:
+            if event.get("outcome") != "success":
+                raise AirflowFailException(
+                    f"run {seen.run}: Slurm job ended {event.get('message')}"
+                    + (" without an alert record in the store" if event.get("label") == "sdc_verdict" else "")
+                )
+            self.log.info("run %s: job %s completed", seen.run, seen.job_id)
+            return {
+                "outcome": COMPLETED,
+                "run": seen.run,
+                "job_id": seen.job_id,
+                "state": event.get("state"),
+                "promoted": carry.get("promoted", []),
+                "rejected": carry.get("rejected", []),
+            }
+        raise AirflowFailException(f"unknown monitor event type {kind!r}")
+
+    def _emit_asset_events(self, context: Any, run: str, promoted: list[dict[str, Any]]) -> None:
+        if not promoted:
+            return
+        asset = checkpoint_asset(self.store, run)
+        events = context["outlet_events"][CHECKPOINTS_ALIAS]
+        for p in promoted:
+            extra = {
+                "run": run,
+                **{k: p[k] for k in ("step", "manifest_key", "seq", "loss", "saved_at") if k in p},
+            }
+            events.add(asset, extra=extra)
+        self.log.info(
+            "asset events for %d promoted checkpoint(s) of %s: %s",
+            len(promoted),
+            asset.uri,
+            [p["step"] for p in promoted],
+        )

@@ -1,0 +1,56 @@
+"""training_run's @task bodies: Airflow context in, lifecycle functions called, plain dicts out."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from longrun.hooks.slurm import SlurmHook
+from longrun.monitor import lifecycle
+from longrun.slurm.spec import JobTag
+from training.store import store_from_env
+
+log = logging.getLogger("longrun.training_run")
+
+
+def preflight_task(params: Mapping[str, Any]) -> dict[str, Any]:
+    out = lifecycle.preflight(store_from_env(), SlurmHook().client, params)
+    log.info(
+        "preflight ok: run %s, %s node(s), usable %s, run dir %s, drill %s, attach %s",
+        out["spec"]["run_name"],
+        out["spec"]["nodes"],
+        out["usable_nodes"],
+        out["run_dir"],
+        out["drill"],
+        out["attach_job_id"],
+    )
+    return out
+
+
+def job_task(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's fields for SlurmSubmitJobOperator (which sets the tag itself)."""
+    spec = lifecycle.spec_from_params(params)
+    placeholder = JobTag(dag_id="training_run", run_id="preview", task_id="submit")
+    job = lifecycle.make_job(spec, placeholder).to_dict()
+    job.pop("comment")
+    return job
+
+
+def finish_task(result: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    report = lifecycle.finish(store_from_env(), result, params)
+    orch = report["orchestrator"]
+    log.info(
+        "run %s finished at step %s; final fingerprint %s; promoted %s; incidents %s",
+        report["run"],
+        report["final_step"],
+        report["final_fingerprint"],
+        orch["promoted_steps"],
+        orch["incidents"],
+    )
+    return {
+        "run": report["run"],
+        "final_step": report["final_step"],
+        "final_fingerprint": report["final_fingerprint"],
+        **orch,
+    }

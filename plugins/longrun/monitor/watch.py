@@ -1,0 +1,160 @@
+"""One look at a running training job: what changed since the last look, as at most one event.
+
+Pure of Airflow (the trigger runs it in a thread; tests and the bench call it directly). Order matters:
+the job state is read FIRST, then the store. The trainer writes its alert (and its last checkpoint)
+before it exits, so a job seen final here has already left everything it will leave in the store.
+
+Events, most urgent first:
+    alert       a new record under the run's alerts/ (the incident takes over)
+    checkpoint  a new manifest under checkpoints/ (smallest step first; validate + promote it)
+    job_done    the job is final and nothing new is in the store
+    stale       the job runs but progress/latest.json has not moved for `stale_after_s`
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from longrun.slurm.client import JobState, JobStatus, SlurmClient
+from longrun.slurm.errors import JobNotFoundError
+from longrun.slurm.outcomes import Kind, classify
+from training import schema
+from training.store import NotFound, ObjectStore
+
+ALERT, CHECKPOINT, JOB_DONE, STALE, ERROR = "alert", "checkpoint", "job_done", "stale", "error"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Seen:
+    """What the monitor has handled already (carried from one deferral to the next)."""
+
+    run: str
+    """Run name (the store prefix runs/<run>/)."""
+    job_id: int
+    """The Slurm job being watched."""
+    steps: tuple[int, ...] = ()
+    """Checkpoint steps already handled (validated, promoted or rejected)."""
+    alerts: tuple[str, ...] = ()
+    """Alert keys that existed before this job (an earlier attempt's) or were handed over already."""
+    stale_after_s: float = 600.0
+    """Progress older than this while the job runs is a stale heartbeat."""
+    since: float = 0.0
+    """Epoch seconds the watch began: the grace period before the first progress record."""
+
+    def __post_init__(self) -> None:
+        schema.check_run_name(self.run)
+        if isinstance(self.job_id, bool) or not isinstance(self.job_id, int) or self.job_id < 1:
+            raise ValueError(f"job_id={self.job_id!r}: must be a Slurm job id (int >= 1)")
+        if not self.stale_after_s > 0:
+            raise ValueError(f"stale_after_s={self.stale_after_s!r}: must be > 0")
+
+
+def alert_keys(store: ObjectStore, run: str) -> list[str]:
+    prefix = schema.store_key(run, "alerts/")
+    return [o.key for o in store.list(prefix) if o.key.endswith(".json")]
+
+
+def manifest_steps(store: ObjectStore, run: str) -> dict[int, str]:
+    """step -> manifest key, for every checkpoint with a manifest (no manifest, no checkpoint)."""
+    out: dict[int, str] = {}
+    for o in store.list(schema.store_key(run, "checkpoints/")):
+        step = schema.step_of_manifest_key(o.key)
+        if step is not None:
+            out[step] = o.key
+    return out
+
+
+def progress(store: ObjectStore, run: str) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(store.get_bytes(schema.store_key(run, schema.PROGRESS_PATH)))
+    except (NotFound, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def look(
+    store: ObjectStore, client: SlurmClient, seen: Seen, *, now: float | None = None
+) -> tuple[dict[str, Any] | None, Any]:
+    """(event or None, an activity key that changes while the run makes progress: for back-off)."""
+    now = time.time() if now is None else now
+    try:
+        state: JobState | None = client.job(seen.job_id)
+    except JobNotFoundError:
+        state = None  # just submitted and not visible yet
+    for key in alert_keys(store, seen.run):
+        if key not in seen.alerts:
+            alert = json.loads(store.get_bytes(key))
+            schema.validate("alert", alert)
+            return {"type": ALERT, "alert_key": key, "alert": alert}, key
+    manifests = manifest_steps(store, seen.run)
+    new = sorted(set(manifests) - set(seen.steps))
+    if new:
+        return {"type": CHECKPOINT, "step": new[0], "manifest_key": manifests[new[0]]}, new[0]
+    prog = progress(store, seen.run)
+    activity = (state.status.value if state else None, prog.get("step") if prog else None)
+    if state is not None:
+        outcome = classify(state)
+        if outcome.kind is not Kind.RUNNING:
+            return {
+                "type": JOB_DONE,
+                "outcome": outcome.kind.value,
+                "label": outcome.label,
+                "message": outcome.message,
+                "state": state.to_dict(),
+            }, activity
+        if state.status is JobStatus.RUNNING:
+            last = float(prog["time"]) if prog and isinstance(prog.get("time"), int | float) else seen.since
+            age = now - max(last, seen.since)
+            if age > seen.stale_after_s:
+                return {
+                    "type": STALE,
+                    "age_s": round(age, 1),
+                    "progress": prog,
+                    "message": f"run {seen.run}: no progress for {age:.0f} s (job {seen.job_id} still running)",
+                }, activity
+    return None, activity
+
+
+def handled(seen: Seen, event: dict[str, Any]) -> Seen:
+    """The Seen after `event` was dealt with."""
+    from dataclasses import replace
+
+    if event.get("type") == CHECKPOINT:
+        return replace(seen, steps=tuple(sorted({*seen.steps, int(event["step"])})))
+    if event.get("type") == ALERT:
+        return replace(seen, alerts=tuple(sorted({*seen.alerts, str(event["alert_key"])})))
+    return seen
+
+
+def seen_to_dict(seen: Seen) -> dict[str, Any]:
+    return {
+        "run": seen.run,
+        "job_id": seen.job_id,
+        "steps": list(seen.steps),
+        "alerts": list(seen.alerts),
+        "stale_after_s": seen.stale_after_s,
+        "since": seen.since,
+    }
+
+
+def seen_from_dict(d: dict[str, Any]) -> Seen:
+    return Seen(
+        run=str(d["run"]),
+        job_id=int(d["job_id"]),
+        steps=tuple(int(s) for s in d.get("steps", ())),
+        alerts=tuple(str(a) for a in d.get("alerts", ())),
+        stale_after_s=float(d.get("stale_after_s", 600.0)),
+        since=float(d.get("since", 0.0)),
+    )
+
+
+def ignore_existing(
+    store: ObjectStore, run: str, steps_done: Sequence[int]
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """At the start of a watch: the alerts already in the store (an earlier attempt's, handled by its
+    incident) and the checkpoint steps already promoted, which this watch must not act on again."""
+    return tuple(alert_keys(store, run)), tuple(sorted(set(steps_done)))

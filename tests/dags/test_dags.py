@@ -1,0 +1,114 @@
+"""The DAG files: they import without errors or warnings, have the contract's ids and Params, and the
+Params refuse bad input with a message (what the UI form and the REST API show)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+
+import pytest
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+
+
+@pytest.fixture(scope="module")
+def bag(tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("AIRFLOW_HOME", str(tmp_path_factory.mktemp("airflow_home")))
+    monkeypatch_module.setenv("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    from airflow.dag_processing.dagbag import DagBag
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bag = DagBag(dag_folder=str(DAGS))
+    ours = [w for w in caught if "/dags/" in str(w.filename) or "longrun" in str(w.filename)]
+    assert not ours, [f"{w.category.__name__}: {w.message} ({w.filename})" for w in ours]
+    return bag
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def test_no_import_errors(bag):
+    assert bag.import_errors == {}
+    assert {"training_run", "sdc_incident", "checkpoint_audit"} <= set(bag.dag_ids)
+
+
+def test_training_run_params_are_the_contract(bag):
+    dag = bag.dags["training_run"]
+    contract = {
+        "run_name", "nodes", "gpus_per_node", "partition", "model", "steps", "checkpoint_every",
+        "recompute_every", "vote_every", "incident_mode", "drill",
+    }  # fmt: skip
+    assert contract <= set(dag.params)
+    for name in contract:
+        schema = dag.params.get_param(name).schema
+        assert schema.get("section"), f"{name} has no form section"
+    described = {
+        n
+        for n in contract
+        if dag.params.get_param(n).description or dag.params.get_param(n).schema.get("title")
+    }
+    assert described == contract
+
+
+def test_training_run_shape(bag):
+    dag = bag.dags["training_run"]
+    assert {"preflight", "submit", "attach", "monitor", "route", "hand_over", "finish"} <= set(dag.task_ids)
+    assert dag.get_task("monitor").outlets  # the checkpoint asset alias
+
+
+def test_sdc_incident_shape(bag):
+    dag = bag.dags["sdc_incident"]
+    assert [
+        t
+        for t in (
+            "open_record",
+            "freeze",
+            "attribute",
+            "drain",
+            "diagnose",
+            "pick_checkpoint",
+            "relaunch",
+            "reenter_monitoring",
+            "summary",
+        )
+        if t not in dag.task_ids
+    ] == []
+    assert type(dag.get_task("approve_drain")).__name__ == "ApprovalOperator"
+    assert type(dag.get_task("approve_relaunch")).__name__ == "ApprovalOperator"
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ({"nodes": 0}, "nodes"),
+        ({"nodes": "three"}, "nodes"),
+        ({"incident_mode": "yolo"}, "incident_mode"),
+        ({"model": "huge"}, "model"),
+        ({"run_name": "../etc"}, "run_name"),
+        ({"run_name": "a b;rm"}, "run_name"),
+        ({"checkpoint_every": 0}, "checkpoint_every"),
+        ({"drill": {"kind": "meteor", "step": 3, "target": "1"}}, "drill"),
+        ({"drill": {"kind": "nan", "step": 0, "target": "1"}}, "drill"),
+        ({"drill": {"kind": "nan", "step": 3}}, "drill"),
+    ],
+)
+def test_form_refuses_bad_input(bag, override, match):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    params = copy.deepcopy(bag.dags["training_run"].params)
+    with pytest.raises(ParamValidationError, match=match):
+        params.update(override)
+        params.validate()
+
+
+def test_form_accepts_a_drill(bag):
+    params = copy.deepcopy(bag.dags["training_run"].params)
+    params.update({"drill": {"kind": "sick-node", "step": 12, "target": "n2"}, "nodes": 3})
+    resolved = params.validate()
+    assert resolved["drill"]["target"] == "n2"
