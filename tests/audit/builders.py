@@ -55,9 +55,20 @@ def put_checkpoint(
 def put_validation(
     store: ObjectStore, run: str, step: int, *, ok: bool = True, time: float, ident: str = "v1"
 ) -> str:
+    """A validation record of the manifest as it is now (its ETag), as longrun's validator writes it."""
     key = schema.store_key(run, schema.validation_path(step, ident))
     errors = [] if ok else ["model.pt: sha256 mismatch"]
-    put_json(store, key, schema.record("validation", run=run, step=step, ok=ok, errors=errors, time=time))
+    manifest = store.head(schema.store_key(run, schema.manifest_path(step)))
+    rec = schema.record(
+        "validation",
+        run=run,
+        step=step,
+        ok=ok,
+        errors=errors,
+        time=time,
+        manifest_etag=manifest.etag if manifest else None,
+    )
+    put_json(store, key, rec)
     return key
 
 

@@ -63,8 +63,12 @@ def test_healthy_store_passes_and_publishes(store: LocalDirStore) -> None:
 
 
 def test_audit_reads_real_saved_model_checkpoints(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
-    checkpointing = pytest.importorskip("training.checkpointing")
+    import torch
+    from longrun.checkpoints.promote import mark_suspect, promote
+    from longrun.checkpoints.validate import validate
+
+    from training import checkpointing
+
     store = LocalDirStore(tmp_path / "store")
     model = torch.nn.Linear(8, 4)
     with checkpointing.CheckpointSaver(
@@ -82,11 +86,15 @@ def test_audit_reads_real_saved_model_checkpoints(tmp_path: Path) -> None:
             assert saver.wait(60)
     assert not saver.failures, saver.failures
     for step in (5, 10):
-        put_validation(store, "real", step, time=T0 + 1e6 + step)
-    put_promotion(store, "real", 10, seq=1, time=T0 + 2e6)
+        assert validate(store, "real", step)["ok"]
+    promote(store, "real", 5)
+    promote(store, "real", 10)
     report = run_audit(store, cfg("real"))
     assert report.counts["manifest"] == 2 and report.counts["file"] == 6
     assert report.rehashed == 6
+    # Demote after 5: the validator's pointer moves back to 5, and the audit agrees it is clean.
+    mark_suspect(store, "real", 5, "test incident", incident_id="t1")
+    assert run_audit(store, cfg("real-demoted")).success
 
 
 def _flip_a_byte(store: LocalDirStore) -> str:
@@ -173,6 +181,14 @@ def _step_not_matching_key(s: LocalDirStore) -> str:
     return key
 
 
+def _manifest_changed_after_validation(s: LocalDirStore) -> str:
+    key = schema.store_key("alpha", schema.manifest_path(30))
+    manifest = get_json(s, key)
+    manifest["loss"] = 2.0  # still a valid manifest, but not the one that was validated
+    s.put_bytes(key, json.dumps(manifest).encode())
+    return schema.store_key("alpha", schema.PROMOTED_POINTER_PATH)
+
+
 def _missing_object(s: LocalDirStore) -> str:
     key = schema.store_key("alpha", schema.checkpoint_dir(10) + "model.pt")
     s.delete(key)
@@ -182,6 +198,7 @@ def _missing_object(s: LocalDirStore) -> str:
 BREAKAGES: dict[str, tuple[Callable[[LocalDirStore], str], str]] = {
     "bad hash": (_bad_hash, "sha256_wellformed"),
     "promoted but invalid": (_promoted_but_invalid, "promoted_validated"),
+    "manifest changed after validation": (_manifest_changed_after_validation, "promoted_validated"),
     "NaN loss": (_nan_loss, "loss_finite"),
     "NaN flag": (_nan_flag, "no_nan_flag"),
     "Inf loss": (_inf_loss, "loss_finite"),

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from training import schema
-from training.store import ObjectStore
+from training.store import ObjectInfo, ObjectStore
 
 #: The table's columns in order; every row has every column (None/NaN where it does not apply).
 COLUMNS = (
@@ -125,8 +125,10 @@ def _file_key(run: str, step: int, entry: Any) -> str:
     return rel if rel.startswith("runs/") else schema.run_prefix(run) + rel
 
 
-def read_records(store: ObjectStore) -> Iterable[tuple[str, str, str, dict[str, Any] | None, str | None]]:
-    """(kind, run, key, record or None, parse error or None) for every record the audit reads."""
+def read_records(
+    store: ObjectStore,
+) -> Iterable[tuple[str, str, ObjectInfo, dict[str, Any] | None, str | None]]:
+    """(kind, run, object info, record or None, parse error or None) for every record the audit reads."""
     for info in store.list("runs/"):
         found = classify(info.key)
         if found is None:
@@ -136,12 +138,12 @@ def read_records(store: ObjectStore) -> Iterable[tuple[str, str, str, dict[str, 
             obj = json.loads(store.get_bytes(info.key))
             schema.validate(kind, obj)
         except (ValueError, schema.SchemaError) as e:  # JSONDecodeError is a ValueError
-            yield kind, run, info.key, None, f"{type(e).__name__}: {e}"
+            yield kind, run, info, None, f"{type(e).__name__}: {e}"
             continue
         if obj.get("run") != run:
-            yield kind, run, info.key, None, f"record names run {obj.get('run')!r} but lies under runs/{run}/"
+            yield kind, run, info, None, f"record names run {obj.get('run')!r} but lies under runs/{run}/"
             continue
-        yield kind, run, info.key, obj, None
+        yield kind, run, info, obj, None
 
 
 def _row(kind: str, run: str, key: str, **fields: Any) -> dict[str, Any]:
@@ -155,10 +157,13 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
     """Read every manifest, validation, promotion, suspect and incident record in `store` into one table."""
     rows: list[dict[str, Any]] = []
     manifests: dict[str, dict[str, Any]] = {}  # key -> record
-    validations: dict[tuple[str, int], list[tuple[float, bool]]] = defaultdict(list)
+    etags: dict[str, str] = {}  # manifest key -> its ETag now
+    # (run, step) -> [(time, ok, the manifest ETag it validated, when recorded)]
+    validations: dict[tuple[str, int], list[tuple[float, bool, str | None]]] = defaultdict(list)
     suspects: dict[str, list[tuple[int, float, float]]] = defaultdict(list)  # run -> (after, until, time)
     promotions: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (row, record)
-    for kind, run, key, obj, error in read_records(store):
+    for kind, run, info, obj, error in read_records(store):
+        key = info.key
         if obj is None:
             step = schema.step_of_manifest_key(key) if kind == "manifest" else None
             rows.append(_row(kind, run, key, step=step, parsable=False, error=error))
@@ -166,6 +171,7 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
         time_ = _number(obj.get("time"))
         if kind == "manifest":
             manifests[key] = obj
+            etags[key] = info.etag
             loss = _number(obj.get("loss"))
             rows.append(
                 _row(
@@ -197,7 +203,10 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
                     )
                 )
         elif kind == "validation":
-            validations[(run, obj["step"])].append((time_ or 0.0, obj["ok"]))
+            etag = obj.get("manifest_etag")
+            validations[(run, obj["step"])].append(
+                (time_ or 0.0, obj["ok"], etag if isinstance(etag, str) else None)
+            )
             rows.append(_row(kind, run, key, step=obj["step"], time=time_, ok=obj["ok"]))
         elif kind == "promotion":
             row = _row(
@@ -231,7 +240,9 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
 
     _mark_step_order(rows)
     for row, obj in promotions:
-        row["promoted_validated"] = _latest_ok(validations.get((row["run"], row["step"]), []))
+        row["promoted_validated"] = _latest_ok(
+            validations.get((row["run"], row["step"]), []), etags.get(obj["manifest_key"])
+        )
         row["in_suspect"] = _promotion_in_suspect(row, obj, manifests, suspects.get(row["run"], []))
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     # NaN, not None, for absent numbers: GX's between-expectations skip nulls, and loss_finite catches them.
@@ -252,10 +263,16 @@ def _mark_step_order(rows: list[dict[str, Any]]) -> None:
             highest = row["step"] if highest is None else max(highest, row["step"])
 
 
-def _latest_ok(attempts: list[tuple[float, bool]]) -> bool:
+def _latest_ok(attempts: list[tuple[float, bool, str | None]], manifest_etag: str | None) -> bool:
     """A promoted model checkpoint must be vouched for by its latest validation (a later failed
-    re-validation, e.g. bit rot found, withdraws the vouch)."""
-    return bool(attempts) and max(attempts, key=lambda a: a[0])[1] is True
+    re-validation, e.g. bit rot found, withdraws the vouch), and that validation must be of the manifest
+    as it is now (when the record names the manifest's ETag, as longrun's validator does)."""
+    if not attempts:
+        return False
+    _time, ok, validated_etag = max(attempts, key=lambda a: a[0])
+    if validated_etag is not None and validated_etag != manifest_etag:
+        return False
+    return ok is True
 
 
 def _promotion_in_suspect(
