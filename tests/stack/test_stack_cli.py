@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.stack_fixtures import claim_port_base
 from longrun.stack import Stack
-from longrun.stack.layout import Layout
+from longrun.stack.layout import SLOT_WIDTH, Layout
 
 from .listening import listeners, process_group_pids
 
@@ -43,7 +43,9 @@ def test_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
     base, lock = claim_port_base()
     state = tmp_path_factory.mktemp("cli")
     # The CLI picks its ports from the state dir's saved layout.
-    Layout(state_dir=state, port_base=base).save()
+    layout = Layout(state_dir=state, port_base=base)
+    layout.save()
+    pgids: set[int] = set()
     try:
         up = _cli(state, "up", "--only", "slurm,s3")
         assert up.returncode == 0, up.stdout + up.stderr
@@ -62,7 +64,6 @@ def test_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
         )  # munged, ctld, 4 slurmd, weed
 
         env = _parse_exports(_cli(state, "env").stdout)
-        layout = Layout.load(state)
         assert env["SLURM_CONF"] == str(state / "slurm" / "slurm.conf")
         assert env["AWS_ENDPOINT_URL"] == layout.s3_endpoint
         assert env["LONGRUN_BUCKET"] == "longrun"
@@ -71,7 +72,7 @@ def test_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
         assert (state / "munge" / "munge.key").stat().st_mode & 0o777 == 0o600
 
         stack = Stack(state)
-        pgids = {st.pid for st in stack.status()}
+        pgids.update(st.pid for st in stack.status())
         ours = process_group_pids(pgids)
         mine = [sock for sock in listeners() if set(sock.pids) & ours]
         assert {sock.port for sock in mine} == set(layout.ports_of("slurm") + layout.ports_of("s3"))
@@ -88,11 +89,14 @@ def test_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
         assert "slurmd n1: already running" in repaired.stdout
     finally:
         down = _cli(state, "down")
-        lock.close()
-    assert down.returncode == 0, down.stdout + down.stderr
-    assert not process_group_pids(pgids)
-    assert not [s for s in listeners() if layout.port_base <= s.port < layout.port_base + 200]
-    assert not [s for s in listeners() if s.port in layout.all_ports()]
+        try:
+            # Checked while this session still holds the port range, so no other session can take it.
+            assert down.returncode == 0, down.stdout + down.stderr
+            assert not process_group_pids(pgids)
+            assert not [s for s in listeners() if layout.port_base <= s.port < layout.port_base + SLOT_WIDTH]
+            assert not [s for s in listeners() if s.port in layout.all_ports()]
+        finally:
+            lock.close()
     assert _cli(state, "status").stdout.startswith("nothing recorded")
 
 

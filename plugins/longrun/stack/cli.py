@@ -77,5 +77,9 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(format_env(stack.env()))
     except (StackError, ValueError) as exc:
         print(f"longrun stack {args.command}: {exc}", file=sys.stderr)
+        if args.command == "up":
+            print(
+                "what did start keeps running: `longrun stack status`, `longrun stack down`", file=sys.stderr
+            )
         return 1
     return 0

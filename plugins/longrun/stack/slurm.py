@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import subprocess
@@ -105,6 +106,9 @@ class Slurm(Component):
             say("slurmctld: already running")
             return
         self._write_config()
+        # slurmctld signals the PID in a leftover pid file as "the old slurmctld": never let a
+        # stale file point it at a process that reused that PID.
+        (self.dir / "slurmctld.pid").unlink(missing_ok=True)
         log = self.paths["ctld_log"]
         rec = procs.spawn(
             name="slurmctld",
@@ -135,6 +139,7 @@ class Slurm(Component):
         return bool(state) and not state.endswith("*") and base not in ("down", "unknown", "future")
 
     def _spawn_slurmd(self, node: str) -> ProcRecord:
+        (self.dir / f"slurmd-{node}.pid").unlink(missing_ok=True)
         rec = procs.spawn(
             name=f"slurmd-{node}",
             argv=["slurmd", "-D", "-N", node],
@@ -161,7 +166,6 @@ class Slurm(Component):
                 say(f"slurmd {node}: already running")
                 continue
             # A node that slurmctld marked down is revived by its slurmd registering (ReturnToService=2).
-            (self.dir / f"slurmd-{node}.pid").unlink(missing_ok=True)
             started[node] = self._spawn_slurmd(node)
         for node, rec in started.items():
             self._wait_node(node, rec, say)
@@ -218,7 +222,7 @@ class Slurm(Component):
         for node in NODES:
             rec = self._node_record(node)
             procs.wait_for(
-                lambda n=node: self._node_ok(n),
+                functools.partial(self._node_ok, node),
                 what=f"slurmd {node}",
                 timeout=max(0.1, deadline - time.monotonic()),
                 watch=[rec],
