@@ -23,6 +23,7 @@ from training.events import EventWriter
 from training.faults import Fault, Injector, fault_state_dir
 from training.fingerprint import combine, fingerprint_state
 from training.model import build_model
+from training.nvrx import NvrxMonitor, first_incarnation_only, in_job_resume_ref
 from training.store import ObjectStore, StoreError, store_from_env
 from training.verdict import publish_verdict
 
@@ -51,6 +52,13 @@ class Trainer:
         self.backend = init_process_group(self.place, timeout_s=cfg.collective_timeout_s)
         self.rank, self.world = self.place.rank, self.place.world_size
         self.device = default_device()
+        # NVRx heartbeats (a no-op off ft_launcher); timeouts are calculated once a save and an audit ran.
+        self.nvrx = NvrxMonitor.from_env(
+            need_saved=bool(cfg.checkpoint_every),
+            need_audited=bool(cfg.checks.recompute_every) and "recompute" in cfg.checks.checks,
+        )
+        self.nvrx.start()
+        faults = first_incarnation_only(faults, self.nvrx.restart_count)
         # One gather at start-up: node names, and the knobs the bits depend on (all must agree).
         self.nodes = gather_strings(self.place.node)
         knobs = f"{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|threads={cfg.threads}"
@@ -94,8 +102,15 @@ class Trainer:
         )
         self.start_step = 0
         self.last_pass: dict[str, int] = {}
-        if cfg.resume_from:
-            self._resume(cfg.resume_from)
+        resume = in_job_resume_ref(
+            restart_count=self.nvrx.restart_count,
+            default=cfg.resume_from,
+            run_dir=self.run_dir,
+            run=cfg.run,
+            store=self.store,
+        )
+        if resume:
+            self._resume(resume)
         self.saver = self._saver() if self.rank == 0 and cfg.checkpoint_every else None
         log.info(
             "rank %d/%d on %s (%s, %s): model %d params, checks %s, start step %d",
@@ -265,9 +280,16 @@ class Trainer:
                 )
                 self._record(results)
                 if self.cfg.checks.on_verdict == "exit":
+                    # The alert is durable: ask ft_launcher not to restart in place, then exit 93.
+                    self.nvrx.request_shutdown(f"SDC verdict: {failed.check} at step {step}")
                     return schema.EXIT_SDC_VERDICT
             else:
                 self._record(results)
+            self.nvrx.step_done(
+                step,
+                saved=bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0,
+                audited=any(r.check == "recompute" for r in results),
+            )
             self.events.progress(
                 schema.record(
                     "progress",
@@ -277,6 +299,8 @@ class Trainer:
                     step_time_s=round(step_time, 6),
                     world_size=self.world,
                     skipped=failed is not None and failed.check != "weight_vote",
+                    restart_count=self.nvrx.restart_count,
+                    nvrx=self.nvrx.info(),
                 )  # fmt: skip
             )
         self._finish()
@@ -304,6 +328,7 @@ class Trainer:
             self.saver.wait()
             self.saver.close()
         self.events.close()
+        self.nvrx.close()
         try:
             shutdown()
         except RuntimeError as e:  # a peer is gone (crash drill); nothing left to coordinate

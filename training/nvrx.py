@@ -42,6 +42,13 @@ DIST_NAME = "nvidia-resiliency-ext"
 #: ft_launcher sets these in every worker it starts (the first is the rank monitor's socket).
 RANK_MONITOR_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 LAUNCHER_ENV = "FT_LAUNCHER_IPC_SOCKET"
+#: Exported by the job script (longrun.launch), in seconds: the launcher's heartbeat timeouts before any
+#: calculation (NVRx 0.4.1's rank monitor keeps calculated timeouts across in-job restarts, so each new
+#: incarnation puts these back), and the floor under calculated timeouts.
+INITIAL_TIMEOUT_ENV = "LONGRUN_NVRX_INITIAL_TIMEOUT_S"
+TIMEOUT_ENV = "LONGRUN_NVRX_TIMEOUT_S"
+MIN_TIMEOUT_ENV = "LONGRUN_NVRX_MIN_TIMEOUT_S"
+DEFAULT_MIN_TIMEOUT_S = 30.0
 TESTED_VERSIONS = ("0.4.1",)
 
 
@@ -136,6 +143,7 @@ class NvrxMonitor:
         self._seen_saved = self._seen_audited = False
         self.timeouts_calculated_at: int | None = None
         self.heartbeats = 0
+        self._initial_s = self._before_calc_s = self._min_s = 0.0
 
     @classmethod
     def from_env(
@@ -160,6 +168,13 @@ class NvrxMonitor:
         client = RankMonitorClient()
         client.init_workload_monitoring()
         self._client = client
+        # The rank monitor outlives its workers and keeps timeouts calculated by the previous incarnation
+        # (their `initial` is the old start-up time, far too short for imports + checkpoint load).
+        env = os.environ
+        self._initial_s = float(env.get(INITIAL_TIMEOUT_ENV) or client.cfg.initial_rank_heartbeat_timeout)
+        self._before_calc_s = float(env.get(TIMEOUT_ENV) or client.cfg.rank_heartbeat_timeout)
+        self._min_s = float(env.get(MIN_TIMEOUT_ENV) or DEFAULT_MIN_TIMEOUT_S)
+        self._set_timeouts(initial=self._initial_s, subsequent=self._before_calc_s, calculated=False)
         if dist.is_available() and dist.is_initialized():
             t = torch.tensor([self.restart_count], dtype=torch.int64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -183,7 +198,17 @@ class NvrxMonitor:
         if ready and self.timeouts_calculated_at is None:
             if self._client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
                 self.timeouts_calculated_at = step
+                got = self._client.hb_timeouts
+                # A floor: background checkpoint uploads and other jobs on the node slow later steps
+                # well beyond the intervals seen so far (0.5 s timeouts were seen to kill healthy ranks).
+                if got.subsequent < self._min_s:
+                    self._set_timeouts(initial=self._initial_s, subsequent=self._min_s, calculated=True)
                 log.info("NVRx heartbeat timeouts calculated at step %d: %s", step, self._client.hb_timeouts)
+
+    def _set_timeouts(self, *, initial: float, subsequent: float, calculated: bool) -> None:
+        # load_state_dict is the public way to hand the rank monitor explicit heartbeat timeouts.
+        hb = {"initial": initial, "subsequent": subsequent, "were_calculated": calculated}
+        self._client.load_state_dict({"current_timeouts": {"heartbeat": hb}})
 
     @property
     def timeouts(self) -> dict[str, Any]:
@@ -233,6 +258,68 @@ class NvrxMonitor:
                 self._client = None
 
 
+# ---- what an in-job restart changes ------------------------------------------------------------------
+
+#: Exported by the job script (longrun.launch): when this launch started, epoch seconds.
+LAUNCH_T0_ENV = "LONGRUN_LAUNCH_T0"
+#: Fault kinds that would fire again after every restart (the restarted run replays the step).
+ONE_SHOT_FAULTS = ("crash", "hang")
+
+
+def first_incarnation_only(faults: tuple[Any, ...], restart_count: int) -> tuple[Any, ...]:
+    """Drop crash/hang drills after an in-job restart: the resumed run replays the fault's step, and a
+    drill that fired again would burn the whole restart budget. (`LONGRUN_FAULTS_EVERY_RESTART=1` keeps
+    them, to rehearse a job that keeps crashing.)"""
+    if restart_count == 0 or os.environ.get("LONGRUN_FAULTS_EVERY_RESTART") == "1":
+        return faults
+    kept = tuple(f for f in faults if f.kind not in ONE_SHOT_FAULTS)
+    if len(kept) != len(faults):
+        log.warning(
+            "in-job restart %d: crash/hang drills already fired, not injecting them again", restart_count
+        )
+    return kept
+
+
+def newest_checkpoint_since(
+    run_dir: Path, since: float, *, run: str | None = None, store: Any = None
+) -> str | None:
+    """The newest complete checkpoint (manifest present) written at or after `since`: a local directory,
+    else a store prefix (where the run dir is node-local), else None."""
+    best: tuple[int, str] | None = None
+    for mpath in (run_dir / "checkpoints").glob("step-*/manifest.json"):
+        step = schema.step_of_manifest_key(str(mpath))
+        if step is not None and _record_time(mpath.read_bytes(), "manifest") >= since:
+            if best is None or step > best[0]:
+                best = (step, str(mpath.parent))
+    if best is None and store is not None and run is not None:
+        for info in store.list(schema.store_key(run, "checkpoints/")):
+            step = schema.step_of_manifest_key(info.key)
+            if step is not None and (best is None or step > best[0]):
+                if _record_time(store.get_bytes(info.key), "manifest") >= since:
+                    best = (step, info.key[: -len("manifest.json")])
+    return best[1] if best else None
+
+
+def in_job_resume_ref(
+    *, restart_count: int, default: str | None, run_dir: Path, run: str, store: Any = None
+) -> str | None:
+    """Where this incarnation resumes. The first one: `default` (the launch's --resume-from). After an
+    ft_launcher restart: the newest checkpoint this launch wrote, else `default` again. Rank 0 decides and
+    broadcasts, so every rank loads the same step even if they see the file system differently."""
+    if restart_count == 0:
+        return default
+    import torch.distributed as dist
+
+    choice: list[str | None] = [None]
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        since = float(os.environ.get(LAUNCH_T0_ENV) or 0.0)
+        choice[0] = newest_checkpoint_since(run_dir, since, run=run, store=store) or default
+        log.warning("in-job restart %d: resuming from %s", restart_count, choice[0] or "scratch")
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(choice, src=0)
+    return choice[0]
+
+
 # ---- the job script's question: did this launch reach an SDC verdict? ---------------------------------
 
 
@@ -254,9 +341,13 @@ def alerts_since(run_dir: Path, since: float, *, run: str | None = None, store: 
 
 
 def _alert_time(raw: bytes) -> float:
+    return _record_time(raw, "alert")
+
+
+def _record_time(raw: bytes, kind: str) -> float:
     try:
         obj = json.loads(raw)
-        schema.validate("alert", obj)
+        schema.validate(kind, obj)
         return float(obj["time"])
     except (ValueError, schema.SchemaError):
         # A torn or foreign file is not proof of a verdict; the orchestrator reads the store anyway.

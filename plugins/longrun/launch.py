@@ -57,6 +57,9 @@ class NvrxLaunch:
     """SIGTERM-to-SIGKILL grace when the agent stops its workers to restart them."""
     term_timeout_s: float = 60.0
     """SIGTERM-to-SIGKILL grace when Slurm cancels the job (the trainer flushes its records)."""
+    min_timeout_s: float = 300.0
+    """Floor under the calculated heartbeat timeout (training.nvrx): steps slow down under background
+    checkpoint uploads and neighbours, beyond anything seen when the timeouts were calculated."""
 
     def __post_init__(self) -> None:
         _positive("initial_heartbeat_timeout_s", self.initial_heartbeat_timeout_s, 86400)
@@ -68,6 +71,7 @@ class NvrxLaunch:
         _positive("monitor_interval_s", self.monitor_interval_s, 600)
         _positive("workers_stop_timeout_s", self.workers_stop_timeout_s, 3600)
         _positive("term_timeout_s", self.term_timeout_s, 3600)
+        _positive("min_timeout_s", self.min_timeout_s, 86400)
 
     @classmethod
     def for_step_time(cls, step_s: float) -> NvrxLaunch:
@@ -76,7 +80,16 @@ class NvrxLaunch:
         return cls(
             initial_heartbeat_timeout_s=max(120.0, 20 * step),
             heartbeat_timeout_s=max(60.0, 20 * step),
+            min_timeout_s=max(10.0, 10 * step),
         )
+
+    def worker_env(self) -> dict[str, str]:
+        """What training.nvrx reads in each worker (see there for why)."""
+        return {
+            "LONGRUN_NVRX_INITIAL_TIMEOUT_S": f"{self.initial_heartbeat_timeout_s:g}",
+            "LONGRUN_NVRX_TIMEOUT_S": f"{self.heartbeat_timeout_s:g}",
+            "LONGRUN_NVRX_MIN_TIMEOUT_S": f"{self.min_timeout_s:g}",
+        }
 
     def flags(self) -> list[str]:
         return [
@@ -140,7 +153,8 @@ def job_spec_for_run(
     command = [
         "set -uo pipefail",
         f"RUN_DIR={q(run_dir)}",
-        "LAUNCH_T0=$(date +%s)",
+        "# Checkpoints and alerts of this launch are those written after this moment (training.nvrx).",
+        "export LONGRUN_LAUNCH_T0=$(date +%s)",
         'mkdir -p "$RUN_DIR"',
         "# Every node may share one host name (several slurmd on one host): use the first node's NodeAddr.",
         'FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
@@ -157,7 +171,7 @@ def job_spec_for_run(
         f"{q(launcher)} {' '.join(ft_args)} {train}",
         "rc=$?",
         f'if {q(python)} -m training.nvrx launch-verdict --run-dir "$RUN_DIR" --run {q(run.run_name)}'
-        f' --since "$LAUNCH_T0"{store}; then',
+        f' --since "$LONGRUN_LAUNCH_T0"{store}; then',
         '  echo "longrun: SDC verdict in this launch (ft_launcher exit $rc): exit 93"',
         "  exit 93",
         "fi",
@@ -180,5 +194,5 @@ def job_spec_for_run(
         # sbatch opens these before the script runs, so they must already exist: the root does.
         workdir=run_dir_root,
         output=f"{run_dir}.slurm-%j.out",
-        env={**dict(run.extra_env), **dict(env)},
+        env={**dict(run.extra_env), **dict(env), **nvrx.worker_env()},
     )
