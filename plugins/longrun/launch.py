@@ -27,7 +27,8 @@ from longrun.slurm import validate as v
 from longrun.slurm.errors import InvalidSpecError
 from longrun.slurm.spec import JobSpec, JobTag
 
-#: Rendezvous ports are 20000 + job id mod 20000 (the same rule as training.dist for plain srun).
+#: Rendezvous ports are 20000 + job id mod 20000 by default (the same rule as training.dist for plain
+#: srun), below Linux's ephemeral range (32768+).
 PORT_BASE = 20000
 PORT_SPAN = 20000
 
@@ -57,6 +58,10 @@ class NvrxLaunch:
     """SIGTERM-to-SIGKILL grace when the agent stops its workers to restart them."""
     term_timeout_s: float = 60.0
     """SIGTERM-to-SIGKILL grace when Slurm cancels the job (the trainer flushes its records)."""
+    port_base: int = PORT_BASE
+    """Rendezvous port = port_base + job id mod port_span."""
+    port_span: int = PORT_SPAN
+    """See port_base. Clusters that share one host (test sessions) give each a disjoint range."""
     min_timeout_s: float = 300.0
     """Floor under the calculated heartbeat timeout (training.nvrx): steps slow down under background
     checkpoint uploads and neighbours, beyond anything seen when the timeouts were calculated."""
@@ -72,6 +77,8 @@ class NvrxLaunch:
         _positive("workers_stop_timeout_s", self.workers_stop_timeout_s, 3600)
         _positive("term_timeout_s", self.term_timeout_s, 3600)
         _positive("min_timeout_s", self.min_timeout_s, 86400)
+        v.int_range("port_base", self.port_base, 1024, 65535)
+        v.int_range("port_span", self.port_span, 1, 65536 - self.port_base)
 
     @classmethod
     def for_step_time(cls, step_s: float) -> NvrxLaunch:
@@ -148,7 +155,14 @@ def job_spec_for_run(
         "--module",
         "training.train",
     ]
-    train = " ".join(q(a) for a in run.train_args(run_dir=run_dir))
+    # ft_launcher's parser allows abbreviations, so the trainer's `--run` reads as an ambiguous
+    # `--run-path` and the launcher exits 2. The trainer names the run after its run dir (the contract's
+    # default), which run_dir_for makes <root>/<run name>: drop the flag.
+    targs = run.train_args(run_dir=run_dir)
+    if "--run" in targs:
+        i = targs.index("--run")
+        del targs[i : i + 2]
+    train = " ".join(q(a) for a in targs)
     store = " --store" if env.get("AWS_ENDPOINT_URL") or env.get("LONGRUN_STORE_DIR") else ""
     command = [
         "set -uo pipefail",
@@ -160,7 +174,7 @@ def job_spec_for_run(
         'FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "MASTER_ADDR=$(scontrol -o show node \"$FIRST_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
         'if [ -z "$MASTER_ADDR" ]; then echo "longrun: no NodeAddr for $FIRST_NODE" >&2; exit 1; fi',
-        f"MASTER_PORT=$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))",
+        f"MASTER_PORT=$(({nvrx.port_base} + SLURM_JOB_ID % {nvrx.port_span}))",
         "export MASTER_ADDR MASTER_PORT",
         'echo "longrun: job $SLURM_JOB_ID (slurm restart ${SLURM_RESTART_COUNT:-0}) rendezvous'
         ' $MASTER_ADDR:$MASTER_PORT on $SLURM_JOB_NODELIST"',
