@@ -39,7 +39,15 @@ def _parse_exports(text: str) -> dict[str, str]:
     return env
 
 
-def test_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
+@pytest.mark.parametrize(
+    ("only", "processes"),
+    [
+        ("slurm,s3", 7),  # munged, slurmctld, 4 slurmd, weed
+        pytest.param("slurm,s3,airflow", 11, marks=[pytest.mark.airflow, pytest.mark.slow]),
+    ],
+)
+def test_round_trip(tmp_path_factory: pytest.TempPathFactory, only: str, processes: int) -> None:
+    components = only.split(",")
     base, lock = claim_port_base()
     state = tmp_path_factory.mktemp("cli")
     # The CLI picks its ports from the state dir's saved layout.
@@ -47,21 +55,19 @@ def test_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
     layout.save()
     pgids: set[int] = set()
     try:
-        up = _cli(state, "up", "--only", "slurm,s3")
+        up = _cli(state, "up", "--only", only, timeout=400)
         assert up.returncode == 0, up.stdout + up.stderr
         for node in ("n1", "n2", "n3", "n4"):
             assert f"waiting for slurmd {node} ... ok" in up.stdout
 
-        again = _cli(state, "up", "--only", "slurm,s3")
+        again = _cli(state, "up", "--only", only)
         assert again.returncode == 0, again.stderr
         assert "slurmctld: already running" in again.stdout
         assert "s3 (weed): already running" in again.stdout
 
         status = _cli(state, "status")
         assert status.returncode == 0, status.stdout
-        assert (
-            status.stdout.count("\nok ") + status.stdout.startswith("ok ") == 7
-        )  # munged, ctld, 4 slurmd, weed
+        assert [line[:4] for line in status.stdout.splitlines()] == ["ok  "] * processes, status.stdout
 
         env = _parse_exports(_cli(state, "env").stdout)
         assert env["SLURM_CONF"] == str(state / "slurm" / "slurm.conf")
@@ -70,12 +76,16 @@ def test_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
         assert len(env["AWS_SECRET_ACCESS_KEY"]) >= 30
         assert (state / "s3" / "credentials.json").stat().st_mode & 0o777 == 0o600
         assert (state / "munge" / "munge.key").stat().st_mode & 0o777 == 0o600
+        if "airflow" in components:
+            assert env["LONGRUN_AIRFLOW_URL"] == layout.airflow_url
+            assert env["LONGRUN_AIRFLOW_USER"] == "admin"
+            assert Stack(state).airflow.login_ok()
 
         stack = Stack(state)
         pgids.update(st.pid for st in stack.status())
         ours = process_group_pids(pgids)
         mine = [sock for sock in listeners() if set(sock.pids) & ours]
-        assert {sock.port for sock in mine} == set(layout.ports_of("slurm") + layout.ports_of("s3"))
+        assert {sock.port for sock in mine} == {p for c in components for p in layout.ports_of(c)}
         assert {sock.address for sock in mine} == {"127.0.0.1"}
 
         # A dead daemon shows in status (rc 1), and `up` repairs only that.
@@ -88,6 +98,7 @@ def test_round_trip(tmp_path_factory: pytest.TempPathFactory) -> None:
         assert "waiting for slurmd n4 ... ok" in repaired.stdout
         assert "slurmd n1: already running" in repaired.stdout
     finally:
+        pgids.update(st.pid for st in Stack(state).status())
         down = _cli(state, "down")
         try:
             # Checked while this session still holds the port range, so no other session can take it.
