@@ -45,6 +45,7 @@ import torch
 
 from training import schema
 from training.fingerprint import combine, fingerprint_state
+from training.manifest import CheckpointError, read_manifest
 from training.store import (
     NotFound,
     ObjectStore,
@@ -75,10 +76,6 @@ CALLER_FIELDS: dict[str, Any] = {
 }
 
 WRITERS = ("auto", "nvrx", "thread")
-
-
-class CheckpointError(Exception):
-    """A checkpoint cannot be read: missing manifest, missing file, hash mismatch, bad payload."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -768,27 +765,6 @@ class CheckpointSaver:
 
 
 # ---- loading -----------------------------------------------------------------------------------------
-
-
-def read_manifest(data: bytes, where: str) -> dict[str, Any]:
-    """Parse and check a manifest; CheckpointError names `where` and what is wrong."""
-    try:
-        manifest = json.loads(data)
-        schema.validate("manifest", manifest)
-    except (ValueError, schema.SchemaError) as e:
-        raise CheckpointError(f"manifest {where} is unreadable: {e}") from None
-    if manifest.get("kind") != "manifest":
-        raise CheckpointError(f"manifest {where} has kind {manifest.get('kind')!r}, expected 'manifest'")
-    for i, f in enumerate(manifest["files"]):
-        if not (
-            isinstance(f, dict)
-            and isinstance(f.get("name"), str)
-            and "/" not in f["name"]
-            and isinstance(f.get("size"), int)
-            and isinstance(f.get("sha256"), str)
-        ):
-            raise CheckpointError(f"manifest {where}: files[{i}] = {f!r:.120} is not a file entry")
-    return manifest
 
 
 def _torch_load(path: Path, label: str) -> Any:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from training import schema
-from training.checkpointing import CheckpointError, read_manifest
+from training.manifest import CheckpointError, read_manifest
 from training.store import NotFound, ObjectStore
 
 _STEP_DIR = re.compile(r"checkpoints/step-(\d{8})/([^/]+)$")

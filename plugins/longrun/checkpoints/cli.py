@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import Any
 
 from training import schema
@@ -196,6 +197,8 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch (validate) imports pynvml, which warns on every start; that line is noise for a CLI user.
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     store: ObjectStore | None = None
     try:

@@ -17,7 +17,7 @@ from typing import Any
 
 from longrun.checkpoints import catalog
 from training import schema
-from training.checkpointing import CheckpointError, read_manifest
+from training.manifest import CheckpointError, read_manifest
 from training.store import ObjectStore, PreconditionFailed, put_json
 
 POINTER_ATTEMPTS = 8

@@ -1,0 +1,126 @@
+"""The pre-incident pick across alert kinds: the pure rule, then end to end on both stores."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from ckpt_helpers import Saver
+from longrun.checkpoints import catalog
+from longrun.checkpoints.pick import last_known_good, pick_pre_incident, plan_pick
+from longrun.checkpoints.promote import mark_suspect, promote
+from longrun.checkpoints.validate import validate
+
+from training import schema
+from training.store import ObjectStore
+
+
+def _rec(check: str, step: int, verdict: str = "pass", rank: int = 0) -> dict[str, Any]:
+    return schema.record(
+        "check", run="r", step=step, check=check, verdict=verdict, rank=rank, duration_s=0.001
+    )
+
+
+def _history(last: int = 50) -> list[dict[str, Any]]:
+    """finite every step, recompute and weight_vote every 10 steps, on ranks 0-2."""
+    recs = []
+    for step in range(1, last + 1):
+        for rank in range(3):
+            recs.append(_rec("finite", step, rank=rank))
+            if step % 10 == 0:
+                recs.append(_rec("recompute", step, rank=rank))
+                recs.append(_rec("weight_vote", step, rank=rank))
+    return recs
+
+
+@pytest.mark.parametrize(
+    ("check", "alert_step", "expected"),
+    [
+        ("recompute", 37, {"recompute": 30}),  # faults between audits leave no trace: back to the last audit
+        ("recompute", 30, {"recompute": 20}),  # the audit at the alert's own step failed
+        ("finite", 37, {"finite": 36}),
+        ("weight_vote", 45, {"weight_vote": 40}),
+        ("weight_vote", 5, {"weight_vote": None}),  # it never passed before the alert
+    ],
+)
+def test_last_known_good_per_alert_kind(check: str, alert_step: int, expected: dict[str, int | None]) -> None:
+    checks = schema.CHECKS_FOR_ALERT[check]
+    got = {c: s for c, (s, _src) in last_known_good(checks, alert_step, _history(), []).items()}
+    assert got == expected
+
+
+def test_a_failure_on_any_rank_is_not_a_pass() -> None:
+    recs = [*_history(), _rec("recompute", 30, "fail", rank=2)]
+    [(step, src)] = last_known_good(("recompute",), 37, recs, []).values()
+    assert (step, src) == (20, "check records")
+
+
+def test_manifest_coverage_stands_in_for_missing_check_records() -> None:
+    manifests = [{"coverage": {"recompute": s, "finite": s}} for s in (10, 20, 30)]
+    [(step, src)] = last_known_good(("recompute",), 37, [], manifests).values()
+    assert (step, src) == (30, "manifest coverage")
+
+
+def _setup(store: ObjectStore, run: str, save: Saver, steps: list[int], promoted: list[int]) -> None:
+    save(store, run, steps, coverage=lambda s: {"finite": s, "recompute": s, "weight_vote": s})
+    for s in steps:
+        assert validate(store, run, s)["ok"]
+    for s in promoted:
+        promote(store, run, s)
+    lines = "".join(json.dumps({**r, "run": run}) + "\n" for r in _history())
+    store.put_bytes(schema.store_key(run, schema.check_batch_path(1, 50, 0)), lines.encode())
+
+
+def test_pick_end_to_end_across_alert_kinds(store: ObjectStore, run: str, save_checkpoints: Saver) -> None:
+    _setup(store, run, save_checkpoints, [10, 20, 30, 40], promoted=[10, 20, 40])  # 30 never promoted
+    cases = {
+        ("recompute", 37): 20,  # bound 30, 30 not promoted -> 20
+        ("recompute", 45): 40,
+        ("finite", 41): 40,
+        ("weight_vote", 40): 20,  # the vote at 40 failed: bound 30
+    }
+    for (check, step), want in cases.items():
+        got, why = pick_pre_incident(store, run, {"check": check, "step": step, "suspect_nodes": ["n2"]})
+        assert got == want, why
+        assert f"alert {check} at step {step}" in why and f"chose step {want}" in why and "n2" in why
+    picks = list(store.list(schema.store_key(run, "picks/")))
+    assert len(picks) == len(cases)
+    rec = json.loads(store.get_bytes(picks[0].key))
+    schema.validate("pick", rec)
+
+
+def test_pick_never_takes_a_suspect_or_unvalidated_checkpoint(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    _setup(store, run, save_checkpoints, [10, 20, 30, 40], promoted=[10, 20, 30, 40])
+    alert = {"check": "recompute", "step": 45, "suspect_nodes": []}
+    assert plan_pick(store, run, alert)["step"] == 40
+    mark_suspect(store, run, 25, "earlier incident")
+    plan = plan_pick(store, run, alert)
+    assert plan["step"] == 20 and plan["suspect_after"] == 25
+    # Corrupt 20 after promotion; its newest validation now fails, so it is passed over.
+    key = schema.store_key(run, schema.checkpoint_dir(20) + "model.pt")
+    data = store.get_bytes(key)
+    store.put_bytes(key, data[:10] + bytes([data[10] ^ 0xFF]) + data[11:])
+    assert not validate(store, run, 20)["ok"]
+    step, why = pick_pre_incident(store, run, alert, write=False)
+    assert step == 10 and "20: newest validation failed" in why
+
+
+def test_no_pick_when_no_check_in_the_class_ever_passed(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    save_checkpoints(store, run, [10])
+    assert validate(store, run, 10)["ok"]
+    promote(store, run, 10)
+    step, why = pick_pre_incident(store, run, {"check": "recompute", "step": 30, "suspect_nodes": []})
+    assert step is None and "recompute never passed" in why
+    assert catalog.current_pointer(store, run) is not None
+
+
+def test_pick_rejects_a_bad_alert(store: ObjectStore, run: str) -> None:
+    with pytest.raises(ValueError, match="alert check"):
+        plan_pick(store, run, {"check": "vibes", "step": 3})
+    with pytest.raises(ValueError, match="alert step"):
+        plan_pick(store, run, {"check": "finite", "step": "3"})

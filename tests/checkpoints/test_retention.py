@@ -1,0 +1,72 @@
+"""Retention: the last K promoted, in-flight ones, and what open incidents need are kept."""
+
+from __future__ import annotations
+
+import pytest
+from ckpt_helpers import Saver
+from longrun.checkpoints import catalog
+from longrun.checkpoints.promote import promote
+from longrun.checkpoints.retention import apply_retention, plan_retention
+from longrun.checkpoints.validate import validate
+
+from training import schema
+from training.store import ObjectStore, put_json
+
+
+def _setup(store: ObjectStore, run: str, save: Saver) -> None:
+    steps = [10, 20, 30, 40, 50, 60]
+    save(store, run, steps, coverage=lambda s: {"recompute": s, "finite": s, "weight_vote": s})
+    for s in steps[:-1]:
+        assert validate(store, run, s)["ok"]
+        promote(store, run, s)
+    # An interrupted upload before the newest checkpoint, one in flight after it, a torn manifest.
+    store.put_bytes(schema.store_key(run, schema.checkpoint_dir(25) + "model.pt"), b"partial")
+    store.put_bytes(schema.store_key(run, schema.checkpoint_dir(70) + "model.pt"), b"uploading")
+    store.put_bytes(schema.store_key(run, schema.manifest_path(35)), b"{torn")
+
+
+def _incident(store: ObjectStore, run: str, status: str) -> None:
+    alert = {"check": "recompute", "step": 27, "suspect_nodes": ["n3"]}
+    rec = schema.record(
+        "incident", run=run, incident_id="inc-27", alert=alert, timeline=[], mode="act", status=status
+    )
+    put_json(store, schema.store_key(run, schema.incident_path("inc-27")), rec)
+
+
+def _steps_in_store(store: ObjectStore, run: str) -> set[int]:
+    out = set()
+    for info in store.list(schema.store_key(run, "checkpoints/")):
+        out.add(int(info.key.split("step-")[1][:8]))
+    return out
+
+
+def test_keeps_last_k_promoted_and_newer(store: ObjectStore, run: str, save_checkpoints: Saver) -> None:
+    _setup(store, run, save_checkpoints)
+    plan = plan_retention(store, run, keep=2)
+    assert sorted(plan["keep"]) == [40, 50, 60]
+    assert plan["delete"] == [10, 20, 30]
+    assert [p.rsplit("/", 2)[-2] for p in plan["incomplete"]] == ["step-00000025"]
+    assert [k.rsplit("/", 2)[-2] for k in plan["unparsable"]] == ["step-00000035"]
+    dry = apply_retention(store, run, keep=2, dry_run=True)
+    assert dry["deleted_objects"] == 0 and _steps_in_store(store, run) == {10, 20, 25, 30, 35, 40, 50, 60, 70}
+    done = apply_retention(store, run, keep=2)
+    assert done["deleted_objects"] > 0
+    assert _steps_in_store(store, run) == {35, 40, 50, 60, 70}
+    assert [c.step for c in catalog.checkpoints(store, run).checkpoints] == [40, 50, 60]
+
+
+@pytest.mark.parametrize(("status", "kept_for_incident"), [("open", [10, 20]), ("closed", [])])
+def test_an_open_incident_keeps_what_its_pick_needs(
+    store: ObjectStore, run: str, save_checkpoints: Saver, status: str, kept_for_incident: list[int]
+) -> None:
+    _setup(store, run, save_checkpoints)
+    _incident(store, run, status)
+    plan = plan_retention(store, run, keep=1)
+    held = sorted(s for s, why in plan["keep"].items() if "incident inc-27" in why)
+    assert held == kept_for_incident  # recompute alert at 27: pick 20, plus the 1 promoted before it
+    assert 50 in plan["keep"] and 60 in plan["keep"]
+
+
+def test_keep_must_be_positive(store: ObjectStore, run: str) -> None:
+    with pytest.raises(ValueError, match="keep"):
+        plan_retention(store, run, keep=0)
