@@ -324,11 +324,13 @@ class Trainer:
             )
 
     def _close(self) -> None:
+        # No heartbeats while the last uploads drain: stop NVRx's hang watch first (the saver's own
+        # timeout bounds the wait).
+        self.nvrx.close()
         if self.saver is not None:
             self.saver.wait()
             self.saver.close()
         self.events.close()
-        self.nvrx.close()
         try:
             shutdown()
         except RuntimeError as e:  # a peer is gone (crash drill); nothing left to coordinate

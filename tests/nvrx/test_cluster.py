@@ -1,0 +1,107 @@
+"""NVRx in the job, on the real four-node cluster through the Slurm layer (3 nodes x 1 CPU rank, tiny).
+
+Real parts only: Slurm (several slurmd on 127.0.0.1), srun, NVRx 0.4.1's ft_launcher and rank monitors,
+torch.distributed with gloo, the reference trainer and its injected faults.
+"""
+
+from __future__ import annotations
+
+import pytest
+from longrun.runspec import Drill, RunSpec
+from longrun.slurm.client import JobStatus
+from longrun.slurm.outcomes import Kind
+
+from training.schema import EXIT_SDC_VERDICT
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 30
+
+
+def tiny(name: str, **kw) -> RunSpec:
+    base = dict(
+        run_name=name,
+        nodes=3,
+        gpus_per_node=0,
+        model="tiny",
+        steps=STEPS,
+        checkpoint_every=10,
+        recompute_every=5,
+        vote_every=5,
+        max_restarts=2,
+        time_limit_min=10,
+    )
+    return RunSpec(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def clean(launcher):
+    """An uninterrupted run: the reference for the final weights."""
+    run = launcher.launch(tiny("clean"))
+    assert run.outcome.label == "completed", run.log
+    return run
+
+
+def test_clean_run_completes_without_restarts(clean):
+    assert clean.state.exit_code == 0 and clean.outcome.kind is Kind.SUCCESS
+    assert clean.report()["final_step"] == STEPS
+    progress = clean.progress()
+    assert progress["restart_count"] == 0 and progress["nvrx"]["active"] is True
+    # Timeouts were calculated only once a save (step 10) and an audit (step 5) had both been seen.
+    assert progress["nvrx"]["timeouts_calculated_at"] == 10
+    assert clean.count(r"in-job restart") == 0
+
+
+def test_sigkill_is_recovered_in_job_with_the_same_weights(launcher, clean):
+    # Step 25: the step-10 and step-20 checkpoints are complete by then (the first save starts NVRx's
+    # async worker, which takes seconds on this machine).
+    run = launcher.launch(tiny("crash", drill=Drill(kind="crash", step=25, target="1")))
+    assert run.outcome.label == "completed", run.log
+    assert run.state.restart_count == 0  # Slurm never restarted the job: ft_launcher did, inside it
+    assert run.count(r"FAULT crash: rank 1 SIGKILLs itself at step 25") == 1
+    assert run.count(r"in-job restart 1: resuming from .*checkpoints/step-000000[12]0") == 1
+    assert run.progress()["restart_count"] == 1
+    assert run.report()["final_fingerprint"] == clean.report()["final_fingerprint"]
+
+
+def test_hang_is_detected_by_heartbeat_timeout_and_recovered(launcher, clean):
+    run = launcher.launch(tiny("hang", drill=Drill(kind="hang", step=22, target="2")))
+    assert run.outcome.label == "completed", run.log
+    assert run.count(r"FAULT hang: rank 2 sleeps at step 22") == 1
+    assert run.count(r"Did not get subsequent heartbeat") >= 1  # NVRx's rank monitor saw it
+    assert run.progress()["restart_count"] == 1
+    assert run.report()["final_fingerprint"] == clean.report()["final_fingerprint"]
+
+
+def test_sdc_verdict_ends_the_job_with_93_without_restart(launcher):
+    run = launcher.launch(tiny("sdc", drill=Drill(kind="nan", step=12, target="1")))
+    assert run.state.status is JobStatus.FAILED and run.state.exit_code == EXIT_SDC_VERDICT, run.log
+    assert run.outcome.label == "sdc_verdict" and run.outcome.kind is Kind.TERMINAL
+    [alert] = run.alerts()
+    assert (alert["check"], alert["step"], alert["suspect_ranks"]) == ("finite", 12, [1])
+    # Every rank asked ft_launcher to stop; none was started a second time.
+    assert (
+        run.count(
+            r"Received request from rank=\d+: req=WorkloadControlRequest\(action=WorkloadAction.ShutdownWorkload"
+        )
+        >= 1
+    )
+    assert run.count(r"in-job restart") == 0
+    assert run.count(r"rank \d/3 on n\d") == 3
+    assert "SDC verdict in this launch" in run.log
+
+
+def test_a_job_that_keeps_crashing_stops_after_its_restart_budget(launcher):
+    run = launcher.launch(
+        tiny(
+            "crashloop",
+            drill=Drill(kind="crash", step=3, target="0"),
+            max_restarts=1,
+            extra_env={"LONGRUN_FAULTS_EVERY_RESTART": "1"},
+        )
+    )
+    assert run.state.status is JobStatus.FAILED and run.state.exit_code == 1, run.log
+    assert run.outcome.kind is Kind.TERMINAL and run.outcome.label == "failed"
+    assert run.count(r"FAULT crash: rank 0 SIGKILLs itself at step 3") == 2  # first run + 1 restart
+    assert run.count(r"in-job restart 1") >= 1 and run.count(r"in-job restart 2") == 0
+    assert not run.alerts()
