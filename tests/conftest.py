@@ -27,10 +27,11 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if os.environ.get("LONGRUN_TEST_REUSE_STACK") == "1":
         yield Stack(default_state_dir())
         return
-    base, lock = claim_port_base()
+    # Short path: the munge socket path must fit in a Unix socket address (108 bytes).
+    state_dir = tmp_path_factory.mktemp("stack")
+    base, lock = claim_port_base(state_dir)
     try:
-        # Short path: the munge socket path must fit in a Unix socket address (108 bytes).
-        yield Stack(tmp_path_factory.mktemp("stack"), port_base=base)
+        yield Stack(state_dir, port_base=base)
     finally:
         lock.close()
 

@@ -15,32 +15,47 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from longrun.stack import NODES, PARTITION, Stack
+from longrun.stack import NODES, PARTITION, Stack, StackError
 from longrun.stack.layout import SLOT_WIDTH, Layout, ports_in_use
 
 TEST_PORT_BASES = tuple(22000 + SLOT_WIDTH * i for i in range(5))
 """Port bases for test sessions (the default stack uses 21800); all keep SeaweedFS's gRPC ports < 32768."""
 
 
-def claim_port_base() -> tuple[int, IO[bytes]]:
-    """A port base no other test session holds and nothing listens on, and the open lock file that holds it (keep it open)."""
+def claim_port_base(state_dir: Path) -> tuple[int, IO[str]]:
+    """A port base no other test session holds and nothing listens on, and the open lock file that
+    holds it (keep it open for the session). The lock file names the holder's state dir: a later
+    session that finds the range still busy although its holder is gone (a killed pytest) stops that
+    stack by its recorded PIDs before taking the range."""
     if env := os.environ.get("LONGRUN_TEST_PORT_BASE"):
         candidates: tuple[int, ...] = (int(env),)
     else:
         candidates = TEST_PORT_BASES
     for base in candidates:
-        lock = open(Path(tempfile.gettempdir()) / f"longrun-test-ports-{base}.lock", "wb")  # noqa: SIM115
+        lock = open(Path(tempfile.gettempdir()) / f"longrun-test-ports-{base}.lock", "a+")  # noqa: SIM115
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
             continue
+        ports = Layout(state_dir=state_dir, port_base=base).all_ports()
+        lock.seek(0)
+        previous = lock.read().strip()
+        if ports_in_use(ports) and previous and (Path(previous) / "stack.json").exists():
+            try:
+                Stack(Path(previous)).down(say=lambda _line: None)
+            except StackError:
+                pass
         # Also skip a range someone uses without the lock (e.g. a stack started by hand there).
-        if ports_in_use(Layout(state_dir=Path("/"), port_base=base).all_ports()):
+        if ports_in_use(ports):
             lock.close()
             continue
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{state_dir}\n")
+        lock.flush()
         return base, lock
-    raise RuntimeError(f"every test port range {candidates} is held by another test session")
+    raise RuntimeError(f"every test port range {candidates} is held by another test session or in use")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -48,8 +48,8 @@ def _parse_exports(text: str) -> dict[str, str]:
 )
 def test_round_trip(tmp_path_factory: pytest.TempPathFactory, only: str, processes: int) -> None:
     components = only.split(",")
-    base, lock = claim_port_base()
     state = tmp_path_factory.mktemp("cli")
+    base, lock = claim_port_base(state)
     # The CLI picks its ports from the state dir's saved layout.
     layout = Layout(state_dir=state, port_base=base)
     layout.save()

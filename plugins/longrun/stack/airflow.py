@@ -33,7 +33,7 @@ from .procs import ProcRecord, StackError, write_private
 
 ADMIN_USER = "admin"
 MIGRATE_TIMEOUT_S = 300.0
-READY_TIMEOUT_S = 180.0
+READY_TIMEOUT_S = 300.0  # ~15 s on an idle 2-core machine; minutes when it is busy
 # Start order.
 DAEMONS = (
     ("api-server", ["api-server"]),
