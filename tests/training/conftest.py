@@ -82,7 +82,7 @@ class Launcher:
         name: str = "run",
         nodes: str = "n1,n2,n3,n4",
         env: dict[str, str] | None = None,
-        timeout_s: float = 120.0,
+        timeout_s: float = 300.0,
     ) -> Run:
         world = len(nodes.split(","))
         run_dir = self.tmp / name

@@ -106,7 +106,7 @@ def test_two_nodes_report_a_mismatch_without_naming(launch):
 
 
 def test_crash_is_not_an_sdc_verdict(launch):
-    run = launch(["--steps", "8", "--fault", "crash:4:2"], env={"LONGRUN_HANG_S": "5"}, timeout_s=120)
+    run = launch(["--steps", "8", "--fault", "crash:4:2"], env={"LONGRUN_HANG_S": "5"})
     assert run.rcs[2] == -9, run.log()
     assert EXIT_SDC_VERDICT not in run.rcs and all(rc != 0 for rc in run.rcs)
     assert run.alerts() == []
