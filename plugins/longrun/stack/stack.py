@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from .airflow import Airflow
 from .component import Component, ProcStatus, Say
 from .layout import COMPONENTS, HOST, Layout, ports_in_use
 from .procs import StackError
@@ -22,8 +23,6 @@ class Stack:
         self.state_dir = self.layout.state_dir
         self.slurm = Slurm(self.layout)
         self.s3 = S3(self.layout)
-        from .airflow import Airflow  # noqa: PLC0415 - keeps the module list in one place below
-
         self.airflow = Airflow(self.layout, stack_env=self._service_env)
         self.components: dict[str, Component] = {"slurm": self.slurm, "s3": self.s3, "airflow": self.airflow}
 
