@@ -126,7 +126,8 @@ def _tiles(h: RunHealth, stale_after_s: float) -> str:
     return (
         '<div class="tiles">'
         + "".join(
-            f'<div class="tile"><span class="muted">{escape(k)}</span><b>{v}</b></div>' for k, v in tiles
+            f'<div class="tile" id="tile-{escape(k.replace(" ", "-"))}"><span class="muted">{escape(k)}</span><b>{v}</b></div>'
+            for k, v in tiles
         )
         + "</div>"
     )
