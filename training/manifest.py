@@ -10,6 +10,12 @@ from typing import Any
 
 from training import schema
 
+#: Files of a checkpoint directory: the payload, in the order written and uploaded, and the manifest.
+MODEL_FILE = "model.pt"
+OPTIM_FILE = "optim.pt"
+EXTRA_FILE = "extra.pt"
+MANIFEST_FILE = "manifest.json"
+
 
 class CheckpointError(Exception):
     """A checkpoint cannot be read: missing manifest, missing file, hash mismatch, bad payload."""

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from training import schema
-from training.checkpointing import MODEL_FILE, CheckpointError, read_manifest
+from training.manifest import MODEL_FILE, CheckpointError, read_manifest
 from training.fingerprint import combine, fingerprint_state
 from training.store import NotFound, ObjectStore, put_json, sha256_file
 
