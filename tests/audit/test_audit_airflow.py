@@ -1,0 +1,49 @@
+"""DAG `checkpoint_audit` on demand through a real scheduler (REST trigger), over the stack's S3 bucket.
+
+The bucket is shared with the rest of the session, so the audit may pass or fail on what other tests
+left there; what must hold either way: the run ends, the report is in the bucket under
+`audit/<run id>/`, its verdict matches the run's state, and the task log prints the Data Docs link (and,
+on failure, the runbook link)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from helpers.airflow_api import AirflowApi
+from longrun.audit import audit_id_from
+
+from training.store import get_json, store_from_env
+
+from .builders import healthy_run
+
+pytestmark = [pytest.mark.airflow, pytest.mark.s3, pytest.mark.slurm, pytest.mark.slow]
+
+DAG = "checkpoint_audit"
+
+
+def test_audit_runs_on_demand_and_publishes(airflow_stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = airflow_stack.env
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.setenv(name, env[name])
+    store = store_from_env(env)
+    healthy_run(store, f"audit-{uuid.uuid4().hex[:8]}")
+
+    api = AirflowApi.login(airflow_stack.url, airflow_stack.user, airflow_stack.password)
+    api.wait_dag_parsed(DAG, file_hint=DAG)
+    api.unpause(DAG)
+    try:
+        run_id = api.trigger(DAG, conf={"sample_size": 8, "seed": 1})
+        state = api.wait_run(DAG, run_id, timeout=420, interval=2.0)
+    finally:
+        api.pause(DAG)  # no scheduled runs for the rest of the session
+    log = api.task_log(DAG, run_id, "audit")
+    audit_id = audit_id_from(run_id)
+    summary = get_json(store, f"audit/{audit_id}/summary.json")
+    assert summary["success"] is (state == "success"), log[-3000:]
+    assert store.head(f"audit/{audit_id}/docs/index.html") is not None
+    assert f"audit/{audit_id}/docs/index.html" in log, log[-3000:]
+    assert summary["counts"].get("manifest", 0) >= 3
+    if state == "failed":
+        assert "runbooks/audit-failed.md" in log, log[-3000:]
+        assert api.task_states(DAG, run_id) == {"audit": "failed"}
