@@ -2,12 +2,17 @@
 
 `example_slurm_job`: submit a small CPU job, then wait for it with the deferrable sensor.
 `example_slurm_job_fails`: submit-and-wait on a job that exits 3; the task fails with Slurm's state,
-reason and exit code (no retry: a job's own failure is terminal).
+reason and exit code, without a retry although it has retries: a job's own failure is terminal.
+
+Retries are on for the success path because of an Airflow 3.3 scheduler race (apache/airflow#71580,
+#72716): when a trigger fires within seconds of the deferral, the stale "success" of the deferring
+worker can mark the resumed task failed. A retry then reattaches to the same Slurm job (task state
+store / job tag) instead of submitting it again, so the race costs a few seconds, not a second job.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 from longrun.operators.slurm import SlurmSubmitJobOperator
@@ -17,6 +22,7 @@ PARAMS = {
     "partition": Param("debug", type="string", description="Slurm partition"),
     "nodes": Param(1, type="integer", minimum=1, maximum=4, description="nodes for the job"),
 }
+DEFAULT_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=2)}
 # Job logs go to /tmp on the node, not into the DAG processor's or worker's working directory.
 COMMON = {
     "gpus_per_node": 0,
@@ -33,6 +39,7 @@ with DAG(
     catchup=False,
     params=PARAMS,
     render_template_as_native_obj=True,
+    default_args=DEFAULT_ARGS,
     tags=["longrun", "example", "slurm"],
 ):
     submit = SlurmSubmitJobOperator(
@@ -61,11 +68,11 @@ with DAG(
     catchup=False,
     params=PARAMS,
     render_template_as_native_obj=True,
+    default_args=DEFAULT_ARGS,
     tags=["longrun", "example", "slurm"],
 ):
     SlurmSubmitJobOperator(
         task_id="submit_and_wait",
-        retries=0,
         job={
             **COMMON,
             "name": "example-fail",

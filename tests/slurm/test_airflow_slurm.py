@@ -141,12 +141,20 @@ def test_failed_job_fails_the_task_with_slurm_reason_and_exit_code(slurm_env):
         task_id="fail", job={**JOB, **slurm_env, "command": ["exit 3"]}, poll_interval=0.5
     )
     ti = TI(dag_id="test_af", run_id="fail", task_id="fail")
+    store = Store()
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute(context(ti, Store()))
+        op.execute(context(ti, store))
     event = run_trigger(deferred.value.trigger)
     assert event["label"] == "failed"
     with pytest.raises(AirflowFailException, match=r"FAILED reason=NonZeroExitCode exit_code=3"):
-        op.execute_complete(context(ti, Store()), event)
+        op.execute_complete(context(ti, store), event)
+    # Should Airflow retry the task anyway (its own races can), the retry fails with the same verdict
+    # and submits nothing, whether it finds the job by the stored id or only by its tag.
+    for s in (store, Store()):
+        retry = TI(dag_id="test_af", run_id="fail", task_id="fail", try_number=2)
+        with pytest.raises(AirflowFailException, match=r"exit_code=3"):
+            op.execute(context(retry, s))
+    assert len(SlurmHook(None).find_jobs("longrun/test_af/fail/fail/")) == 1
 
 
 @pytest.mark.slurm

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.airflow_api import AirflowApi
+from longrun.hooks.slurm import SlurmHook
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slurm]
 
@@ -15,7 +16,9 @@ def explain(api: AirflowApi, dag_id: str, run_id: str) -> str:
     """Task states and the tail of each task's log, for a failure message."""
     out = [str(api.task_states(dag_id, run_id))]
     for task_id in api.task_states(dag_id, run_id):
-        out.append(f"--- {task_id}\n" + api.task_log(dag_id, run_id, task_id)[-3000:])
+        log = api.task_log(dag_id, run_id, task_id)
+        at = log.find("error_detail")
+        out.append(f"--- {task_id}\n" + (log[at : at + 4000] if at >= 0 else log[-3000:]))
     return "\n".join(out)
 
 
@@ -35,12 +38,16 @@ def test_job_succeeds_through_the_deferrable_sensor(api):
     assert "COMPLETED" in log
 
 
-def test_failing_job_fails_the_task_with_the_slurm_reason(api):
+def test_failing_job_fails_the_task_with_the_slurm_reason(api, airflow_stack):
     api.wait_dag_parsed("example_slurm_job_fails", file_hint=FILE)
     api.unpause("example_slurm_job_fails")
     run_id = api.trigger("example_slurm_job_fails")
     state = api.wait_run("example_slurm_job_fails", run_id, timeout=240)
     assert state == "failed", explain(api, "example_slurm_job_fails", run_id)
-    assert api.task_states("example_slurm_job_fails", run_id) == {"submit_and_wait": "failed"}
-    log = api.task_log("example_slurm_job_fails", run_id, "submit_and_wait")
+    (ti,) = api.task_instances("example_slurm_job_fails", run_id)
+    assert ti["state"] == "failed"
+    log = api.task_log("example_slurm_job_fails", run_id, "submit_and_wait", try_number=ti["try_number"])
     assert "NonZeroExitCode" in log and "exit_code=3" in log, log[-2000:]
+    # Terminal: even if Airflow retried the task (see the DAG's docstring), no second job was submitted.
+    hook = SlurmHook(None, slurm_conf=airflow_stack.env["SLURM_CONF"], backend="cli")
+    assert len(hook.find_jobs(f"longrun/example_slurm_job_fails/{run_id}/submit_and_wait/")) == 1

@@ -17,7 +17,7 @@ from longrun.slurm import ops
 from longrun.slurm.client import CommandResult, JobState, NodeState, SlurmClient, make_client
 from longrun.slurm.errors import JobFailedError, JobRetryableError, SdcVerdictError, SlurmError
 from longrun.slurm.outcomes import Kind, Outcome, classify
-from longrun.slurm.spec import JobSpec, JobTag
+from longrun.slurm.spec import JobSpec
 
 
 class SlurmHook(BaseHook):
@@ -85,13 +85,6 @@ class SlurmHook(BaseHook):
 
     def find_jobs(self, tag_prefix: str) -> list[JobState]:
         return self.client.find_jobs(tag_prefix)
-
-    def find_reattachable(self, tag: JobTag) -> JobState | None:
-        """A job of an earlier try of this task instance that is still active or already succeeded."""
-        for state in self.client.find_jobs(tag.prefix()):
-            if state.is_active or classify(state).kind is Kind.SUCCESS:
-                return state
-        return None
 
     def cancel(self, job_id: int) -> None:
         self.client.cancel(job_id)

@@ -126,16 +126,36 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
             raise AirflowFailException(str(err)) from err
 
     # -- ResumableJobMixin --------------------------------------------------------------------------
+    def _earlier(self, context: Any, tag: JobTag) -> JobState | None:
+        """The newest job of an earlier try: the stored id (jobcomp still knows it after slurmctld
+        forgot it) or a job carrying this task instance's tag (the id may never have been stored)."""
+        seen = {s.job_id: s for s in self.hook.find_jobs(tag.prefix())}
+        store = context.get("task_state_store")
+        stored = store.get(self.external_id_key) if store is not None else None
+        if stored and int(stored) not in seen:
+            try:
+                seen[int(stored)] = self.hook.job_state(int(stored))
+            except JobNotFoundError:
+                pass
+        return seen[max(seen)] if seen else None
+
     def submit_job(self, context: Any) -> int:
         tag = tag_for(context)
         spec = JobSpec.from_dict({**self.job, "comment": tag.render()})
-        earlier = self.hook.find_reattachable(tag)
+        earlier = self._earlier(context, tag)
         if earlier is not None:
-            self.log.info(
-                "Reattaching to Slurm job %s of an earlier try: %s", earlier.job_id, earlier.describe()
-            )
-            self._job_id = earlier.job_id
-            return earlier.job_id
+            outcome = classify(earlier, max_restarts=self.max_restarts)
+            if outcome.kind in (Kind.RUNNING, Kind.SUCCESS):
+                self.log.info(
+                    "Reattaching to Slurm job %s of an earlier try: %s", earlier.job_id, earlier.describe()
+                )
+                self._job_id = earlier.job_id
+                return earlier.job_id
+            if outcome.kind is Kind.TERMINAL:
+                # A retry must not resubmit a job that failed on its own (Airflow can retry a task for
+                # reasons of its own, e.g. apache/airflow#71580): fail with the first job's verdict.
+                self.hook.check(outcome)
+            self.log.info("Earlier Slurm job ended retryably (%s): submitting again", outcome.message)
         self._job_id = self.hook.submit(spec)
         self.log.info("Submitted Slurm job %s with tag %s", self._job_id, spec.comment)
         return self._job_id
