@@ -16,12 +16,13 @@ loses the record. Each returns a small dict for XCom and the task log.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from longrun.incident import attribution, dcgm, diagnose, modes, record, runbooks
+from longrun.incident import attribution, dcgm, diagnose, modes, node_check, record, runbooks
 from longrun.incident.ratelimit import DrainPolicy, DrainRefused, reserve_drain
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
@@ -29,7 +30,7 @@ from longrun.slurm.client import JobStatus, SlurmClient
 from longrun.slurm.errors import JobNotFoundError
 from longrun.slurm.spec import JobSpec, JobTag
 from training import schema
-from training.store import ObjectStore
+from training.store import ObjectStore, PreconditionFailed, StoreError, put_json
 
 
 class IncidentStop(Exception):
@@ -190,6 +191,7 @@ def run_diagnosis(
     state_dir: str | None = None,
     python: str | None = None,
     timeout_s: float = 600.0,
+    partition: str = "default",
 ) -> dict[str, Any]:
     rec = inc.rec(store)
     if rec.get("diagnosis"):
@@ -197,15 +199,24 @@ def run_diagnosis(
     if not inc.plan.changes:
         inc.event(store, "would_diagnose", node=node)
         return {"node": node, "observe": True}
-    healthy = diagnose.pick_healthy(client.nodes(), exclude=[node], prefer=run_nodes)
-    if healthy is None:
-        raise IncidentStop(
-            f"no healthy idle node to compute the probe's reference on; {node} stays drained"
-            f" ({diagnose.sdc_reason(inc.run, inc.step)}). Runbook: {runbooks.DIAGNOSTIC_FAILED}"
-        )
     t0 = time.time()
-    ref = rec.get("reference") or diagnose.reference(client, node=healthy, python=python, state_dir=state_dir)
-    inc.event(store, "reference", fields={"reference": ref}, node=healthy, fingerprint=ref.get("fingerprint"))
+    ref = rec.get("reference") or cached_reference(store, partition)
+    if ref is None:
+        healthy = diagnose.pick_healthy(client.nodes(), exclude=[node], prefer=run_nodes)
+        if healthy is None:
+            raise IncidentStop(
+                f"no healthy idle node to compute the probe's reference on; {node} stays drained"
+                f" ({diagnose.sdc_reason(inc.run, inc.step)}). Runbook: {runbooks.DIAGNOSTIC_FAILED}"
+            )
+        ref = diagnose.reference(client, node=healthy, python=python, state_dir=state_dir)
+        remember_reference(store, partition, ref)
+    inc.event(
+        store,
+        "reference",
+        fields={"reference": ref},
+        node=ref.get("node"),
+        fingerprint=ref.get("fingerprint"),
+    )
     level = dcgm.level_for(check=str(inc.alert["check"]))
     d = diagnose.diagnose(
         client,
@@ -218,9 +229,18 @@ def run_diagnosis(
         python=python,
         state_dir=state_dir,
     )
+    probe = (d.details.get("probe") or {}).get("result") or {}
+    if d.verdict == node_check.FAIL and probe and not reference_matches(ref, probe):
+        # Different torch / CPU level / threads: the fingerprints cannot be compared. Not a verdict.
+        d = dataclasses.replace(
+            d,
+            verdict=node_check.ERROR,
+            summary=d.summary + f"; reference environment {[ref.get(k) for k in _PROBE_ENV]} differs from "
+            f"the node's {[probe.get(k) for k in _PROBE_ENV]}: not comparable",
+        )
     result = {
         **d.to_dict(),
-        "reference_node": healthy,
+        "reference_node": ref.get("node"),
         "dcgm_level": level,
         "total_s": round(time.time() - t0, 3),
     }
@@ -235,6 +255,35 @@ def run_diagnosis(
 
     record.update(store, run=inc.run, incident_id=inc.incident_id, change=change)
     return result
+
+
+# The probe's environment: a reference fingerprint is only valid for the same software and CPU level.
+_PROBE_ENV = ("torch", "cpu_capability", "threads")
+
+
+def _reference_key(partition: str) -> str:
+    return f"ops/probe-reference/{partition}.json"
+
+
+def cached_reference(store: ObjectStore, partition: str) -> dict[str, Any] | None:
+    """A known-good probe result from an earlier incident in this partition (nodes of one kind), or None."""
+    try:
+        ref = json.loads(store.get_bytes(_reference_key(partition)))
+    except (StoreError, ValueError):
+        return None
+    return ref if isinstance(ref, dict) and ref.get("fingerprint") else None
+
+
+def remember_reference(store: ObjectStore, partition: str, ref: Mapping[str, Any]) -> None:
+    try:
+        put_json(store, _reference_key(partition), dict(ref), if_none_match=True)
+    except PreconditionFailed:
+        pass  # one is there already (ours, or a concurrent incident's: equal by construction)
+
+
+def reference_matches(ref: Mapping[str, Any], probe: Mapping[str, Any]) -> bool:
+    """Is `ref` a valid reference for this probe run (same torch, CPU level, threads)?"""
+    return all(ref.get(k) == probe.get(k) for k in _PROBE_ENV)
 
 
 def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
@@ -267,11 +316,18 @@ def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     return {**chosen, "lost_steps": lost}
 
 
+def run_spec(inc: Incident) -> RunSpec:
+    """The RunSpec of the attempt that raised the alert (its DAG run's params minus the attach fields)."""
+    from longrun.monitor.lifecycle import spec_from_params
+
+    return spec_from_params(inc.run_params)
+
+
 def relaunch_spec(
     inc: Incident, *, resume_from: str | None, exclude: tuple[str, ...], healthy: int
 ) -> tuple[RunSpec, str]:
     """The RunSpec of the relaunch: the same world when enough healthy nodes remain, else smaller."""
-    base = RunSpec.from_params(dict(inc.run_params))
+    base = run_spec(inc)
     if resume_from is None:  # nothing provably clean: start over (drill off, node excluded)
         spec = dataclasses.replace(
             base,
@@ -311,11 +367,13 @@ def relaunch(
         if not n.drain_flag
         and not n.is_down
         and n.name not in exclude
-        and n.name not in RunSpec.from_params(dict(inc.run_params)).exclude
+        and n.name not in run_spec(inc).exclude
     ]
     spec, note = relaunch_spec(inc, resume_from=checkpoint.get("key"), exclude=exclude, healthy=len(free))
     if not inc.plan.changes:
-        inc.event(store, "would_relaunch", params=spec.to_params(), note=note)
+        inc.event(
+            store, "would_relaunch", fields={"status": record.OBSERVED}, params=spec.to_params(), note=note
+        )
         return {"observe": True, "params": spec.to_params(), "note": note}
     tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
     job_id = next((s.job_id for s in client.find_jobs(tag.prefix())), None)

@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from longrun.hooks.slurm import SlurmHook
 from longrun.incident import record, steps
+from longrun.incident.ratelimit import DrainPolicy
 from longrun.monitor import lifecycle
 from training import schema
 from training.store import ObjectStore, store_from_env
@@ -70,11 +71,33 @@ def attribute_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]
     return _run(params, dag_run_id, lambda store, inc: steps.attribute(store, inc))
 
 
+#: Airflow Variable holding the drain policy as JSON, e.g. {"max_drains": 2, "window_s": 3600}: a
+#: cluster operator's setting, not a run parameter (whoever triggers a run must not lift the limit).
+DRAIN_POLICY_VARIABLE = "longrun_drain_policy"
+
+
+def drain_policy() -> DrainPolicy:
+    from airflow.sdk import Variable
+
+    raw = Variable.get(DRAIN_POLICY_VARIABLE, default=None, deserialize_json=True)
+    if not raw:
+        return DrainPolicy()
+    if not isinstance(raw, dict):
+        raise AirflowFailException(f"Variable {DRAIN_POLICY_VARIABLE}={raw!r}: expected a JSON object")
+    try:
+        return DrainPolicy(**raw)
+    except (TypeError, ValueError) as e:
+        raise AirflowFailException(f"Variable {DRAIN_POLICY_VARIABLE}: {e}") from None
+
+
 def drain_task(params: Mapping[str, Any], dag_run_id: str, node: str, approved: bool) -> dict[str, Any]:
+    policy = drain_policy()
     return _run(
         params,
         dag_run_id,
-        lambda store, inc: steps.drain(store, SlurmHook().client, inc, node=node, operator_override=approved),
+        lambda store, inc: steps.drain(
+            store, SlurmHook().client, inc, node=node, policy=policy, operator_override=approved
+        ),
     )
 
 
@@ -89,6 +112,7 @@ def diagnose_task(params: Mapping[str, Any], dag_run_id: str, node: str) -> dict
             node=node,
             run_nodes=run_nodes,
             state_dir=lifecycle.fault_state_dir(spec),
+            partition=spec.partition,
         )
 
     return _run(params, dag_run_id, body)
@@ -116,6 +140,12 @@ def summary_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
     rec = inc.rec(store)
     log.info("%s", record.summary(rec))
     schema.validate("incident", rec)
+    if rec.get("status") not in (record.RELAUNCHED, record.OBSERVED):
+        # The DAG run must fail when the incident did not end in a relaunch (or an observation):
+        # ambiguous evidence, a refused drain, a failed relaunch, a rejected approval.
+        raise AirflowFailException(
+            f"incident {rec['incident_id']} ended {rec.get('status')!r}, not relaunched; runbooks: {rec.get('runbooks')}"
+        )
     return {
         "incident_id": rec["incident_id"],
         "status": rec.get("status"),

@@ -47,7 +47,9 @@ def checkpoint_asset(store: ObjectStore, run: str) -> Asset:
     return Asset(name=f"longrun_checkpoints_{run}", uri=uri)
 
 
-def gate_checkpoint(store: ObjectStore, run: str, step: int, *, log: Any) -> dict[str, Any]:
+def gate_checkpoint(
+    store: ObjectStore, run: str, step: int, *, log: Any, by: str = "training_run.monitor"
+) -> dict[str, Any]:
     """Validate then promote checkpoint `step`; a dict saying what happened (for logs and asset events)."""
     from longrun.checkpoints.promote import PromotionConflict, PromotionRefused, promote
     from longrun.checkpoints.validate import validate
@@ -71,7 +73,7 @@ def gate_checkpoint(store: ObjectStore, run: str, step: int, *, log: Any) -> dic
         return out
     for _ in range(3):
         try:
-            rec = promote(store, run, step, by="training_run.monitor")
+            rec = promote(store, run, step, by=by)
         except PromotionConflict as e:
             log.warning("promotion of step %s raced another writer (%s); retrying", step, e)
             continue
@@ -174,7 +176,7 @@ class RunMonitorOperator(BaseOperator):
         kind = event["type"]
         if kind == watch.CHECKPOINT:
             step = int(event["step"])
-            result = gate_checkpoint(self.store, seen.run, step, log=self.log)
+            result = gate_checkpoint(self.store, seen.run, step, log=self.log, by=_promoter(context))
             carry.setdefault("promoted" if result.get("promoted") else "rejected", []).append(result)
             self._defer(watch.handled(seen, event), carry)
             return None
@@ -186,9 +188,19 @@ class RunMonitorOperator(BaseOperator):
             raise AirflowFailException(f"monitor of run {seen.run} failed: {event.get('message')}")
         if kind == watch.STALE:
             raise AirflowFailException(f"{event.get('message')}; runbook: {runbook_path('stale_heartbeat')}")
-        self._emit_asset_events(context, seen.run, carry.get("promoted", []))
         if kind == watch.ALERT:
             alert = event["alert"]
+            # Checkpoints saved before the alert's step may be the restart point: gate them before the
+            # hand-over (validation and the pick's known-good bound decide whether they are clean).
+            pending = sorted(
+                s
+                for s in watch.manifest_steps(self.store, seen.run)
+                if s not in seen.steps and s < int(alert["step"])
+            )
+            for step in pending:
+                result = gate_checkpoint(self.store, seen.run, step, log=self.log, by=_promoter(context))
+                carry.setdefault("promoted" if result.get("promoted") else "rejected", []).append(result)
+            self._emit_asset_events(context, seen.run, carry.get("promoted", []))
             self.log.error(
                 "SDC ALERT in run %s: %s at step %s, suspect nodes %s; handing over to sdc_incident (runbook: %s)",
                 seen.run,
@@ -208,6 +220,7 @@ class RunMonitorOperator(BaseOperator):
                 "rejected": carry.get("rejected", []),
             }
         if kind == watch.JOB_DONE:
+            self._emit_asset_events(context, seen.run, carry.get("promoted", []))
             if event.get("outcome") != "success":
                 raise AirflowFailException(
                     f"run {seen.run}: Slurm job ended {event.get('message')}"
@@ -225,19 +238,37 @@ class RunMonitorOperator(BaseOperator):
         raise AirflowFailException(f"unknown monitor event type {kind!r}")
 
     def _emit_asset_events(self, context: Any, run: str, promoted: list[dict[str, Any]]) -> None:
-        if not promoted:
+        """One asset event per checkpoint this DAG run promoted, read back from the store's promotion
+        history (so a retried try still reports what earlier tries promoted)."""
+        from longrun.checkpoints import catalog
+
+        by = _promoter(context)
+        history = [r for r in catalog.promotion_history(self.store, run) if r.get("by") == by]
+        if not history:
             return
+        manifests = catalog.checkpoints(self.store, run).by_step()
         asset = checkpoint_asset(self.store, run)
         events = context["outlet_events"][CHECKPOINTS_ALIAS]
-        for p in promoted:
+        for r in sorted(history, key=lambda r: r["seq"]):
+            m = manifests.get(r["step"])
             extra = {
                 "run": run,
-                **{k: p[k] for k in ("step", "manifest_key", "seq", "loss", "saved_at") if k in p},
+                "step": r["step"],
+                "manifest_key": r["manifest_key"],
+                "seq": r["seq"],
+                "promoted_at": r.get("time"),
+                "loss": m.manifest.get("loss") if m else None,
+                "saved_at": m.manifest.get("time") if m else None,
             }
             events.add(asset, extra=extra)
         self.log.info(
             "asset events for %d promoted checkpoint(s) of %s: %s",
-            len(promoted),
+            len(history),
             asset.uri,
-            [p["step"] for p in promoted],
+            [r["step"] for r in history],
         )
+
+
+def _promoter(context: Any) -> str:
+    """The `by` of promotions made by this DAG run's monitor."""
+    return f"training_run.monitor:{context['run_id']}"
