@@ -124,7 +124,7 @@ def load_run_health(
         for m in [r.record(key, "manifest")]
         if m
     }
-    world = _world_size(manifests.values(), alerts)
+    world = _int_or_none((latest or {}).get("world_size")) or _world_size(manifests.values(), alerts)
 
     events = [_check_event(c) for c in check_recs] + [_alert_event(a) for a in alerts]
     events.sort(key=lambda e: (e.step, e.verdict == "alert", e.check))
@@ -140,7 +140,8 @@ def load_run_health(
     node_views, nodes_error = _nodes(nodes, run)
     return RunHealth(
         run=run,
-        step=latest["step"] if latest else (report["final_step"] if report else None),
+        # The report is written after the last heartbeat the store saw (heartbeats are throttled).
+        step=max([r["step"] for r in [latest] if r] + [r["final_step"] for r in [report] if r], default=None),
         total_steps=_int_or_none((latest or {}).get("total_steps") or (report or {}).get("total_steps")),
         loss=(latest or {}).get("loss"),
         step_time_s=(latest or {}).get("step_time_s"),
