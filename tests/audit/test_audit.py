@@ -189,6 +189,11 @@ def _manifest_changed_after_validation(s: LocalDirStore) -> str:
     return schema.store_key("alpha", schema.PROMOTED_POINTER_PATH)
 
 
+def _pointer_to_deleted_checkpoint(s: LocalDirStore) -> str:
+    s.delete(schema.store_key("alpha", schema.manifest_path(30)))
+    return schema.store_key("alpha", schema.PROMOTED_POINTER_PATH)
+
+
 def _missing_object(s: LocalDirStore) -> str:
     key = schema.store_key("alpha", schema.checkpoint_dir(10) + "model.pt")
     s.delete(key)
@@ -199,6 +204,7 @@ BREAKAGES: dict[str, tuple[Callable[[LocalDirStore], str], str]] = {
     "bad hash": (_bad_hash, "sha256_wellformed"),
     "promoted but invalid": (_promoted_but_invalid, "promoted_validated"),
     "manifest changed after validation": (_manifest_changed_after_validation, "promoted_validated"),
+    "pointer names a deleted model checkpoint": (_pointer_to_deleted_checkpoint, "promoted_validated"),
     "NaN loss": (_nan_loss, "loss_finite"),
     "NaN flag": (_nan_flag, "no_nan_flag"),
     "Inf loss": (_inf_loss, "loss_finite"),
@@ -230,6 +236,16 @@ def test_each_broken_property_fails_naming_it(store: LocalDirStore, case: str) -
     summary = get_json(store, "audit/broken/summary.json")  # published before raising
     assert summary["success"] is False
     assert prop in {f["property"] for f in summary["findings"]}
+
+
+def test_retention_of_old_promoted_checkpoints_passes(store: LocalDirStore) -> None:
+    """Retention deletes once-promoted model checkpoints but keeps their history entries: not a finding."""
+    from longrun.checkpoints.retention import apply_retention
+
+    plan = apply_retention(store, "alpha", keep=1)
+    assert plan["delete"] == [10, 20]
+    report = run_audit(store, cfg("after-retention"))
+    assert report.success and report.counts["manifest"] == 4
 
 
 def test_nan_loss_also_raises_the_nan_flag(store: LocalDirStore) -> None:

@@ -29,7 +29,8 @@ PROPERTIES: dict[str, str] = {
     "sha256_wellformed": "manifest file hashes are well-formed SHA-256 (64 lowercase hex)",
     "step_matches_key": "each manifest's step equals the step in its key",
     "steps_increasing": "model checkpoint steps increase per run in save order",
-    "promoted_validated": "promoted => validated ok (latest validation of a promoted model checkpoint is ok)",
+    "promoted_validated": "promoted => validated ok (the promoted model checkpoint exists and its latest "
+    "validation passed, of the manifest as it is now)",
     "weight_vote_passed": "weight vote passed at save",
     "no_nan_flag": "no NaN/Inf flag in a manifest",
     "loss_finite": "manifest loss is finite",

@@ -18,7 +18,8 @@ from training.store import NotFound, ObjectStore, StoreError, sha256_file
 def sample_rows(table: pd.DataFrame, sample_size: int, seed: int) -> list[int]:
     """Index labels of up to `sample_size` file rows, drawn with `seed` from the rows in key order (so the
     same store and seed give the same sample)."""
-    files = table[(table["kind"] == "file") & (table["key"] != "")].sort_values("key")
+    # `#files[i]` rows are manifest entries that name no object: nothing to download.
+    files = table[(table["kind"] == "file") & ~table["key"].str.contains("#", regex=False)].sort_values("key")
     labels = list(files.index)
     return sorted(random.Random(seed).sample(labels, min(sample_size, len(labels))))
 

@@ -187,14 +187,15 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
                     step_matches_key=obj["step"] == schema.step_of_manifest_key(key),
                 )
             )
-            for entry in obj["files"]:
+            for i, entry in enumerate(obj["files"]):
                 sha = entry.get("sha256") if isinstance(entry, dict) else None
                 size = entry.get("size") if isinstance(entry, dict) else None
                 rows.append(
                     _row(
                         "file",
                         run,
-                        _file_key(run, obj["step"], entry),
+                        # An entry naming no object is still reported, by its place in the manifest.
+                        _file_key(run, obj["step"], entry) or f"{key}#files[{i}]",
                         step=obj["step"],
                         sha256=sha if isinstance(sha, str) else "",
                         size=size if isinstance(size, int) and not isinstance(size, bool) else None,
@@ -240,9 +241,14 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
 
     _mark_step_order(rows)
     for row, obj in promotions:
-        row["promoted_validated"] = _latest_ok(
-            validations.get((row["run"], row["step"]), []), etags.get(obj["manifest_key"])
-        )
+        if not row["current"] and obj["manifest_key"] not in etags:
+            # Retention deleted this once-promoted model checkpoint; its history entry stays and vouches
+            # for nothing any more. The pointer itself must always name a present, validated one.
+            row["promoted_validated"] = None
+        else:
+            row["promoted_validated"] = _latest_ok(
+                validations.get((row["run"], row["step"]), []), etags.get(obj["manifest_key"])
+            )
         row["in_suspect"] = _promotion_in_suspect(row, obj, manifests, suspects.get(row["run"], []))
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     # NaN, not None, for absent numbers: GX's between-expectations skip nulls, and loss_finite catches them.
@@ -267,8 +273,8 @@ def _latest_ok(attempts: list[tuple[float, bool, str | None]], manifest_etag: st
     """A promoted model checkpoint must be vouched for by its latest validation (a later failed
     re-validation, e.g. bit rot found, withdraws the vouch), and that validation must be of the manifest
     as it is now (when the record names the manifest's ETag, as longrun's validator does)."""
-    if not attempts:
-        return False
+    if not attempts or manifest_etag is None:
+        return False  # never validated, or the manifest is gone
     _time, ok, validated_etag = max(attempts, key=lambda a: a[0])
     if validated_etag is not None and validated_etag != manifest_etag:
         return False
