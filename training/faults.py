@@ -110,6 +110,11 @@ class Injector:
         self.rank, self.node, self.state_dir = rank, node, state_dir
         self.faults = faults
         self.mine = [f for f in faults if self._targets_me(f, nodes)]
+        # A node made sick by an earlier process stays sick (the marker is the simulated hardware).
+        self.sick = node_is_sick(state_dir, node)
+        if self.sick:
+            log.warning("FAULT sick-node: marker %s is present: every matmul on %s is perturbed",
+                        sick_marker(state_dir, node), node)  # fmt: skip
         if faults:
             log.warning(
                 "FAULT INJECTION IS ON: %s (rank %d on %s is targeted by: %s)",
@@ -147,7 +152,8 @@ class Injector:
             log.warning(
                 "FAULT sick-node: node %s perturbs every matmul from step %d (%s)", self.node, step, marker
             )
-        if node_is_sick(self.state_dir, self.node):
+            self.sick = True
+        if self.sick:
             model_matmul.eps = SICK_EPS  # type: ignore[attr-defined]
 
     def local_gradients(self, step: int, grads: torch.Tensor) -> None:

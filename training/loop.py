@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -212,6 +214,8 @@ class Trainer:
         if self.saver is None:
             return
         vote = next((r for r in results if r.check == "weight_vote"), None)
+        # This step's passes count: the save happens after them.
+        last_pass = {**self.last_pass, **{r.check: step for r in results if r.verdict == "pass"}}
         fps = vote.extra["fingerprints"] if vote else fingerprint_state(self.model.state_dict())
         fields = {
             "fingerprints": fps,
@@ -221,12 +225,12 @@ class Trainer:
                 if vote
                 else {"step": step, "verdict": "skip", "ranks": self.world}
             ),
-            "coverage": {c: s for c, s in self.last_pass.items() if s <= step},
+            "coverage": {c: s for c, s in last_pass.items() if s <= step},
             "loss": loss,
             "world": {"nodes": sorted(set(self.nodes)), "ranks": self.nodes, "world_size": self.world},
             "code_version": code_version(),
         }
-        extra = {"step": step, "last_pass": dict(self.last_pass), "seed": self.cfg.seed}
+        extra = {"step": step, "last_pass": last_pass, "seed": self.cfg.seed}
         self.saver.save(
             step=step,
             model_state=self.model.state_dict(),
@@ -328,6 +332,11 @@ class Trainer:
         # timeout bounds the wait).
         self.nvrx.close()
         if self.saver is not None:
+            # ft_launcher SIGTERMs the surviving workers when it restarts them (SIGKILL after its
+            # workers-stop timeout): finish the pending saves first, else the restart finds no complete
+            # checkpoint of this launch and starts over.
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             self.saver.wait()
             self.saver.close()
         self.events.close()
