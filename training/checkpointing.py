@@ -24,7 +24,6 @@ it is logged, written as a `save` record with `ok: false`, and kept in `saver.la
 from __future__ import annotations
 
 import atexit
-import copy
 import dataclasses
 import json
 import logging
@@ -52,6 +51,7 @@ from training.checkpoint_upload import (
 )
 from training.fingerprint import combine, fingerprint_state
 from training.manifest import EXTRA_FILE, MANIFEST_FILE, MODEL_FILE, OPTIM_FILE, CheckpointError
+from training.snapshot import SnapshotPool, nbytes
 from training.store import ObjectStore, store_spec
 
 __all__ = [
@@ -96,6 +96,9 @@ class SaverSettings:
     """Upper bound for wait(), close() and a save() blocked by `max_pending`."""
     poll_s: float = 0.05
     """How often the writer thread looks at the upload worker."""
+    reuse_buffers: bool = True
+    """Keep one snapshot's worth of CPU buffers between saves and copy into them (fewer page faults in
+    the step's snapshot copy; costs that much host memory for the whole run)."""
 
     def __post_init__(self) -> None:
         if self.writer not in WRITERS:
@@ -129,22 +132,6 @@ class SaveResult:
 
 
 # ---- the saver ---------------------------------------------------------------------------------------
-
-
-def _snapshot(obj: Any) -> Any:
-    """A copy of `obj` whose tensors live in CPU memory and share nothing with the live ones."""
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        return t.to("cpu", copy=True) if t.device.type == "cpu" else t.to("cpu")
-    if isinstance(obj, Mapping):
-        return {k: _snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_snapshot(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_snapshot(v) for v in obj)
-    if isinstance(obj, int | float | str | bool | type(None)):
-        return obj
-    return copy.deepcopy(obj)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -183,6 +170,7 @@ class CheckpointSaver:
         self.stall_s: list[float] = []
         """Seconds each save() held the caller (snapshot + waiting for a free slot)."""
         self._spec = store_spec(store) if store is not None else None
+        self._pool = SnapshotPool(max_spare_bytes=0)  # grows to one snapshot's size with reuse_buffers
         self._cond = threading.Condition()
         self._pending = 0
         self._jobs: queue.Queue[Any] = queue.Queue()
@@ -260,9 +248,9 @@ class CheckpointSaver:
             self._pending += 1
         item = _Pending(
             step=step,
-            model_state=_snapshot(dict(model_state)),
-            optim_state=_snapshot(dict(optim_state or {})),
-            extra=_snapshot(dict(extra or {})),
+            model_state=self._pool.snapshot(dict(model_state)),
+            optim_state=self._pool.snapshot(dict(optim_state or {})),
+            extra=self._pool.snapshot(dict(extra or {})),
             manifest_fields=fields,
             started=time.time(),
         )
@@ -376,7 +364,12 @@ class CheckpointSaver:
             self._on_done(job, None, f"writing {ckpt_dir}: {type(e).__name__}: {e}")
             return
         finally:
-            item.model_state = item.optim_state = item.extra = None  # free the snapshot early
+            if self.settings.reuse_buffers:
+                size = sum(nbytes(x) for x in (item.model_state, item.optim_state, item.extra))
+                self._pool.max_spare_bytes = max(self._pool.max_spare_bytes, size)
+                for x in (item.model_state, item.optim_state, item.extra):
+                    self._pool.release(x)
+            item.model_state = item.optim_state = item.extra = None  # drop the snapshot early
         uploader = self._get_uploader()
         if uploader.name != job.writer:
             job = dataclasses.replace(job, writer=uploader.name)

@@ -264,3 +264,19 @@ def test_helper_saves_checkpoints(store: ObjectStore, run: str, save_checkpoints
     states = save_checkpoints(store, run, [10, 20])
     assert [c.step for c in catalog.checkpoints(store, run).checkpoints] == [10, 20]
     assert set(states) == {10, 20}
+
+
+def test_reused_snapshot_buffers_never_leak_between_checkpoints(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "store")
+    w = torch.zeros(64, 64)
+    with CheckpointSaver(run="r", run_dir=tmp_path / "run", store=store, settings=_fast()) as saver:
+        for step in range(1, 5):
+            w.fill_(float(step))
+            saver.save(step=step, model_state={"w": w}, optim_state={"m": w * 2})
+            w.fill_(-1.0)  # changed right after save() returns
+            assert saver.wait(60)
+        assert saver._pool.spare_bytes() > 0  # the buffers of a finished save wait for the next one
+    for step in range(1, 5):
+        loaded = load_checkpoint(schema.store_key("r", schema.checkpoint_dir(step)), store)
+        assert torch.equal(loaded.model_state["w"], torch.full((64, 64), float(step)))
+        assert torch.equal(loaded.optim_state["m"], torch.full((64, 64), 2.0 * step))
