@@ -165,16 +165,15 @@ def _job_exit(job: dict[str, Any]) -> tuple[int | None, int | None]:
     if isinstance(raw, dict):  # 23.02+: {"status": [...], "return_code": ..., "signal": {"id": ...}}
         sig = raw.get("signal")
         signal = _number(sig.get("id") if isinstance(sig, dict) else sig)
-        status = _states(raw.get("status"))
-        if signal or "SIGNALED" in status:
+        if signal or "SIGNALED" in _states(raw.get("status")):
             return None, signal
         return _number(raw.get("return_code")), None
-    status = _number(raw)  # 22.05: the raw wait(2) status (exit 3 reads 768)
-    if status is None:
+    wait_status = _number(raw)  # 22.05: the raw wait(2) status (exit 3 reads 768)
+    if wait_status is None:
         return None, None
-    if status & 0x7F:
-        return None, status & 0x7F
-    return (status >> 8) & 0xFF, None
+    if wait_status & 0x7F:
+        return None, wait_status & 0x7F
+    return (wait_status >> 8) & 0xFF, None
 
 
 def job_from_squeue_json(job: dict[str, Any]) -> JobState:
