@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
 
@@ -58,7 +59,7 @@ def s3_env() -> Iterator[dict[str, str]]:
             stack.down(["s3"], say=lambda _line: None)
 
 
-def make_state(mib: int) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+def make_state(mib: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """A model state of `mib` MiB in 4 MiB float32 tensors and an Adam-shaped optimizer state (2x)."""
     g = torch.Generator().manual_seed(0)
     n = max(1, mib // 4)

@@ -8,6 +8,7 @@ with `no_dist=True` (no `torch.cuda.*`, no collective). See docs/checkpoints.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -176,7 +177,7 @@ def _upload(store: ObjectStore, job: UploadJob, files: list[dict[str, Any]], man
         key = schema.store_key(job.run, f["key"])
         path = ckpt_dir / f["name"]
         info = with_retries(
-            lambda key=key, path=path, sha=f["sha256"]: store.put_file(key, path, sha256=sha),
+            functools.partial(store.put_file, key, path, sha256=f["sha256"]),
             what=f"upload {key}",
             deadline_s=deadline,
         )

@@ -181,8 +181,14 @@ class CheckpointSaver:
         self._thread.start()
         # multiprocessing joins non-daemon children at exit: close first so NVRx's worker can finish.
         ref = weakref.ref(self)
-        self._atexit = lambda: (s := ref()) is not None and s.close()
-        atexit.register(self._atexit)
+
+        def close_at_exit() -> None:
+            saver = ref()
+            if saver is not None:
+                saver.close()
+
+        self._atexit = close_at_exit
+        atexit.register(close_at_exit)
 
     def _choose_writer(self) -> str:
         wanted = self.settings.writer

@@ -67,17 +67,17 @@ def _list(store: ObjectStore, args: argparse.Namespace) -> int:
     promoted = set(catalog.promoted_steps(store, args.run))
     cur = catalog.current_pointer(store, args.run)
     after = catalog.suspect_after(store, args.run)
-    latest = {}
+    latest: dict[int, dict[str, Any]] = {}
     for v in catalog.validations(store, args.run):
         latest[v["step"]] = v
     rows = []
     for c in cat.checkpoints:
-        v = latest.get(c.step)
+        last = latest.get(c.step)
         rows.append(
             {
                 "step": c.step,
                 "key": c.prefix,
-                "validated": None if v is None else v["ok"],
+                "validated": None if last is None else last["ok"],
                 "promoted": c.step in promoted,
                 "current": cur is not None and cur[0]["step"] == c.step,
                 "suspect": catalog.is_suspect(c.step, after),

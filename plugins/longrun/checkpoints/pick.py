@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from longrun.checkpoints import catalog
@@ -34,8 +34,8 @@ def _alert_fields(alert: Mapping[str, Any]) -> tuple[str, int]:
 def last_known_good(
     checks: tuple[str, ...],
     alert_step: int,
-    records: list[Mapping[str, Any]],
-    manifests: list[Mapping[str, Any]],
+    records: Sequence[Mapping[str, Any]],
+    manifests: Sequence[Mapping[str, Any]],
 ) -> dict[str, tuple[int | None, str]]:
     """For each check: (newest step < alert_step at which it passed and did not fail, where that came
     from). Pure: the inputs are check records and manifests."""
@@ -51,7 +51,9 @@ def last_known_good(
             failed[c].add(r["step"])
     from_manifest: dict[str, set[int]] = {c: set() for c in checks}
     for m in manifests:
-        cov = m.get("coverage") if isinstance(m.get("coverage"), Mapping) else {}
+        cov = m.get("coverage")
+        if not isinstance(cov, Mapping):
+            continue
         for c in checks:
             s = cov.get(c)
             if isinstance(s, int) and not isinstance(s, bool):

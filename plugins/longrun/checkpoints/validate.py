@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from training import schema
-from training.manifest import MODEL_FILE, CheckpointError, read_manifest
 from training.fingerprint import combine, fingerprint_state
+from training.manifest import MODEL_FILE, CheckpointError, read_manifest
 from training.store import NotFound, ObjectStore, put_json, sha256_file
 
 
