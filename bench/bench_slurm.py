@@ -196,7 +196,7 @@ def bench_incident(client: CliSlurmClient, runs: int, stamp: str, how: str) -> l
 
 
 def line(label: str, xs: list[float]) -> str:
-    return f"{label:<46} median {statistics.median(xs):6.2f} s  (n={len(xs)}; min {min(xs):.2f}, max {max(xs):.2f})"
+    return f"{label:<52} median {statistics.median(xs):6.2f} s  (n={len(xs)}; min {min(xs):.2f}, max {max(xs):.2f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             af = bench_airflow(client, env, args.runs)
             print(line(f"submit -> RUNNING, through Airflow ({DAG_ID})", af))
             print(
-                f"{'ratio Airflow / sbatch (medians)':<46} x{statistics.median(af) / statistics.median(sb):.1f}"
+                f"{'ratio Airflow / sbatch (medians)':<52} x{statistics.median(af) / statistics.median(sb):.1f}"
             )
         rl = bench_incident(client, args.runs, stamp, "relaunch")
         print(line("drain + cancel + relaunch excluding -> RUNNING", rl))
