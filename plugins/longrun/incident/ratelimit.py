@@ -22,6 +22,9 @@ from typing import Any
 from training.store import NotFound, ObjectStore, PreconditionFailed
 
 LEDGER_KEY = "ops/drain-ledger.json"
+#: Airflow Variable holding the policy as JSON, e.g. {"max_drains": 2, "window_s": 3600}: a cluster
+#: operator's setting, not a run parameter (whoever triggers a run must not lift the limit).
+DRAIN_POLICY_VARIABLE = "longrun_drain_policy"
 KEEP_S = 7 * 24 * 3600  # entries older than this are dropped from the ledger
 MAX_ATTEMPTS = 8
 

@@ -15,7 +15,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from longrun.hooks.slurm import SlurmHook
 from longrun.incident import record, steps
-from longrun.incident.ratelimit import DrainPolicy
+from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE, DrainPolicy
 from longrun.monitor import lifecycle
 from training import schema
 from training.store import ObjectStore, store_from_env
@@ -69,11 +69,6 @@ def freeze_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
 
 def attribute_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
     return _run(params, dag_run_id, lambda store, inc: steps.attribute(store, inc))
-
-
-#: Airflow Variable holding the drain policy as JSON, e.g. {"max_drains": 2, "window_s": 3600}: a
-#: cluster operator's setting, not a run parameter (whoever triggers a run must not lift the limit).
-DRAIN_POLICY_VARIABLE = "longrun_drain_policy"
 
 
 def drain_policy() -> DrainPolicy:

@@ -114,6 +114,7 @@ class RunMonitorOperator(BaseOperator):
         stale_after_s: float = 600.0,
         poll_s: float = 1.0,
         max_poll_s: float = 5.0,
+        alert_settle_s: float = 120.0,
         slurm_conn_id: str = SlurmHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -124,6 +125,7 @@ class RunMonitorOperator(BaseOperator):
         self.stale_after_s = stale_after_s
         self.poll_s = poll_s
         self.max_poll_s = max_poll_s
+        self.alert_settle_s = alert_settle_s
         self.slurm_conn_id = slurm_conn_id
 
     @cached_property
@@ -191,7 +193,9 @@ class RunMonitorOperator(BaseOperator):
         if kind == watch.ALERT:
             alert = event["alert"]
             # Checkpoints saved before the alert's step may be the restart point: gate them before the
-            # hand-over (validation and the pick's known-good bound decide whether they are clean).
+            # hand-over (validation and the pick's known-good bound decide whether they are clean). The
+            # trainer finishes its background uploads before it exits, so wait (bounded) for the job.
+            self._settle(seen.job_id)
             pending = sorted(
                 s
                 for s in watch.manifest_steps(self.store, seen.run)
@@ -236,6 +240,23 @@ class RunMonitorOperator(BaseOperator):
                 "rejected": carry.get("rejected", []),
             }
         raise AirflowFailException(f"unknown monitor event type {kind!r}")
+
+    def _settle(self, job_id: int) -> None:
+        from longrun.slurm import ops
+        from longrun.slurm.errors import SlurmError
+
+        try:
+            state = ops.wait_for(
+                self.hook.client, job_id, lambda s: s.is_terminal, timeout_s=self.alert_settle_s
+            )
+            self.log.info("job ended after the alert: %s", state.describe())
+        except SlurmError as e:
+            self.log.warning(
+                "job %s still not final %.0f s after the alert (%s); sdc_incident will freeze it",
+                job_id,
+                self.alert_settle_s,
+                e,
+            )
 
     def _emit_asset_events(self, context: Any, run: str, promoted: list[dict[str, Any]]) -> None:
         """One asset event per checkpoint this DAG run promoted, read back from the store's promotion
