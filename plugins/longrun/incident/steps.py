@@ -54,6 +54,8 @@ class Incident:
     """The training_run params of the attempt that raised it (a RunSpec's params)."""
     dag_run_id: str = "manual"
     """The sdc_incident DAG run (part of the relaunch job's tag)."""
+    alert_seen_at: float | None = None
+    """When the monitor's trigger saw the alert (epoch s): the sensor latency is this minus the alert's time."""
 
     def __post_init__(self) -> None:
         schema.check_run_name(self.run)
@@ -88,6 +90,17 @@ class Incident:
 
 def open_record(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     rec = record.open_incident(store, run=inc.run, alert=inc.alert, alert_key=inc.alert_key, mode=inc.mode)
+    if inc.alert_seen_at is not None and not record.has_event(rec, "alert_seen"):
+        rec = record.update(
+            store,
+            run=inc.run,
+            incident_id=inc.incident_id,
+            change=lambda r: (
+                r["timeline"].append({"event": "alert_seen", "time": float(inc.alert_seen_at)})
+                if not record.has_event(r, "alert_seen")
+                else None
+            ),
+        )
     return {"incident_id": rec["incident_id"], "mode": rec["mode"], "status": rec.get("status")}
 
 

@@ -37,6 +37,7 @@ def incident_from(params: Mapping[str, Any], dag_run_id: str, store: ObjectStore
         job_id=int(params["job_id"]) if params.get("job_id") is not None else None,
         run_params=run_params,
         dag_run_id=dag_run_id,
+        alert_seen_at=float(params["alert_seen_at"]) if params.get("alert_seen_at") is not None else None,
     )
 
 

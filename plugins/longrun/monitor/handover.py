@@ -39,6 +39,7 @@ class HandOverOperator(TriggerDagRunOperator):
             "alert": alert,
             "job_id": result["job_id"],
             "run_params": params,
+            "alert_seen_at": result.get("seen_at"),
         }
         self.note = (
             f"SDC alert: {alert.get('check')} at step {alert.get('step')} on {alert.get('suspect_nodes')} "
