@@ -9,6 +9,7 @@ import sys
 SUBCOMMANDS = {
     "stack": "longrun.stack.cli",
     "checkpoints": "longrun.checkpoints.cli",
+    "audit": "longrun.audit.cli",
 }
 
 
