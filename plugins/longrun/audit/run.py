@@ -54,7 +54,9 @@ class AuditReport:
         n = len(self.findings)
         lines = [f"model checkpoint audit {self.audit_id} failed {n} propert{'y' if n == 1 else 'ies'}:"]
         lines += [f"  - {f.describe(limit)}" for f in self.findings]
-        lines.append(f"Data Docs: {self.docs_url}")
+        lines.append(
+            f"Data Docs: {self.docs_url} (copy: longrun audit fetch --id {self.audit_id} --dest <dir>)"
+        )
         lines.append(f"Runbook: {runbook_url('audit_failed')}")
         return "\n".join(lines)
 

@@ -44,5 +44,6 @@ def audit_task(params: Mapping[str, Any], run_id: str, store: ObjectStore | None
         f"model checkpoint audit {cfg.audit_id} passed: {report.rows} rows {report.counts}, {report.rehashed} re-hashed"
     )
     print(f"Data Docs: {report.docs_url} (store key {report.keys['docs']})")
+    print(f"Copy the report to open it locally: longrun audit fetch --id {report.audit_id} --dest <dir>")
     print(f"If it fails one day: {runbook_url('audit_failed')}")
     return {"audit_id": report.audit_id, "docs_url": report.docs_url, **report.keys, "counts": report.counts}
