@@ -101,3 +101,46 @@ def test_drill(rest, clean, kind):
     assert inc["checkpoint"]["step"] < result.detection_step
     assert result.final_step == BASE["steps"]
     assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"
+
+
+def test_rerunning_the_incident_changes_nothing(rest, clean):
+    """Clear the whole sdc_incident run of the sick-node drill (as after a scheduler crash): it runs again
+    and never drains twice, never submits twice, never loses or doubles the incident record."""
+    from longrun.incident import ratelimit
+    from longrun.slurm.spec import JobTag
+
+    from training.store import get_json
+
+    store = store_from_env()
+    run = "e2e-sick-node"
+    keys = [o.key for o in store.list(f"runs/{run}/incidents/")]
+    if not keys:
+        pytest.skip("the sick-node drill did not run")
+    before = get_json(store, keys[0])
+    incident_run = f"incident__{before['incident_id']}"
+    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
+    node = before["attribution"]["node"]
+    reason = client.node(node).reason
+    drains = [e for e in ratelimit.entries(store) if e["incident_id"] == before["incident_id"]]
+    rest.call(
+        "POST",
+        "/dags/sdc_incident/clearTaskInstances",
+        json={"dag_run_id": incident_run, "dry_run": False, "only_failed": False, "reset_dag_runs": True},
+    )
+    import time as _time
+
+    from longrun.drill import _follow
+
+    state = _follow(
+        rest, "sdc_incident", incident_run, deadline=_time.monotonic() + 900, say=print, progress=None
+    )
+    assert state == "success"
+    after = get_json(store, keys[0])
+    events = [e["event"] for e in after["timeline"]]
+    assert len(events) == len(set(events)), f"an event was recorded twice: {events}"
+    assert events == [e["event"] for e in before["timeline"]]
+    assert after["relaunch"]["job_id"] == before["relaunch"]["job_id"]
+    assert [e for e in ratelimit.entries(store) if e["incident_id"] == before["incident_id"]] == drains
+    assert client.node(node).reason == reason
+    tag = JobTag(dag_id="sdc_incident", run_id=incident_run, task_id="relaunch")
+    assert [j.job_id for j in client.find_jobs(tag.prefix())] == [before["relaunch"]["job_id"]]

@@ -160,6 +160,9 @@ def drain(
     operator_override: bool = False,
 ) -> dict[str, Any]:
     reason = diagnose.sdc_reason(inc.run, inc.step)
+    rec = inc.rec(store)
+    if record.has_event(rec, "drained") and rec.get("drain"):
+        return {**rec["drain"], "rerun": True}  # done before: touch neither Slurm nor the ledger
     if not inc.plan.changes:
         inc.event(store, "would_drain", node=node, reason=reason)
         return {"node": node, "observe": True, "reason": reason}
