@@ -17,6 +17,7 @@ from longrun.hooks.slurm import SlurmHook
 from longrun.operators.slurm import SlurmSubmitJobOperator, finish
 from longrun.sensors.slurm import SlurmJobSensor
 from longrun.slurm.errors import InvalidSpecError, SlurmUnavailableError
+from longrun.slurm.spec import JobSpec
 from longrun.triggers.slurm import SlurmJobTrigger
 
 JOB = {"name": "af", "partition": "debug", "gpus_per_node": 0, "exclusive": False, "time_limit_min": 5}
@@ -195,3 +196,43 @@ def test_sensor_defers_until_done_and_on_kill_cancels(slurm_env):
     assert event["label"] == "cancelled" and hook.job_state(job_id).status.value == "cancelled"
     with pytest.raises(AirflowFailException, match="CANCELLED"):
         sensor.execute_complete({}, event)
+
+
+def test_trigger_yields_an_error_event_instead_of_raising(tmp_path):
+    conf = tmp_path / "missing.conf"  # every Slurm command fails: no such configuration
+    event = run_trigger(SlurmJobTrigger(job_id=1, slurm_conf=str(conf), backend="cli"), timeout_s=30)
+    assert event["status"] == "error" and event["job_id"] == 1 and event["retryable"] is False
+    assert event["message"]
+
+
+@pytest.mark.slurm
+def test_trigger_never_blocks_the_event_loop(slurm_env):
+    """While the trigger polls a running job, a ticker on the same loop keeps its 50 ms rhythm."""
+    hook = SlurmHook(None)
+    job = hook.submit(
+        JobSpec(**{**JOB, **slurm_env}, command=["sleep 4"], comment="longrun/test_af/loop/t/-1/1")
+    )
+    trigger = SlurmJobTrigger(job_id=job, slurm_conf=hook.slurm_conf, backend="cli", poll_interval=0.1)
+
+    async def main() -> tuple[dict[str, Any], float]:
+        gaps: list[float] = []
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            last = asyncio.get_running_loop().time()
+            while not done.is_set():
+                await asyncio.sleep(0.05)
+                now = asyncio.get_running_loop().time()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        async for event in trigger.run():
+            done.set()
+            await tick
+            return event.payload, max(gaps)
+        raise AssertionError("no event")
+
+    payload, worst = asyncio.run(asyncio.wait_for(main(), 60))
+    assert payload["label"] == "completed"
+    assert worst < 0.5, f"the event loop stalled for {worst:.2f} s"

@@ -21,6 +21,7 @@ from longrun.slurm import parse
 from longrun.slurm import validate as v
 from longrun.slurm.client import CommandResult, JobState, NodeState
 from longrun.slurm.errors import (
+    BackendUnavailableError,
     ForeignDrainError,
     InvalidSpecError,
     JobNotFoundError,
@@ -53,6 +54,9 @@ class CliSlurmClient:
     def __init__(self, *, slurm_conf: str | None = None, timeout_s: float = 30.0) -> None:
         self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF") or None
         self.timeout_s = timeout_s
+        if self.slurm_conf and not Path(self.slurm_conf).is_file():
+            # Slurm's commands spend ~60 s retrying a missing config before they fail: fail now.
+            raise BackendUnavailableError(f"slurm_conf={self.slurm_conf!r}: no such file")
 
     # -- plumbing -----------------------------------------------------------------------------------
     @cached_property

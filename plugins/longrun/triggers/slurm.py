@@ -68,7 +68,8 @@ class SlurmJobTrigger(BaseTrigger):
                 make_client, backend=self.backend, slurm_conf=self.slurm_conf
             )
         except Exception as err:
-            yield self._error(f"cannot reach Slurm: {type(err).__name__}: {err}", retryable=True)
+            retryable = isinstance(err, RetryableSlurmError)
+            yield self._error(f"cannot reach Slurm: {type(err).__name__}: {err}", retryable=retryable)
             return
         delay, errors, last = self.poll_interval, 0, None
         while True:
