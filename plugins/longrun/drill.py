@@ -171,20 +171,41 @@ def return_to_service(client: SlurmClient, say: Say = print) -> list[str]:
     return back
 
 
+APPROVAL_TASKS = ("approve_drain", "approve_relaunch")
+
+
 def _follow(
-    rest: Rest, dag_id: str, run_id: str, *, deadline: float, say: Say, progress: Callable[[], str] | None
+    rest: Rest,
+    dag_id: str,
+    run_id: str,
+    *,
+    deadline: float,
+    say: Say,
+    progress: Callable[[], str] | None,
+    approve: bool = False,
 ) -> str:
     last: Any = None
     t0 = time.monotonic()
+    approved: set[str] = set()
     while time.monotonic() < deadline:
         state = rest.run_state(dag_id, run_id)
         if state is None:
             time.sleep(1.0)
             continue
+        states = rest.task_states(dag_id, run_id)
+        if approve:
+            for task_id in APPROVAL_TASKS:
+                if states.get(task_id) in ("awaiting_input", "deferred") and task_id not in approved:
+                    r = rest.session.patch(
+                        f"{rest.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails",
+                        json={"chosen_options": ["Approve"]},
+                        timeout=rest.timeout,
+                    )
+                    if r.status_code < 400:
+                        approved.add(task_id)
+                        say(f"  a person approves {task_id} (human-in-the-loop)")
         active = sorted(
-            t
-            for t, s in rest.task_states(dag_id, run_id).items()
-            if s in ("running", "deferred", "queued", "awaiting_input")
+            t for t, s in states.items() if s in ("running", "deferred", "queued", "awaiting_input")
         )
         extra = progress() if progress else ""
         line = (state, tuple(active), extra)
@@ -221,6 +242,7 @@ def run_drill(
     *,
     say: Say = print,
     timeout_s: float = 1800.0,
+    approve: bool = False,
 ) -> DrillResult:
     """Trigger training_run with `conf` and follow it (and its incident and relaunch) to the end."""
     run = str(conf["run_name"])
@@ -239,13 +261,19 @@ def run_drill(
     if alerts:
         incident_run = f"incident__{alerts[0].rsplit('/', 1)[1][: -len('.json')]}"
         say(f"alert {alerts[0]} -> sdc_incident {incident_run}")
-        state = _follow(rest, "sdc_incident", incident_run, deadline=deadline, say=say, progress=None)
+        state = _follow(
+            rest, "sdc_incident", incident_run, deadline=deadline, say=say, progress=None, approve=approve
+        )
         result.dag_runs.append(("sdc_incident", incident_run, state))
         incidents = [o.key for o in store.list(schema.store_key(run, "incidents/"))]
         if incidents:
             result.incident = get_json(store, incidents[0])
         if state != "success":
             raise DrillError(f"sdc_incident {incident_run} ended {state}: {result.summary()}")
+        if result.incident and result.incident.get("status") == "observed":
+            say("observe mode: nothing was changed and nothing relaunched")
+            result.wall_s = round(time.monotonic() - t0, 1)
+            return result
         attempt_run = f"{run}__attempt1"
         say(f"relaunched job -> training_run {attempt_run}")
         state = _follow(

@@ -144,3 +144,39 @@ def test_rerunning_the_incident_changes_nothing(rest, clean):
     assert client.node(node).reason == reason
     tag = JobTag(dag_id="sdc_incident", run_id=incident_run, task_id="relaunch")
     assert [j.job_id for j in client.find_jobs(tag.prefix())] == [before["relaunch"]["job_id"]]
+
+
+def test_observe_mode_changes_nothing(rest, clean):
+    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
+    return_to_service(client)
+    drill = {"kind": "nan", "step": 13, "target": "1"}
+    result = run_drill(
+        rest,
+        store_from_env(),
+        {**BASE, "run_name": "e2e-observe", "incident_mode": "observe", "drill": drill},
+    )
+    print("\n" + result.summary())
+    inc = result.incident
+    assert inc is not None and inc["status"] == "observed" and inc["mode"] == "observe"
+    events = [e["event"] for e in inc["timeline"]]
+    assert {"would_drain", "would_diagnose", "would_relaunch"} <= set(events)
+    assert not {"drained", "diagnosed", "relaunched_running"} & set(events)
+    assert not any(n.drain_flag for n in client.nodes()), "observe mode drained a node"
+    assert [d[0] for d in result.dag_runs] == ["training_run", "sdc_incident"]
+
+
+def test_approve_mode_asks_a_person_twice(rest, clean):
+    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
+    return_to_service(client)
+    drill = {"kind": "nan", "step": 13, "target": "1"}
+    result = run_drill(
+        rest,
+        store_from_env(),
+        {**BASE, "run_name": "e2e-approve", "incident_mode": "approve", "drill": drill},
+        approve=True,
+    )
+    print("\n" + result.summary())
+    assert result.incident is not None and result.incident["status"] == "relaunched"
+    states = rest.task_states("sdc_incident", result.dag_runs[1][1])
+    assert states["approve_drain"] == "success" and states["approve_relaunch"] == "success"
+    assert result.final_fingerprint == clean.final_fingerprint
