@@ -15,7 +15,9 @@ from training.schema import EXIT_SDC_VERDICT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-STEPS = 30
+#: Long enough (~15-30 s of steps) for the first checkpoint to be complete before a late fault: the
+#: first save starts NVRx's async upload worker, which takes ~10 s on this loaded 2-core machine.
+STEPS = 100
 
 
 def tiny(name: str, **kw) -> RunSpec:
@@ -53,21 +55,19 @@ def test_clean_run_completes_without_restarts(clean):
 
 
 def test_sigkill_is_recovered_in_job_with_the_same_weights(launcher, clean):
-    # Step 25: the step-10 and step-20 checkpoints are complete by then (the first save starts NVRx's
-    # async worker, which takes seconds on this machine).
-    run = launcher.launch(tiny("crash", drill=Drill(kind="crash", step=25, target="1")))
+    run = launcher.launch(tiny("crash", drill=Drill(kind="crash", step=95, target="1")))
     assert run.outcome.label == "completed", run.log
     assert run.state.restart_count == 0  # Slurm never restarted the job: ft_launcher did, inside it
-    assert run.count(r"FAULT crash: rank 1 SIGKILLs itself at step 25") == 1
-    assert run.count(r"in-job restart 1: resuming from .*checkpoints/step-000000[12]0") == 1
+    assert run.count(r"FAULT crash: rank 1 SIGKILLs itself at step 95") == 1
+    assert run.count(r"in-job restart 1: resuming from .*checkpoints/step-000000[1-9]0") == 1
     assert run.progress()["restart_count"] == 1
     assert run.report()["final_fingerprint"] == clean.report()["final_fingerprint"]
 
 
 def test_hang_is_detected_by_heartbeat_timeout_and_recovered(launcher, clean):
-    run = launcher.launch(tiny("hang", drill=Drill(kind="hang", step=22, target="2")))
+    run = launcher.launch(tiny("hang", drill=Drill(kind="hang", step=60, target="2")))
     assert run.outcome.label == "completed", run.log
-    assert run.count(r"FAULT hang: rank 2 sleeps at step 22") == 1
+    assert run.count(r"FAULT hang: rank 2 sleeps at step 60") == 1
     assert run.count(r"Did not get subsequent heartbeat") >= 1  # NVRx's rank monitor saw it
     assert run.progress()["restart_count"] == 1
     assert run.report()["final_fingerprint"] == clean.report()["final_fingerprint"]
