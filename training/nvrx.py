@@ -365,7 +365,22 @@ def _launch_verdict(args: argparse.Namespace) -> int:
     found = alerts_since(Path(args.run_dir), args.since, run=args.run, store=store)
     for item in found:
         print(f"alert: {item}")
+    restarts = restarts_since(Path(args.run_dir), args.since)
+    if restarts is not None:
+        print(f"in-job restarts in this launch: {restarts}")
     return 0 if found else 1
+
+
+def restarts_since(run_dir: Path, since: float) -> int | None:
+    """The job-wide in-job restart count of the last progress record written since `since`, or None."""
+    try:
+        obj = json.loads((run_dir / schema.PROGRESS_PATH).read_bytes())
+        schema.validate("progress", obj)
+    except (OSError, ValueError, schema.SchemaError):
+        return None
+    if float(obj["time"]) < since or not isinstance(obj.get("restart_count"), int):
+        return None
+    return int(obj["restart_count"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,3 +104,15 @@ def test_launch_verdict_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "alert:" in capsys.readouterr().out
     assert nvrx.main(["version"]) == 0
     assert json.loads(capsys.readouterr().out)["version"] == nvrx.capabilities().version
+
+
+def test_restarts_since_reads_this_launchs_progress(tmp_path: Path) -> None:
+    run_dir = tmp_path / "r"
+    now = time.time()
+    assert nvrx.restarts_since(run_dir, now) is None
+    progress = schema.record(
+        "progress", run="r", step=3, loss=1.0, step_time_s=0.1, time=now, restart_count=2
+    )
+    write_durably(run_dir / schema.PROGRESS_PATH, progress)
+    assert nvrx.restarts_since(run_dir, now - 1) == 2
+    assert nvrx.restarts_since(run_dir, now + 60) is None  # an earlier launch's record

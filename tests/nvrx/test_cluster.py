@@ -104,4 +104,5 @@ def test_a_job_that_keeps_crashing_stops_after_its_restart_budget(launcher):
     assert run.outcome.kind is Kind.TERMINAL and run.outcome.label == "failed"
     assert run.count(r"FAULT crash: rank 0 SIGKILLs itself at step 3") == 2  # first run + 1 restart
     assert run.count(r"in-job restart 1") >= 1 and run.count(r"in-job restart 2") == 0
+    assert "in-job restarts in this launch: 1" in run.log and "ft_launcher exit 1" in run.log
     assert not run.alerts()
