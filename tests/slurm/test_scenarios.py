@@ -116,3 +116,21 @@ def test_node_fail_from_a_killed_slurmd_is_retryable(guard, slurm_cluster):
         assert (classify(state).kind, classify(state).label) == (Kind.RETRYABLE, "node_fail")
     finally:
         slurm_cluster.restart_slurmd("n4")
+
+
+@pytest.mark.slow
+def test_node_failure_with_requeue_restarts_the_job_and_counts_it(guard, slurm_cluster):
+    """--requeue: Slurm puts the job back in the queue (same id, restart count 1, status requeued); the
+    outcome table keeps waiting, unless the job's restarts exceed the budget."""
+    job = guard.submit(guard.spec("requeued", ["sleep 300"]))
+    first = ops.wait_status(guard.client, job, {JobStatus.RUNNING}, timeout_s=30)
+    (victim,) = first.nodes
+    slurm_cluster.kill_slurmd(victim)
+    try:
+        again = ops.wait_for(guard.client, job, lambda s: s.restart_count >= 1, timeout_s=120, poll_s=1)
+        # Slurm holds a requeued job ~120 s (BeginTime) before it may start again; not waited for here.
+        assert again.job_id == job and again.status is JobStatus.REQUEUED and again.is_active
+        assert classify(again).kind is Kind.RUNNING
+        assert classify(again, max_restarts=0).label == "restarts_exhausted"
+    finally:
+        slurm_cluster.restart_slurmd(victim)
