@@ -182,6 +182,20 @@ def is_suspect(step: int, after: int | None) -> bool:
     return after is not None and step > after
 
 
+def suspect_mark_for(
+    store: ObjectStore, run: str, step: int, saved_at: float | None
+) -> dict[str, Any] | None:
+    """The suspect mark that demotes checkpoint `step` saved at `saved_at`, or None.
+
+    A mark demotes the checkpoints after its last known-good step that were saved BEFORE the mark: the
+    relaunch that follows an incident saves later steps again from a clean checkpoint, and those are not
+    suspect (the rule the UI and the audit apply too). `saved_at` None: by step alone."""
+    for m in suspect_marks(store, run):
+        if step > m["after_step"] and (saved_at is None or saved_at <= float(m["time"])):
+            return m
+    return None
+
+
 def check_records(store: ObjectStore, run: str) -> Iterator[dict[str, Any]]:
     """Every parsable check record under the run's checks/*.jsonl (bad lines are skipped)."""
     for info in store.list(schema.store_key(run, "checks/")):

@@ -99,8 +99,9 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
             if s not in have:
                 rejected.append(f"{s}: manifest missing or unreadable")
                 continue
-            if catalog.is_suspect(s, after):
-                rejected.append(f"{s}: suspect (after step {after})")
+            mark = catalog.suspect_mark_for(store, run, s, have[s].manifest.get("time"))
+            if mark is not None:
+                rejected.append(f"{s}: suspect (after step {mark['after_step']})")
                 continue
             v = catalog.latest_validation(store, run, s)
             if v is None or not v["ok"]:

@@ -49,7 +49,7 @@ def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, dict
     if info is None:
         raise PromotionRefused(f"step {step} of run {run}: no manifest at {manifest_key}, not a checkpoint")
     try:
-        read_manifest(store.get_bytes(manifest_key), manifest_key)
+        manifest = read_manifest(store.get_bytes(manifest_key), manifest_key)
     except CheckpointError as e:
         raise PromotionRefused(f"step {step} of run {run}: {e}") from None
     v = catalog.latest_validation(store, run, step)
@@ -65,10 +65,11 @@ def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, dict
         raise PromotionRefused(
             f"step {step} of run {run}: the manifest changed since it was validated; validate again"
         )
-    after = catalog.suspect_after(store, run)
-    if catalog.is_suspect(step, after):
+    mark = catalog.suspect_mark_for(store, run, step, manifest.get("time"))
+    if mark is not None:
         raise PromotionRefused(
-            f"step {step} of run {run} is suspect (checkpoints after step {after} are demoted)"
+            f"step {step} of run {run} is suspect (checkpoints after step {mark['after_step']} saved before"
+            f" the mark are demoted)"
         )
     return manifest_key, v
 
