@@ -7,7 +7,14 @@ looks for a job carrying this task instance's tag (`--comment`, any try) before 
 
 Terminal outcomes (the job failed, was cancelled, timed out, used up its restarts, or exited with the
 SDC verdict code) raise AirflowFailException with Slurm's state, reason and exit code: no retry.
-Retryable ones (node failure, preemption) raise JobRetryableError, so the task's retries apply.
+Retryable ones (node failure, preemption) raise JobRetryableError, so the task's retries apply; a
+retry after a terminal outcome (Airflow can retry for reasons of its own) fails with the first job's
+verdict instead of submitting again.
+
+Templated integer fields (`"nodes": "{{ params.nodes }}"`) need the DAG's
+`render_template_as_native_obj=True`: JobSpec refuses the string "2" where it wants a number.
+`on_kill` cancels the job while the task runs on a worker; a task marked failed while deferred leaves
+the job running (Airflow calls no operator code then): cancel it with the hook or `scancel`.
 """
 
 from __future__ import annotations
