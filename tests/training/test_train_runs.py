@@ -33,6 +33,7 @@ def test_clean_runs_raise_no_alert(launch, seed, recompute, vote):
     assert sum(len(p.read_text().splitlines()) for p in batches) == len(records)
 
 
+@pytest.mark.slow  # three 4-rank launches
 def test_identical_weights_across_runs_launchers_and_resume(launch, tmp_path):
     common = ["--steps", "16", "--seed", "7", "--recompute-every", "4", "--vote-every", "4"]
     full = launch([*common, "--checkpoint-every", "8"], name="full")
@@ -58,10 +59,6 @@ def test_identical_weights_across_runs_launchers_and_resume(launch, tmp_path):
     assert p.returncode == 0, p.stderr[-4000:]
     report = json.loads((tmp_path / "torchrun" / "report.json").read_text())
     assert report["final_fingerprint"] == full.report()["final_fingerprint"]
-
-    other_seed = launch(["--steps", "2", "--seed", "8", "--recompute-every", "0"], name="seed8")
-    assert other_seed.report()["fingerprints"] != launch(["--steps", "2", "--seed", "7", "--recompute-every", "0"],
-                                                         name="seed7").report()["fingerprints"]  # fmt: skip
 
 
 @pytest.mark.s3

@@ -76,6 +76,7 @@ def test_micro_batch_is_a_pure_function_of_seed_step_rank():
 def test_same_seed_same_weights_and_gradients():
     m1, m2 = build_model(TINY, seed=3), build_model(TINY, seed=3)
     assert fingerprint_state(m1.state_dict()) == fingerprint_state(m2.state_dict())
+    assert fingerprint_state(build_model(TINY, seed=4).state_dict()) != fingerprint_state(m1.state_dict())
     batch = micro_batch(TINY, seed=0, step=1, rank=0)
     g1 = torch.autograd.grad(m1.loss(batch), list(m1.parameters()))
     g2 = torch.autograd.grad(m2.loss(batch), list(m2.parameters()))
