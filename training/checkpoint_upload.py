@@ -108,9 +108,10 @@ def json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, indent=1).encode()
 
 
-def run_upload_job(job: UploadJob) -> dict[str, Any]:
+def run_upload_job(job: UploadJob, store: ObjectStore | None = None) -> dict[str, Any]:
     """Hash, write the local manifest, upload files then manifest, write the `save` record. Never raises:
-    the record (returned too) says what happened."""
+    the record (returned too) says what happened. `store`: the store object to use (in the saver's own
+    process); without it the store is rebuilt from `job.store` (in NVRx's worker process)."""
     run_dir = Path(job.run_dir)
     rel_dir = schema.checkpoint_dir(job.step)
     ckpt_dir = run_dir / rel_dir
@@ -127,8 +128,9 @@ def run_upload_job(job: UploadJob) -> dict[str, Any]:
         manifest = schema.record("manifest", run=job.run, step=job.step, files=files, **job.manifest_fields)
         data = json_bytes(manifest)
         write_atomic(ckpt_dir / MANIFEST_FILE, data)  # local copy complete: manifest last
-        if job.store is not None:
+        if store is None and job.store is not None:
             store = _store_for(job.store)
+        if store is not None:
             uploaded = _upload(store, job, files, data)
     except Exception as e:  # reported, never raised into training
         error = f"{type(e).__name__}: {e}"
@@ -150,11 +152,9 @@ def run_upload_job(job: UploadJob) -> dict[str, Any]:
         write_atomic(out, json_bytes(result))
     except OSError as e:
         log.error("cannot write the save record for step %d: %s", job.step, e)
-    if job.store is not None and uploaded:
+    if store is not None and uploaded:
         try:  # best effort: the local record is the one the saver reads
-            _store_for(job.store).put_bytes(
-                schema.store_key(job.run, schema.save_path(job.step)), json_bytes(result)
-            )
+            store.put_bytes(schema.store_key(job.run, schema.save_path(job.step)), json_bytes(result))
         except StoreError as e:
             log.warning("save record for step %d not uploaded: %s", job.step, e)
     return result
@@ -228,11 +228,16 @@ class InlineUploader:
 
     name = "thread"
 
-    def __init__(self, on_done: Callable[[UploadJob, dict[str, Any] | None, str | None], None]) -> None:
+    def __init__(
+        self,
+        on_done: Callable[[UploadJob, dict[str, Any] | None, str | None], None],
+        store: ObjectStore | None,
+    ) -> None:
         self._on_done = on_done
+        self._store = store
 
     def schedule(self, job: UploadJob) -> None:
-        self._on_done(job, run_upload_job(job), None)
+        self._on_done(job, run_upload_job(job, self._store), None)
 
     def poll(self) -> bool:
         return True

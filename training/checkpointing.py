@@ -303,7 +303,7 @@ class CheckpointSaver:
                     self._write(item)
                 if self._uploader is not None and not self._uploader.poll():
                     log.error("NVRx upload worker died; uploads continue in the writer thread")
-                    self._uploader = InlineUploader(self._on_done)
+                    self._uploader = InlineUploader(self._on_done, self.store)
                     self.writer = "thread"
         finally:
             if self._uploader is not None:
@@ -329,7 +329,7 @@ class CheckpointSaver:
                     log.error("NVRx async worker unavailable (%s); uploading in the writer thread", e)
                     self.writer = "thread"
             if self._uploader is None:
-                self._uploader = InlineUploader(self._on_done)
+                self._uploader = InlineUploader(self._on_done, self.store)
         return self._uploader
 
     def _write(self, item: _Pending) -> None:

@@ -55,7 +55,9 @@ class S3Store:
         config = Config(
             retries={"max_attempts": max_attempts, "mode": "standard"}, connect_timeout=5, read_timeout=60
         )
-        self._s3 = client or boto3.client("s3", endpoint_url=endpoint_url, config=config)
+        # A session of its own: boto3's default session caches the credentials it first resolved for the
+        # whole process, so a store made later would not see the environment as it is now.
+        self._s3 = client or boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         self._transfer = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=16 << 20)
 
     def spec(self) -> dict[str, Any]:
@@ -72,8 +74,10 @@ class S3Store:
         return f"s3://{self.bucket} at {where}"
 
     def _error(self, e: Exception, what: str) -> StoreError:
-        if isinstance(e, S3UploadFailedError) and isinstance(e.__cause__, Exception):
-            e = e.__cause__  # boto3's transfer manager wraps the ClientError that says what went wrong
+        if isinstance(e, S3UploadFailedError):
+            inner = e.__cause__ or e.__context__  # boto3's transfer manager wraps the ClientError
+            if isinstance(inner, Exception):
+                e = inner
         if isinstance(e, NoCredentialsError):
             return StoreAuthError(
                 f"{what}: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"

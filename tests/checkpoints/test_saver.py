@@ -280,3 +280,40 @@ def test_reused_snapshot_buffers_never_leak_between_checkpoints(tmp_path: Path) 
         loaded = load_checkpoint(schema.store_key("r", schema.checkpoint_dir(step)), store)
         assert torch.equal(loaded.model_state["w"], torch.full((64, 64), float(step)))
         assert torch.equal(loaded.optim_state["m"], torch.full((64, 64), 2.0 * step))
+
+
+@pytest.mark.s3
+def test_wrong_credentials_fail_the_save_at_once_and_say_so(
+    s3_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", uuid.uuid4().hex)
+    store = S3Store(bucket=s3_env["LONGRUN_BUCKET"], endpoint_url=s3_env["AWS_ENDPOINT_URL"])
+    model, _ = tiny_state(4)
+    t0 = time.monotonic()
+    with CheckpointSaver(run="creds", run_dir=tmp_path, store=store, settings=_fast(retry=60)) as saver:
+        saver.save(step=1, model_state=model)
+        assert saver.wait(60)
+    assert time.monotonic() - t0 < 30  # terminal: not retried until the deadline
+    error = saver.results[0].error or ""
+    assert "StoreAuthError" in error and "AWS_SECRET_ACCESS_KEY" in error, error
+
+
+class _WrappedStore:
+    """A store the saver cannot rebuild in another process (no store_spec): uploads stay in the thread."""
+
+    def __init__(self, inner: LocalDirStore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_a_store_without_a_spec_uploads_from_the_writer_thread(tmp_path: Path) -> None:
+    inner = LocalDirStore(tmp_path / "store")
+    store = _WrappedStore(inner)
+    model, _ = tiny_state(5)
+    with CheckpointSaver(run="w", run_dir=tmp_path / "run", store=store) as saver:  # type: ignore[arg-type]
+        assert saver.writer == "thread"
+        saver.save(step=2, model_state=model)
+    assert saver.results[0].ok and saver.results[0].uploaded
+    assert load_checkpoint(schema.store_key("w", schema.checkpoint_dir(2)), inner).step == 2

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from training.s3_store import S3Store
 from training.store import (
     NotFound,
     ObjectStore,
@@ -73,6 +74,8 @@ def test_put_file_records_sha256(store: ObjectStore, run: str, tmp_path: Path, s
     assert info.size == size and info.sha256 == digest
     head = store.head(key)
     assert head is not None and head.sha256 == digest
+    if isinstance(store, S3Store) and size > store.multipart_threshold:
+        assert "-" in head.etag, head.etag  # a multipart upload's ETag is "<md5 of part md5s>-<parts>"
     out = tmp_path / "back"
     store.download(key, out)
     assert out.read_bytes() == data
