@@ -155,8 +155,12 @@ def sdc_incident() -> None:
     relaunched = relaunch(attributed=attributed, checkpoint=picked)
     done = summary()
 
-    opened >> frozen >> attributed >> gate1 >> [approve_drain, drained]
-    approve_drain >> drained >> diagnosed >> picked >> gate2 >> [approve_relaunch, relaunched]
+    # The freeze waits (bounded) for the job to finish its uploads and exit; attribution and the drain
+    # do not need it gone (a drain never stops a running job), the diagnosis and the pick do.
+    opened >> [frozen, attributed]
+    attributed >> gate1 >> [approve_drain, drained]
+    approve_drain >> drained >> diagnosed
+    frozen >> diagnosed >> picked >> gate2 >> [approve_relaunch, relaunched]
     approve_relaunch >> relaunched >> reenter >> done
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,10 +28,12 @@ from longrun.incident.ratelimit import DrainPolicy, DrainRefused, reserve_drain
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, SlurmClient
-from longrun.slurm.errors import JobNotFoundError
+from longrun.slurm.errors import JobNotFoundError, SlurmError
 from longrun.slurm.spec import JobSpec, JobTag
 from training import schema
 from training.store import ObjectStore, PreconditionFailed, StoreError, put_json
+
+log = logging.getLogger("longrun.sdc_incident")
 
 
 class IncidentStop(Exception):
@@ -105,9 +108,11 @@ def open_record(store: ObjectStore, inc: Incident) -> dict[str, Any]:
 
 
 def freeze(
-    store: ObjectStore, client: SlurmClient, inc: Incident, *, timeout_s: float = 60.0
+    store: ObjectStore, client: SlurmClient, inc: Incident, *, grace_s: float = 120.0, timeout_s: float = 60.0
 ) -> dict[str, Any]:
-    """Make sure the job no longer runs (a drained node would keep running it)."""
+    """Make sure the job no longer runs (a drained node would keep running it). A job that reached an SDC
+    verdict ends by itself (exit 93) once its background checkpoint uploads are done: give it `grace_s`
+    before cancelling, so the pre-incident checkpoint is not cut off mid-upload."""
     rec = inc.rec(store)
     if done := record.event(rec, "frozen"):
         return {"job_id": inc.job_id, "already": True, "state": done.get("state")}
@@ -119,6 +124,11 @@ def freeze(
     except JobNotFoundError:
         inc.event(store, "frozen", state="unknown to Slurm")
         return {"job_id": inc.job_id, "state": "unknown to Slurm"}
+    if state.is_active:
+        try:
+            state = ops.wait_for(client, inc.job_id, lambda s: s.is_terminal, timeout_s=grace_s, poll_s=1.0)
+        except SlurmError:
+            pass  # still running after the grace period
     if state.is_active:
         if not inc.plan.changes:
             inc.event(store, "would_freeze", state=state.describe())
@@ -306,10 +316,14 @@ def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     """The checkpoint to resume from; demotes the checkpoints after the last known-good step."""
     from longrun.checkpoints.pick import pick_pre_incident, plan_pick
     from longrun.checkpoints.promote import mark_suspect
+    from longrun.monitor.gate import gate_pending
 
     rec = inc.rec(store)
     if rec.get("checkpoint"):
         return dict(rec["checkpoint"])
+    if inc.plan.changes:
+        # Checkpoints that were still uploading when the monitor saw the alert (the job is final now).
+        gate_pending(store, inc.run, before_step=inc.step, log=log, by=f"sdc_incident:{inc.incident_id}")
     plan = plan_pick(store, inc.run, inc.alert)
     if inc.plan.changes:
         step, why = pick_pre_incident(store, inc.run, inc.alert, write=True)

@@ -89,7 +89,7 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
     The trainer's report.json (with `final_fingerprint`) is kept; longrun adds an `orchestrator` block:
     attempts, incidents, promotions, the Slurm job."""
     from longrun.checkpoints import catalog
-    from longrun.monitor.operator import gate_checkpoint
+    from longrun.monitor.gate import gate_checkpoint
 
     spec = spec_from_params(params)
     run = spec.run_name

@@ -27,6 +27,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from longrun.hooks.slurm import SlurmHook
 from longrun.monitor import watch
+from longrun.monitor.gate import gate_checkpoint
 from longrun.monitor.trigger import RunMonitorTrigger
 from longrun.runbooks import runbook_path
 from training.store import ObjectStore, store_from_env
@@ -47,59 +48,6 @@ def checkpoint_asset(store: ObjectStore, run: str) -> Asset:
     return Asset(name=f"longrun_checkpoints_{run}", uri=uri)
 
 
-def gate_checkpoint(
-    store: ObjectStore, run: str, step: int, *, log: Any, by: str = "training_run.monitor"
-) -> dict[str, Any]:
-    """Validate then promote checkpoint `step`; a dict saying what happened (for logs and asset events)."""
-    from longrun.checkpoints.promote import PromotionConflict, PromotionRefused, promote
-    from longrun.checkpoints.validate import validate
-
-    t0 = time.perf_counter()
-    v = validate(store, run, step)
-    out: dict[str, Any] = {
-        "step": step,
-        "validated": bool(v["ok"]),
-        "validate_s": round(time.perf_counter() - t0, 3),
-    }
-    if not v["ok"]:
-        log.error(
-            "checkpoint step %s of run %s FAILED validation: %s (runbook: %s)",
-            step,
-            run,
-            "; ".join(v["errors"][:5]),
-            runbook_path("checkpoint_validation_failed"),
-        )
-        out["errors"] = v["errors"][:5]
-        return out
-    for _ in range(3):
-        try:
-            rec = promote(store, run, step, by=by)
-        except PromotionConflict as e:
-            log.warning("promotion of step %s raced another writer (%s); retrying", step, e)
-            continue
-        except PromotionRefused as e:
-            log.warning("checkpoint step %s of run %s not promoted: %s", step, run, e)
-            out["refused"] = str(e)
-            return out
-        out.update(promoted=True, manifest_key=rec["manifest_key"], seq=rec["seq"])
-        try:
-            from longrun.checkpoints.catalog import checkpoints
-
-            m = checkpoints(store, run).by_step().get(step)
-            if m is not None:
-                out.update(
-                    loss=m.manifest.get("loss"),
-                    saved_at=m.manifest.get("time"),
-                    world=m.manifest.get("world"),
-                )
-        except Exception as e:  # metadata is a nicety; the promotion stands
-            log.warning("could not read manifest metadata of step %s: %s", step, e)
-        log.info("checkpoint step %s of run %s validated and promoted (seq %s)", step, run, rec["seq"])
-        return out
-    out["refused"] = "promotion kept racing another writer"
-    return out
-
-
 class RunMonitorOperator(BaseOperator):
     """Watch `run_name`'s Slurm job `job_id` (both templated) from the triggerer."""
 
@@ -114,7 +62,6 @@ class RunMonitorOperator(BaseOperator):
         stale_after_s: float = 600.0,
         poll_s: float = 1.0,
         max_poll_s: float = 5.0,
-        alert_settle_s: float = 120.0,
         slurm_conn_id: str = SlurmHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -125,7 +72,6 @@ class RunMonitorOperator(BaseOperator):
         self.stale_after_s = stale_after_s
         self.poll_s = poll_s
         self.max_poll_s = max_poll_s
-        self.alert_settle_s = alert_settle_s
         self.slurm_conn_id = slurm_conn_id
 
     @cached_property
@@ -192,10 +138,9 @@ class RunMonitorOperator(BaseOperator):
             raise AirflowFailException(f"{event.get('message')}; runbook: {runbook_path('stale_heartbeat')}")
         if kind == watch.ALERT:
             alert = event["alert"]
-            # Checkpoints saved before the alert's step may be the restart point: gate them before the
-            # hand-over (validation and the pick's known-good bound decide whether they are clean). The
-            # trainer finishes its background uploads before it exits, so wait (bounded) for the job.
-            self._settle(seen.job_id)
+            # Checkpoints already in the store from before the alert's step may be the restart point:
+            # gate them now (cheap). Ones still uploading are gated by sdc_incident's pick, after the job
+            # has ended: the hand-over does not wait for the job's exit.
             pending = sorted(
                 s
                 for s in watch.manifest_steps(self.store, seen.run)
@@ -240,23 +185,6 @@ class RunMonitorOperator(BaseOperator):
                 "rejected": carry.get("rejected", []),
             }
         raise AirflowFailException(f"unknown monitor event type {kind!r}")
-
-    def _settle(self, job_id: int) -> None:
-        from longrun.slurm import ops
-        from longrun.slurm.errors import SlurmError
-
-        try:
-            state = ops.wait_for(
-                self.hook.client, job_id, lambda s: s.is_terminal, timeout_s=self.alert_settle_s
-            )
-            self.log.info("job ended after the alert: %s", state.describe())
-        except SlurmError as e:
-            self.log.warning(
-                "job %s still not final %.0f s after the alert (%s); sdc_incident will freeze it",
-                job_id,
-                self.alert_settle_s,
-                e,
-            )
 
     def _emit_asset_events(self, context: Any, run: str, promoted: list[dict[str, Any]]) -> None:
         """One asset event per checkpoint this DAG run promoted, read back from the store's promotion

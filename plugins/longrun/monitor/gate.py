@@ -1,0 +1,79 @@
+"""The checkpoint gate: validate a checkpoint, then promote it if it is valid and not suspect.
+
+Pure of Airflow: the monitor runs it on each new checkpoint, `sdc_incident`'s pick on the ones that were
+still uploading when the alert came, the finish on the final one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from longrun.runbooks import runbook_path
+from training.store import ObjectStore
+
+
+def gate_checkpoint(
+    store: ObjectStore, run: str, step: int, *, log: Any, by: str = "training_run.monitor"
+) -> dict[str, Any]:
+    """Validate then promote checkpoint `step`; a dict saying what happened (for logs and asset events)."""
+    from longrun.checkpoints.promote import PromotionConflict, PromotionRefused, promote
+    from longrun.checkpoints.validate import validate
+
+    t0 = time.perf_counter()
+    v = validate(store, run, step)
+    out: dict[str, Any] = {
+        "step": step,
+        "validated": bool(v["ok"]),
+        "validate_s": round(time.perf_counter() - t0, 3),
+    }
+    if not v["ok"]:
+        log.error(
+            "checkpoint step %s of run %s FAILED validation: %s (runbook: %s)",
+            step,
+            run,
+            "; ".join(v["errors"][:5]),
+            runbook_path("checkpoint_validation_failed"),
+        )
+        out["errors"] = v["errors"][:5]
+        return out
+    for _ in range(3):
+        try:
+            rec = promote(store, run, step, by=by)
+        except PromotionConflict as e:
+            log.warning("promotion of step %s raced another writer (%s); retrying", step, e)
+            continue
+        except PromotionRefused as e:
+            log.warning("checkpoint step %s of run %s not promoted: %s", step, run, e)
+            out["refused"] = str(e)
+            return out
+        out.update(promoted=True, manifest_key=rec["manifest_key"], seq=rec["seq"])
+        try:
+            from longrun.checkpoints.catalog import checkpoints
+
+            m = checkpoints(store, run).by_step().get(step)
+            if m is not None:
+                out.update(
+                    loss=m.manifest.get("loss"),
+                    saved_at=m.manifest.get("time"),
+                    world=m.manifest.get("world"),
+                )
+        except Exception as e:  # metadata is a nicety; the promotion stands
+            log.warning("could not read manifest metadata of step %s: %s", step, e)
+        log.info("checkpoint step %s of run %s validated and promoted (seq %s)", step, run, rec["seq"])
+        return out
+    out["refused"] = "promotion kept racing another writer"
+    return out
+
+
+def gate_pending(
+    store: ObjectStore, run: str, *, before_step: int, log: Any, by: str
+) -> list[dict[str, Any]]:
+    """Gate every checkpoint with a manifest, step < `before_step`, never validated yet (ascending)."""
+    from longrun.checkpoints import catalog
+
+    out = []
+    for step in sorted(catalog.checkpoints(store, run).by_step()):
+        if step < before_step and catalog.latest_validation(store, run, step) is None:
+            out.append(gate_checkpoint(store, run, step, log=log, by=by))
+    return out
