@@ -39,7 +39,10 @@ def client(store, runbooks):
         nodes=lambda: lambda: nodes,
         runbooks_dir=lambda: runbooks,
         auth=None,
-        run_name_of=lambda dag_id, run_id: {"manual__1": "drill-1"}.get(run_id),
+        run_target=lambda dag_id, run_id: {
+            "manual__1": ("drill-1", None),
+            "incident__7": ("drill-1", "00000025-recompute-r000-1764430025"),
+        }.get(run_id, (None, None)),
     )
     outer = FastAPI()
     outer.mount("/longrun", app)  # as Airflow mounts it: links must carry the prefix
@@ -113,9 +116,24 @@ def test_runbook_is_rendered_and_escaped(client):
 def test_dag_run_redirects_to_its_run(client):
     r = get(client, "/longrun/dag_runs/training_run/manual__1")
     assert r.status_code == 307 and r.headers["location"] == "/longrun/runs/drill-1"
+    r = get(client, "/longrun/dag_runs/sdc_incident/incident__7")
+    assert r.headers["location"] == "/longrun/runs/drill-1#incident-00000025-recompute-r000-1764430025"
     r = get(client, "/longrun/dag_runs/training_run/other")
     assert r.status_code == 404 and "names no longrun run" in r.text
 
 
 def test_bad_run_name_is_404(client):
     assert get(client, "/longrun/runs/..%2F..").status_code == 404
+
+
+def test_target_from_conf():
+    from longrun.ui.app import target_from_conf
+
+    assert target_from_conf({"run_name": "r1", "steps": 3}) == ("r1", None)
+    assert target_from_conf(
+        {"run_name": "r1", "alert_key": "runs/r1/alerts/00000010-recompute-r000-17.json"}
+    ) == (
+        "r1",
+        "00000010-recompute-r000-17",
+    )
+    assert target_from_conf({}) == (None, None)

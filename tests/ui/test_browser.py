@@ -1,5 +1,6 @@
 """The operator's path in a real browser: log into the Airflow UI, trigger `training_run` from its Params
-form, see the run start, open its run-health page (the plugin's tab on the DAG run, and the page itself).
+form with a fault drill, see the run start, open its run-health page (the plugin's tab on the DAG run),
+and see the drill's incident there: the alert, the incident timeline, the drained node, the runbook.
 
 Headless Chromium from Debian's package, driven by Playwright through its executable path (no browser
 download; `make test` installs the package via scripts/setup-system.sh). Everything else is real: the
@@ -9,6 +10,7 @@ SeaweedFS S3. Screenshots go to artifacts/browser/ (git-ignored), kept as the te
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -36,7 +38,8 @@ DAG_ID = "training_run"
 # Slow on purpose: two busy cores, the API server renders plots and the UI bundle is large.
 UI_TIMEOUT_MS = 90_000
 RUN_START_TIMEOUT_S = 240
-PROGRESS_TIMEOUT_S = 300
+INCIDENT_TIMEOUT_S = 900
+CLEANUP_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +60,8 @@ def browser():
 @pytest.fixture
 def shots():
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob("*.png"):  # only this run's screenshots stay
+        old.unlink()
     taken: list[Path] = []
 
     def shot(page, name: str, *, full_page: bool = False) -> Path:
@@ -76,95 +81,145 @@ def _fill_number(dialog, param: str, value: int) -> None:
     field.press("Tab")
 
 
-def _stop_run(api: AirflowApi, run_id: str) -> None:
-    """Leave nothing running: wait for the run to end, else fail it (its tasks' on_kill cancel the job)."""
-    try:
-        api.wait_run(DAG_ID, run_id, timeout=180)
-    except AirflowApiError:
-        api.request("PATCH", f"/dags/{DAG_ID}/dagRuns/{run_id}", json={"state": "failed"})
+def _stop_runs(api: AirflowApi, run: str) -> None:
+    """Leave nothing running: wait for every DAG run of this training run (the first, the incident, the
+    relaunch) to end, else fail it (the tasks' on_kill cancels the Slurm job)."""
+    deadline = time.monotonic() + CLEANUP_TIMEOUT_S
+    while True:
+        live = [
+            (r["dag_id"], r["dag_run_id"])
+            for r in api.get("/dags/~/dagRuns", limit=100)["dag_runs"]
+            if (r.get("conf") or {}).get("run_name") == run and r["state"] not in ("success", "failed")
+        ]
+        if not live:
+            return
+        if time.monotonic() > deadline:
+            for dag_id, run_id in live:
+                api.request("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}", json={"state": "failed"})
+            return
+        time.sleep(5)
 
 
-def test_trigger_from_the_form_and_open_run_health(airflow_stack, browser, shots):
+def _paste_into_editor(page, editor, text: str) -> None:
+    """The form's JSON fields are code editors that re-render on every keystroke: paste the value."""
+    page.evaluate("t => navigator.clipboard.writeText(t)", text)
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Control+V")
+
+
+def _wait_for(what: str, timeout_s: float, probe, interval_s: float = 5.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not seen after {timeout_s:.0f} s")
+        time.sleep(interval_s)
+
+
+def test_drill_from_the_form_shows_its_incident_on_run_health(airflow_stack, browser, shots):
+    """A drill (a x10 gradient element on rank 1 at an audit step) triggered from the form: the run
+    starts, the recompute check names n2, sdc_incident drains, diagnoses and relaunches, and the
+    run-health page shows the alert, the incident with its timeline and runbook, and the drained node."""
     url = airflow_stack.url
     api = AirflowApi.login(url, airflow_stack.user, airflow_stack.password, timeout=60)
     api.wait_dag_parsed(DAG_ID, timeout=180)
+    api.wait_dag_parsed("sdc_incident", timeout=180)
+    api.unpause("sdc_incident")  # the form unpauses training_run; the incident DAG is started by it
     run = f"ui-{secrets.token_hex(3)}"
+    drill = {"kind": "scale", "step": 10, "target": 1}
 
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=url)
+    page = context.new_page()
     page.set_default_timeout(UI_TIMEOUT_MS)
-
-    # 1. Log in (SimpleAuthManager, the stack's generated admin password).
-    page.goto(f"{url}/")
-    page.get_by_label("Username").fill(airflow_stack.user)
-    page.get_by_label("Password").fill(airflow_stack.password)
-    shots(page, "login")
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(f"{url}/")
-
-    # 2. The trigger form of training_run, filled in.
-    page.goto(f"{url}/dags/{DAG_ID}")
-    page.get_by_test_id("trigger-dag-button").click()
-    dialog = page.get_by_role("dialog")
-    dialog.get_by_text("Unpause training_run on trigger").wait_for()
-    dialog.get_by_role("button", name="Run", exact=True).click()
-    dialog.locator("#element_run_name").fill(run)
-    _fill_number(dialog, "nodes", 3)
-    dialog.get_by_role("button", name="Checks and checkpoints").click()
-    _fill_number(dialog, "steps", 20)
-    _fill_number(dialog, "checkpoint_every", 10)
-    _fill_number(dialog, "recompute_every", 5)
-    _fill_number(dialog, "vote_every", 5)
-    dialog.get_by_role("button", name="Advanced Options").click()
-    dialog.locator('input[name="dagRunId"]').fill(run)  # the run id we look for next
-    shots(page, "trigger-form", full_page=True)
-    dialog.get_by_test_id("trigger-dag-submit").click()
-
     try:
-        # 3. The run starts: the API sees it running, the run page says so.
-        deadline = time.monotonic() + RUN_START_TIMEOUT_S
-        state = None
-        while time.monotonic() < deadline:
-            try:
-                dag_run = api.run(DAG_ID, run)
-                state = dag_run["state"]
-            except AirflowApiError:
-                state = None  # not created yet
-            if state in ("running", "success"):
-                break
-            time.sleep(2)
-        assert state in ("running", "success"), f"DAG run {run} is {state!r} after {RUN_START_TIMEOUT_S} s"
-        conf = dag_run["conf"]
-        assert (conf["run_name"], conf["nodes"], conf["steps"], conf["checkpoint_every"]) == (run, 3, 20, 10)
+        # 1. Log in (SimpleAuthManager, the stack's generated admin password).
+        page.goto(f"{url}/")
+        page.get_by_label("Username").fill(airflow_stack.user)
+        page.get_by_label("Password").fill(airflow_stack.password)
+        shots(page, "login")
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(f"{url}/")
 
+        # 2. The trigger form of training_run, filled in field by field.
+        page.goto(f"{url}/dags/{DAG_ID}")
+        page.get_by_test_id("trigger-dag-button").click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_text(f"Trigger Dag - {DAG_ID}").wait_for()
+        dialog.get_by_role("button", name="Run", exact=True).click()
+        dialog.locator("#element_run_name").fill(run)
+        _fill_number(dialog, "nodes", 3)
+        dialog.get_by_role("button", name="Checks and checkpoints").click()
+        _fill_number(dialog, "steps", 20)
+        _fill_number(dialog, "checkpoint_every", 5)
+        _fill_number(dialog, "recompute_every", 5)
+        _fill_number(dialog, "vote_every", 5)
+        dialog.get_by_role("button", name="Advanced Options").click()
+        dialog.locator('input[name="dagRunId"]').fill(run)  # the run id we look for next
+        dialog.get_by_role("button", name="Drill (fault injection)").click()
+        _paste_into_editor(page, dialog.locator("#element_drill .monaco-editor"), json.dumps(drill))
+        dialog.locator("#element_drill").get_by_text('"scale"').wait_for()
+        shots(page, "trigger-form")
+        dialog.get_by_test_id("trigger-dag-submit").click()
+
+        # 3. The run starts with the params from the form.
+        def started():
+            try:
+                r = api.run(DAG_ID, run)
+            except AirflowApiError:
+                return None  # not created yet
+            return r if r["state"] in ("running", "success") else None
+
+        conf = _wait_for(f"DAG run {run} running", RUN_START_TIMEOUT_S, started, 2)["conf"]
+        assert (conf["run_name"], conf["nodes"], conf["steps"], conf["checkpoint_every"]) == (run, 3, 20, 5)
+        assert conf["drill"] == drill
         page.goto(f"{url}/dags/{DAG_ID}/runs/{run}")
-        page.get_by_text(run, exact=True).first.wait_for()
         page.get_by_text("Task Instances").first.wait_for()
         shots(page, "run-started")
 
         # 4. The plugin's "Run health" tab on the DAG run: an iframe with our page for this run.
         page.get_by_role("link", name="Run health").click()
-        frame = page.frame_locator("iframe")
-        frame.get_by_role("heading", name=f"Run health: {run}").wait_for()
+        page.frame_locator("iframe").get_by_role("heading", name=f"Run health: {run}").wait_for()
         shots(page, "run-health-tab")
 
-        # 5. The page itself, once the trainer's heartbeat is in the store.
+        # 5. The page itself, until the incident has been handled (the run relaunched without n2).
         health = f"{url}/longrun/runs/{run}"
-        deadline = time.monotonic() + PROGRESS_TIMEOUT_S
-        step_text = "-"
-        while time.monotonic() < deadline:
+
+        def relaunched() -> bool:
             page.goto(health)
-            step_text = page.locator("#tile-step b").inner_text().strip()
-            if step_text not in ("-", ""):
-                break
-            time.sleep(5)
-        assert step_text not in ("-", ""), f"no heartbeat for {run} on {health} after {PROGRESS_TIMEOUT_S} s"
-        assert page.locator("#run-status").inner_text() in ("training", "finished", "heartbeat stale")
+            return page.locator(".incident .timeline").get_by_text("relaunched_running").count() > 0
+
+        _wait_for(f"incident of {run} relaunched on {health}", INCIDENT_TIMEOUT_S, relaunched)
+        assert page.locator("#alerts").get_by_text("recompute").count() == 1
+        incident = page.locator(".incident").first
+        assert "n2" in incident.inner_text()
         for alt in ("loss over steps", "replica fingerprint agreement"):
             img = page.get_by_alt_text(alt)
-            img.wait_for()
             page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=img.element_handle())
-        assert page.locator("#nodes").get_by_text("n1").count() == 1
-        shots(page, "run-health-page", full_page=True)
+        n2 = page.locator("#nodes tr", has_text="n2")
+        assert "DRAIN" in n2.inner_text() and "this run" in n2.inner_text()
+        shots(page, "run-health-incident", full_page=True)
+
+        # 6. The runbook the incident links.
+        incident.get_by_role("link", name="runbook: recompute-mismatch").click()
+        page.get_by_role("heading").first.wait_for()
+        assert "/longrun/runbooks/recompute-mismatch" in page.url
+        shots(page, "runbook", full_page=True)
+
+        # 7. The incident's own DAG run links to the same page, at the incident.
+        (incident_run,) = [
+            r["dag_run_id"]
+            for r in api.get("/dags/sdc_incident/dagRuns")["dag_runs"]
+            if (r.get("conf") or {}).get("run_name") == run
+        ]
+        page.goto(f"{url}/dags/sdc_incident/runs/{incident_run}")
+        page.get_by_role("link", name="Run health").click()
+        page.frame_locator("iframe").get_by_role("heading", name=f"Run health: {run}").wait_for()
+        assert any("#incident-" in f.url for f in page.frames), [f.url for f in page.frames]
+        shots(page, "incident-run-health-tab")
     finally:
-        page.close()
-        _stop_run(api, run)
+        context.close()
+        _stop_runs(api, run)

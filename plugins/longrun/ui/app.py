@@ -75,8 +75,9 @@ def airflow_auth() -> list[Any]:
     return [Depends(airflow_can_read_runs)]
 
 
-def airflow_run_name(dag_id: str, run_id: str) -> str | None:
-    """The longrun run name of an Airflow DAG run: its conf's `run_name` (or `run`)."""
+def airflow_run_target(dag_id: str, run_id: str) -> tuple[str | None, str | None]:
+    """(longrun run name, incident id or None) of an Airflow DAG run, from its conf: `run_name` (or
+    `run`); an `sdc_incident` run also names its incident (`incident_id`, or the alert key's stem)."""
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -84,8 +85,15 @@ def airflow_run_name(dag_id: str, run_id: str) -> str | None:
     with create_session() as session:
         dr = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
         conf = dict(dr.conf or {}) if dr is not None else {}
+    return target_from_conf(conf)
+
+
+def target_from_conf(conf: dict[str, Any]) -> tuple[str | None, str | None]:
     name = conf.get("run_name") or conf.get("run")
-    return name if isinstance(name, str) else None
+    incident = conf.get("incident_id")
+    if not incident and isinstance(conf.get("alert_key"), str) and conf["alert_key"].endswith(".json"):
+        incident = conf["alert_key"].rsplit("/", 1)[-1][: -len(".json")]
+    return (name if isinstance(name, str) else None, incident if isinstance(incident, str) else None)
 
 
 def create_app(
@@ -94,7 +102,7 @@ def create_app(
     nodes: Callable[[], NodeSource | None] = default_nodes,
     runbooks_dir: Callable[[], Path] = default_runbooks_dir,
     auth: Callable[[], list[Any]] | None = airflow_auth,
-    run_name_of: Callable[[str, str], str | None] = airflow_run_name,
+    run_target: Callable[[str, str], tuple[str | None, str | None]] = airflow_run_target,
 ) -> FastAPI:
     """Build the app. Every collaborator is a factory called per request, so the environment the API
     server was started with is read late, and tests pass a local store and no Airflow auth."""
@@ -170,13 +178,14 @@ def create_app(
 
     @app.get("/dag_runs/{dag_id}/{run_id}")
     def from_dag_run(dag_id: str, run_id: str, request: Request) -> Response:
-        name = run_name_of(dag_id, run_id)
+        name, incident = run_target(dag_id, run_id)
         root = base(request.scope.get("root_path", ""))
         if not name:
             text = f"DAG run {run_id!r} of {dag_id!r} names no longrun run (no run_name in its conf)."
             return HTMLResponse(
                 page.message_html("No run for this DAG run", text, base=root), status_code=404
             )
-        return RedirectResponse(f"{root}/runs/{checked(name)}", status_code=307)
+        anchor = f"#incident-{incident}" if incident and _NAME.match(incident) else ""
+        return RedirectResponse(f"{root}/runs/{checked(name)}{anchor}", status_code=307)
 
     return app

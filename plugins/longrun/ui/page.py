@@ -167,8 +167,11 @@ def _incidents(h: RunHealth, *, base: str, run_url: str) -> str:
             else "<span class='warn'>no runbook named in the record</span>"
         )
         facts = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in inc.facts)
-        t0 = next((e["time"] for e in inc.timeline if isinstance(e.get("time"), int | float)), None)
-        rows = "".join(_timeline_row(e, t0) for e in inc.timeline)
+        t0 = min((e["time"] for e in inc.timeline if isinstance(e.get("time"), int | float)), default=None)
+        ordered = sorted(
+            inc.timeline, key=lambda e: e["time"] if isinstance(e.get("time"), int | float) else float("inf")
+        )
+        rows = "".join(_timeline_row(e, t0) for e in ordered)
         plots = "".join(
             f'<a href="{run_url}/{escape(k)}"><img alt="{escape(k)}" style="max-width:30rem" src="{run_url}/{escape(k)}"></a>'
             for k in inc.plots
@@ -191,7 +194,7 @@ def _incidents(h: RunHealth, *, base: str, run_url: str) -> str:
 
 def _timeline_row(e: dict[str, Any], t0: float | None) -> str:
     t = e.get("time")
-    rel = f"+{t - t0:.1f}" if isinstance(t, int | float) and t0 is not None else ""
+    rel = f"{t - t0:+.1f}" if isinstance(t, int | float) and t0 is not None else ""
     name = e.get("event") or e.get("phase") or e.get("step_name") or e.get("what") or ""
     rest = {k: v for k, v in e.items() if k not in ("time", "event", "phase", "step_name", "what")}
     when = _fmt_time(t) if isinstance(t, int | float) else escape(str(t or "-"))
