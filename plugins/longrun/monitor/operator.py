@@ -30,6 +30,7 @@ from longrun.monitor import watch
 from longrun.monitor.gate import gate_checkpoint
 from longrun.monitor.trigger import RunMonitorTrigger
 from longrun.runbooks import runbook_path
+from training import schema
 from training.store import ObjectStore, store_from_env
 
 CHECKPOINTS_ALIAS = AssetAlias(name="longrun_checkpoints")
@@ -100,7 +101,14 @@ class RunMonitorOperator(BaseOperator):
 
         run = str(self.run_name)
         job_id = int(str(self.job_id))
-        alerts, steps = watch.ignore_existing(self.store, run, promoted_steps(self.store, run))
+        done = promoted_steps(self.store, run)
+        params = context.get("params") or {}
+        if params.get("attach_job_id") is not None:
+            # A relaunch saves every step after its resume point again: only those up to it are done.
+            resumed = params.get("resume_from")
+            upto = schema.step_of_manifest_key(f"{resumed.rstrip('/')}/manifest.json") if resumed else 0
+            done = [s for s in done if upto is not None and s <= upto]
+        alerts, steps = watch.ignore_existing(self.store, run, done)
         if alerts:
             self.log.info("ignoring %d alert(s) of earlier attempts: %s", len(alerts), list(alerts))
         seen = watch.Seen(
