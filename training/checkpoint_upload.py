@@ -323,8 +323,10 @@ class NvrxUploader:
             return
         proc = self._caller.process
         if proc is not None and proc.is_alive():
-            self._caller.close()  # sends DONE, joins: the worker is idle, so this is quick
-        self._caller.process = None
+            # NVRx's close() sends the same "DONE" but then joins without a bound; bound it here.
+            self._caller.queue.put("DONE")
+            proc.join(max(5.0, deadline - time.monotonic()))
+        self._abandon()  # terminates it only if it did not stop
 
 
 def read_result(job: UploadJob) -> dict[str, Any] | None:
