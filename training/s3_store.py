@@ -80,7 +80,7 @@ class S3Store:
                 e = inner
         if isinstance(e, NoCredentialsError):
             return StoreAuthError(
-                f"{what}: no S3 credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+                f"{what}: no S3 credentials for {self.describe()} (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
             )
         if isinstance(e, EndpointConnectionError):
             return StoreUnavailable(f"{what}: cannot reach {self.describe()}: {e}")
@@ -103,8 +103,8 @@ class S3Store:
                 return StoreUnavailable(f"{what}: {self.describe()} answered {status} {code}")
             return StoreError(f"{what}: {self.describe()} answered {status} {code}: {err.get('Message', '')}")
         if isinstance(e, BotoCoreError):
-            return StoreUnavailable(f"{what}: {e}")
-        return StoreError(f"{what}: {e}")
+            return StoreUnavailable(f"{what}: {self.describe()}: {e}")
+        return StoreError(f"{what}: {self.describe()}: {e}")
 
     def put_bytes(
         self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
