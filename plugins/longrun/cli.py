@@ -10,6 +10,7 @@ SUBCOMMANDS = {
     "stack": "longrun.stack.cli",
     "checkpoints": "longrun.checkpoints.cli",
     "audit": "longrun.audit.cli",
+    "records": "longrun.records",
 }
 
 
@@ -23,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"longrun: unknown command {name!r}; expected one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except BrokenPipeError:  # `longrun ... | head`: the reader left; that is not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
