@@ -93,17 +93,14 @@ class Incident:
 
 def open_record(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     rec = record.open_incident(store, run=inc.run, alert=inc.alert, alert_key=inc.alert_key, mode=inc.mode)
-    if inc.alert_seen_at is not None and not record.has_event(rec, "alert_seen"):
-        rec = record.update(
-            store,
-            run=inc.run,
-            incident_id=inc.incident_id,
-            change=lambda r: (
-                r["timeline"].append({"event": "alert_seen", "time": float(inc.alert_seen_at)})
-                if not record.has_event(r, "alert_seen")
-                else None
-            ),
-        )
+    seen_at = inc.alert_seen_at
+    if seen_at is not None and not record.has_event(rec, "alert_seen"):
+
+        def change(r: dict[str, Any]) -> None:
+            if not record.has_event(r, "alert_seen"):
+                r["timeline"].append({"event": "alert_seen", "time": float(seen_at)})
+
+        rec = record.update(store, run=inc.run, incident_id=inc.incident_id, change=change)
     return {"incident_id": rec["incident_id"], "mode": rec["mode"], "status": rec.get("status")}
 
 
@@ -340,8 +337,9 @@ def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
         step, why = plan["step"], plan["why"]
     if step is None:
         why += "; restarting from step 0 (a clean start is always from before the fault)"
-    chosen = {"step": step or 0, "key": plan.get("key") if step is not None else None, "why": why}
-    lost = record.lost_steps(alert_step=inc.step, checkpoint_step=chosen["step"])
+    resume_step = int(step or 0)
+    chosen = {"step": resume_step, "key": plan.get("key") if step is not None else None, "why": why}
+    lost = record.lost_steps(alert_step=inc.step, checkpoint_step=resume_step)
     inc.event(store, "picked", fields={"checkpoint": chosen, "lost_steps": lost}, step=chosen["step"])
     return {**chosen, "lost_steps": lost}
 
