@@ -31,6 +31,8 @@ from longrun.slurm.spec import JobSpec, JobTag
 #: srun), below Linux's ephemeral range (32768+).
 PORT_BASE = 20000
 PORT_SPAN = 20000
+#: The step time the default settings assume for CPU ranks (`gpus_per_node: 0`).
+CPU_STEP_S = 0.5
 
 
 def _positive(name: str, value: object, hi: float) -> float:
@@ -137,9 +139,12 @@ def job_spec_for_run(
     """The JobSpec of one launch of `run` (render it with `longrun.slurm.render.render_sbatch`).
 
     `env` is exported by the script (store endpoint, bucket, credentials' names...); `python` is the
-    interpreter of the environment that has longrun and NVRx (its `ft_launcher` is used).
+    interpreter of the environment that has longrun and NVRx (its `ft_launcher` is used). `nvrx`
+    defaults to `NvrxLaunch()` for GPU runs and `NvrxLaunch.for_step_time(CPU_STEP_S)` for CPU runs.
     """
-    nvrx = nvrx or NvrxLaunch()
+    if nvrx is None:
+        # CPU ranks run the small presets (sub-second steps): detect a hang in seconds, not minutes.
+        nvrx = NvrxLaunch() if run.gpus_per_node else NvrxLaunch.for_step_time(CPU_STEP_S)
     v.path("python", python)
     run_dir = run_dir_for(run, run_dir_root)
     q = shlex.quote

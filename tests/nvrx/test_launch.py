@@ -118,3 +118,11 @@ def test_port_and_address_resolution_in_a_shell(tmp_path: Path) -> None:
     env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[2-3]", "SLURM_JOB_ID": "41234"}
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True).stdout
     assert out.split()[-2:] == ["127.0.0.2", str(20000 + 41234 % 20000)]
+
+
+def test_cpu_runs_default_to_cpu_timeouts() -> None:
+    cpu = job_spec_for_run(
+        RunSpec(run_name="c", nodes=3, gpus_per_node=0), tag=TAG, run_dir_root="/r", env={}
+    )
+    gpu = job_spec_for_run(RunSpec(run_name="g", nodes=3), tag=TAG, run_dir_root="/r", env={})
+    assert cpu.env["LONGRUN_NVRX_MIN_TIMEOUT_S"] == "10" and gpu.env["LONGRUN_NVRX_MIN_TIMEOUT_S"] == "300"
