@@ -181,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         "command:",
         shlex.join([Path(sys.executable).name, "bench/bench_checkpoints.py", *(argv or sys.argv[1:])]),
     )
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, threads {torch.get_num_threads()}")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, threads {torch.get_num_threads()}, "
+        f"load average {os.getloadavg()[0]:.1f} (numbers from a loaded host are not comparable)"
+    )
     with s3_env() as env, tempfile.TemporaryDirectory(prefix="longrun-bench-ckpt-") as tmp:
         print(f"store: s3://{env['LONGRUN_BUCKET']} at {env['AWS_ENDPOINT_URL']}")
         st = bench_stall(env, args.mib, args.saves, args.every, Path(tmp))
@@ -216,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  {va['s']:.2f} s -> {va['s'] / (va['bytes'] / 1e9):.2f} s per GB")
         del gb
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
     return 0
 
 
