@@ -1,10 +1,10 @@
 """`sdc_incident`: from an SDC alert to a drained, diagnosed node and a relaunch from a clean checkpoint.
 
-open the record -> freeze the job -> attribute (ambiguous: drain nothing, fail, runbook) -> [approve]
--> drain (rate-limited, longrun's reason) -> diagnose (reference probe on a healthy node, then probe +
-DCGM on the suspect in a MAINT reservation; drained again with the verdict) -> pick the pre-incident
-checkpoint -> [approve] -> relaunch (node excluded, drill off, resumed) -> re-enter monitoring (a new
-`training_run` run attached to the job) -> summary.
+open the record -> freeze the job (beside: attribute; ambiguous -> drain nothing, fail, runbook) ->
+[approve] -> drain (rate-limited, longrun's reason) -> then side by side: diagnose (probe + DCGM on the
+suspect in a MAINT reservation; drained again with the verdict) and pick the pre-incident checkpoint ->
+[approve] -> relaunch (node excluded, drill off, resumed) -> re-enter monitoring (a new `training_run`
+run attached to the job) -> summary.
 
 Triggered by `training_run` with the alert as conf (run id `incident__<alert id>`), or by hand with
 `run_name` and `alert_key`. Modes (the run's `incident_mode`): act, approve (human-in-the-loop approval
@@ -156,12 +156,16 @@ def sdc_incident() -> None:
     done = summary()
 
     # The freeze waits (bounded) for the job to finish its uploads and exit; attribution and the drain
-    # do not need it gone (a drain never stops a running job), the diagnosis and the pick do.
+    # do not need it gone (a drain never stops a running job). The relaunch excludes the drained node
+    # whatever the diagnosis finds, so the diagnosis runs beside the pick and the relaunch instead of
+    # in front of them: recovery does not wait for it. The summary waits for both.
     opened >> [frozen, attributed]
     attributed >> gate1 >> [approve_drain, drained]
-    approve_drain >> drained >> diagnosed
-    frozen >> diagnosed >> picked >> gate2 >> [approve_relaunch, relaunched]
-    approve_relaunch >> relaunched >> reenter >> done
+    approve_drain >> drained
+    [drained, frozen] >> diagnosed
+    [drained, frozen] >> picked >> gate2 >> [approve_relaunch, relaunched]
+    approve_relaunch >> relaunched >> reenter
+    [reenter, diagnosed] >> done
 
 
 sdc_incident()
