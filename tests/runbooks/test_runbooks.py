@@ -299,31 +299,65 @@ def test_runbook_url_uses_the_base_url() -> None:
         runbook_path("nope")
 
 
-def _python_c_cases() -> list[tuple[str, tuple[str, ...]]]:
+# Records every store-reading command may find: one per `longrun records --kind`, for run `demo`; a
+# placeholder in a key becomes `demo`, a bare `<key>` the alert's key.
+SEEDED = {
+    "runs/demo/alerts/demo.json": b'{"kind": "alerts"}',
+    "runs/demo/checks/00000001-00000001-r000.jsonl": b'{"kind": "checks"}\n',
+    "runs/demo/incidents/demo.json": b'{"kind": "incidents"}',
+    "runs/demo/validations/demo.json": b'{"kind": "validations"}',
+    "runs/demo/suspect/demo.json": b'{"kind": "suspect"}',
+    "runs/demo/promoted/current.json": b'{"kind": "promotions"}',
+    "runs/demo/checkpoints/step-00000001/manifest.json": b'{"kind": "checkpoints"}',
+    "runs/demo/progress/latest.json": b'{"kind": "progress"}',
+    "runs/demo/report.json": b'{"kind": "report"}',
+    "audit/demo/summary.json": b'{"kind": "audit"}',
+}
+
+
+def _fill(argv: tuple[str, ...]) -> list[str]:
+    """Placeholders filled in: a bare key is the alert's key; any other placeholder (a run name, an id in
+    a key) is `demo`."""
+    out = []
+    for prev, arg in zip(("", *argv[:-1]), argv, strict=True):
+        if arg == "PLACEHOLDER" and prev != "--run":
+            arg = "runs/demo/alerts/demo.json"
+        out.append(arg.replace("PLACEHOLDER", "demo"))
+    return out
+
+
+def _store_cases() -> list[tuple[str, ...]]:
+    """Every runbook command that reads the store: `longrun records ...` and any `python -c` one-liner."""
     cases = set()
     for _f, argv in all_commands():
-        if Path(argv[0]).name.startswith("python") and len(argv) > 2 and argv[1] == "-c":
-            cases.add((argv[2], tuple(argv[3:])))
+        if argv[:2] == ["longrun", "records"]:
+            cases.add(tuple(argv))
+        elif Path(argv[0]).name.startswith("python") and len(argv) > 2 and argv[1] == "-c":
+            cases.add((sys.executable, *argv[1:]))
     return sorted(cases)
 
 
-@pytest.mark.parametrize(("code", "args"), _python_c_cases(), ids=lambda v: str(v)[:60])
-def test_python_snippets_run_against_a_store(code: str, args: tuple[str, ...], tmp_path: Path) -> None:
-    """The store one-liners run: over a local store holding one record, with placeholders filled in."""
+def test_runbooks_read_records_with_longrun_records() -> None:
+    assert sum(argv[:2] == ("longrun", "records") for argv in _store_cases()) >= 5
+
+
+@pytest.mark.parametrize("argv", _store_cases(), ids=lambda v: " ".join(v[1:])[:70])
+def test_store_commands_run_against_a_store(argv: tuple[str, ...], tmp_path: Path) -> None:
+    """Each store command runs over a local store holding one record of every kind, placeholders filled in,
+    and prints a record or a key."""
     from training.store import LocalDirStore
 
-    LocalDirStore(tmp_path).put_bytes("runs/demo/alerts/a.json", b'{"kind": "alert"}')
-    filled = [
-        ("runs/demo/alerts/" if a.endswith("/") else "runs/demo/alerts/a.json") if "PLACEHOLDER" in a else a
-        for a in args
-    ]
+    store = LocalDirStore(tmp_path)
+    for key, data in SEEDED.items():
+        store.put_bytes(key, data)
+    filled = _fill(argv)
+    if filled[0] == "longrun":
+        filled[0] = str(VENV_BIN / "longrun")
     env = {k: v for k, v in os.environ.items() if k not in ("AWS_ENDPOINT_URL", "LONGRUN_S3")}
     env["LONGRUN_STORE_DIR"] = str(tmp_path)
-    out = subprocess.run(
-        [sys.executable, "-c", code, *filled], capture_output=True, text=True, timeout=60, env=env
-    )
-    assert out.returncode == 0, f"`python -c {code!r} {' '.join(filled)}` failed: {out.stderr[-2000:]}"
-    assert "runs/demo/alerts/a.json" in out.stdout or '"kind": "alert"' in out.stdout
+    out = subprocess.run(filled, capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, f"`{' '.join(filled)}` exited {out.returncode}: {out.stderr[-2000:]}"
+    assert "demo" in out.stdout or '"kind"' in out.stdout, f"`{' '.join(filled)}` printed {out.stdout!r}"
 
 
 def test_the_checker_catches_bad_commands() -> None:
