@@ -1,0 +1,314 @@
+"""The public interface of DESIGN.md "Contracts worth keeping stable", pinned.
+
+Users, runbooks and outside tests depend on these names. This file fails when one of them changes, and
+also when the surface grows by accident: every set is compared with an explicit expected set, and the
+extras the code has beyond the contract are listed here by name. Growing the surface on purpose means
+editing DESIGN.md and this file together.
+
+Fast on purpose: no stack, no scheduler. Airflow and the trainer run in subprocesses (a DagBag over
+dags/, `python -m training.train --help`, the import check); the rest runs in-process.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from longrun.cli import main as longrun_main
+
+from training import schema
+from training.faults import Fault, parse_fault
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+TIMEOUT_S = 180  # generous: a busy 2-core machine; idle, each subprocess takes a few seconds
+
+# ---- DAGs ----------------------------------------------------------------------------------------------
+
+CONTRACT_DAG_IDS = {"training_run", "sdc_incident", "checkpoint_audit"}
+# Not contracted, present in dags/: example and smoke DAGs (system tests of the operators).
+EXTRA_DAG_IDS = {"example_slurm_job", "example_slurm_job_fails", "smoke"}
+
+CONTRACT_PARAMS = {
+    "run_name",
+    "nodes",
+    "gpus_per_node",
+    "partition",
+    "model",
+    "steps",
+    "checkpoint_every",
+    "recompute_every",
+    "vote_every",
+    "incident_mode",
+    "drill",
+}
+# Not contracted: set by sdc_incident when it triggers a relaunch (form section "Relaunch ... leave as
+# is"). Users never fill them in; they may change with the incident DAG, but not by accident.
+EXTRA_PARAMS = {"attach_job_id", "resume_from", "exclude", "attempt", "incident_id"}
+
+# Parse dags/ with a DagBag in a throwaway AIRFLOW_HOME; write what the contract needs as JSON to argv[1].
+# A subprocess keeps Airflow (and its config, read once per process) out of this test process.
+_DAGBAG_SCRIPT = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+
+bag = DagBag(dag_folder=sys.argv[2])
+dag = bag.dags.get("training_run")
+params = {}
+if dag is not None:
+    for name in dag.params:
+        p = dag.params.get_param(name)
+        params[name] = {"schema": p.schema, "default": p.value}
+out = {"dag_ids": sorted(bag.dag_ids), "import_errors": {str(k): str(v) for k, v in bag.import_errors.items()},
+       "params": params}
+with open(sys.argv[1], "w") as f:
+    json.dump(out, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def dagbag(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("contracts-dagbag")
+    out = tmp / "dagbag.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(AIRFLOW_HOME=str(tmp / "airflow"), AIRFLOW__CORE__LOAD_EXAMPLES="False")
+    proc = subprocess.run(
+        [sys.executable, "-c", _DAGBAG_SCRIPT, str(out), str(REPO / "dags")],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+        cwd=tmp,
+    )
+    assert proc.returncode == 0, f"DagBag over dags/ failed:\n{proc.stderr[-3000:]}"
+    return json.loads(out.read_text())
+
+
+def test_dag_ids(dagbag: dict[str, Any]) -> None:
+    assert dagbag["import_errors"] == {}
+    assert set(dagbag["dag_ids"]) == CONTRACT_DAG_IDS | EXTRA_DAG_IDS
+
+
+def test_training_run_params(dagbag: dict[str, Any]) -> None:
+    params = dagbag["params"]
+    assert set(params) == CONTRACT_PARAMS | EXTRA_PARAMS
+    schemas = {name: p["schema"] for name, p in params.items()}
+    assert schemas["incident_mode"]["enum"] == ["act", "approve", "observe"]
+    assert params["incident_mode"]["default"] == "act"
+    assert "tiny" in schemas["model"]["enum"]
+    assert schemas["gpus_per_node"]["minimum"] == 0, "gpus_per_node: 0 means CPU ranks"
+    drill = schemas["drill"]
+    assert set(drill["type"]) == {"null", "object"}
+    assert params["drill"]["default"] is None
+    assert set(drill["properties"]) == {"kind", "step", "target"}
+    assert set(drill["required"]) == {"kind", "step", "target"}
+    assert set(drill["properties"]["kind"]["enum"]) == CONTRACT_FAULT_KINDS | EXTRA_FAULT_KINDS
+
+
+# ---- longrun stack ------------------------------------------------------------------------------------
+
+CONTRACT_STACK_COMMANDS = {"up", "down", "status", "env"}
+CONTRACT_ENV = {
+    "SLURM_CONF",
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "LONGRUN_BUCKET",
+    "LONGRUN_AIRFLOW_URL",
+    "LONGRUN_AIRFLOW_USER",
+    "LONGRUN_AIRFLOW_PASSWORD",
+}
+# Not in DESIGN.md: boto3 needs a region for SeaweedFS's S3 (`AWS_DEFAULT_REGION`), and `airflow ...`
+# commands in a shell must see the stack's config (`AIRFLOW_HOME`).
+EXTRA_ENV = {"AWS_DEFAULT_REGION", "AIRFLOW_HOME"}
+
+
+def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """`longrun ARGV --help` through the console script's own entry function."""
+    with pytest.raises(SystemExit) as exc:
+        longrun_main([*argv, "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def _choices(help_text: str) -> set[str]:
+    """The subcommands argparse lists as `{a,b,c}` in a usage line."""
+    usage = help_text.split("\n\n", 1)[0]
+    start, end = usage.index("{"), usage.index("}")
+    return {c.strip() for c in usage[start + 1 : end].split(",")}
+
+
+def test_stack_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _choices(_help(capsys, "stack")) == CONTRACT_STACK_COMMANDS
+
+
+def test_stack_env_prints_exactly_the_contracted_exports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`env` on a fresh state dir, no process started: each component reports its client env once its
+    files exist, so create them the way `up` would first (generated credentials and password; the Slurm
+    config only needs to exist for `env`)."""
+    from longrun.stack import Stack
+    from longrun.stack.layout import NODES, PARTITION
+
+    assert NODES == ("n1", "n2", "n3", "n4")
+    assert PARTITION == "debug"
+    stack = Stack(tmp_path / "state")
+    stack.s3.credentials()
+    stack.airflow.password()
+    conf = stack.slurm.paths["conf"]
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.touch()
+
+    assert longrun_main(["stack", "--state-dir", str(stack.state_dir), "env"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.startswith("export ") and "=" in line for line in lines), lines
+    names = [line.removeprefix("export ").split("=", 1)[0] for line in lines]
+    assert len(names) == len(set(names)), names
+    assert set(names) == CONTRACT_ENV | EXTRA_ENV
+
+
+# ---- longrun checkpoints ------------------------------------------------------------------------------
+
+CONTRACT_CHECKPOINT_COMMANDS = {"list", "validate", "promote", "pick"}
+# Not contracted, present: `demote` (mark checkpoints after a known-good step suspect; the incident DAG
+# and runbooks use it) and `retention` (keep the last K promoted, delete the rest).
+EXTRA_CHECKPOINT_COMMANDS = {"demote", "retention"}
+
+
+def test_checkpoints_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    found = _choices(_help(capsys, "checkpoints"))
+    assert found == CONTRACT_CHECKPOINT_COMMANDS | EXTRA_CHECKPOINT_COMMANDS
+    for sub in CONTRACT_CHECKPOINT_COMMANDS:
+        assert "--run" in _help(capsys, "checkpoints", sub), f"checkpoints {sub} lacks --run"
+    for sub in ("validate", "promote", "pick"):
+        assert "--step" in _help(capsys, "checkpoints", sub), f"checkpoints {sub} lacks --step"
+
+
+# ---- the trainer --------------------------------------------------------------------------------------
+
+CONTRACT_TRAIN_FLAGS = (
+    "--run",
+    "--run-dir",
+    "--steps",
+    "--checkpoint-every",
+    "--recompute-every",
+    "--vote-every",
+    "--fault",
+    "--resume-from",
+)
+CONTRACT_FAULT_KINDS = {"nan", "scale", "weight-flip", "sick-node", "crash", "hang"}
+# Not in DESIGN.md's list, accepted: `inf` (like nan, an Inf in one rank's gradient).
+EXTRA_FAULT_KINDS = {"inf"}
+
+
+def _trainer_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def test_train_help_shows_every_contracted_flag() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.train", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=_trainer_env(),
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    words = set(proc.stdout.replace("[", " ").replace("]", " ").split())
+    missing = [f for f in CONTRACT_TRAIN_FLAGS if f not in words]
+    assert not missing, f"`python -m training.train --help` lacks {missing}:\n{proc.stdout}"
+    assert "KIND:STEP:TARGET" in proc.stdout
+
+
+def test_longrun_train_console_script() -> None:
+    scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")}
+    assert scripts.get("longrun-train") == "training.train:main"
+    assert scripts.get("longrun") == "longrun.cli:main"
+    assert shutil.which("longrun-train", path=str(VENV_BIN)), "longrun-train is not installed in the venv"
+
+
+def test_fault_kinds() -> None:
+    assert set(schema.FAULT_KINDS) == CONTRACT_FAULT_KINDS | EXTRA_FAULT_KINDS
+    for kind in sorted(CONTRACT_FAULT_KINDS):
+        assert parse_fault(f"{kind}:5:1") == Fault(kind=kind, step=5, rank=1)
+    assert parse_fault("sick-node:5:n2") == Fault(kind="sick-node", step=5, node="n2")
+
+
+def test_exit_code_of_an_sdc_verdict() -> None:
+    assert schema.EXIT_SDC_VERDICT == 93
+
+
+def test_training_never_imports_airflow() -> None:
+    code = (
+        "import sys, training, training.train\n"
+        "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+
+
+# ---- records ------------------------------------------------------------------------------------------
+
+CONTRACT_ALERT_FIELDS = (
+    "schema_version",
+    "run",
+    "step",
+    "check",
+    "suspect_ranks",
+    "suspect_nodes",
+    "evidence",
+)
+
+
+def test_alert_record() -> None:
+    assert set(schema.CHECKS) == {"finite", "recompute", "weight_vote"}
+    for check in schema.CHECKS:
+        alert = schema.record(
+            "alert",
+            run="demo",
+            step=7,
+            check=check,
+            suspect_ranks=[1],
+            suspect_nodes=["n2"],
+            evidence={"losses": [1.0, 2.0]},
+        )
+        assert set(CONTRACT_ALERT_FIELDS) <= set(alert)
+        json.dumps(alert)  # a JSON object
+    for field in CONTRACT_ALERT_FIELDS:
+        broken = {k: v for k, v in alert.items() if k != field}
+        with pytest.raises(schema.SchemaError):
+            schema.validate("alert", broken)
+    with pytest.raises(schema.SchemaError, match="check"):
+        schema.validate("alert", {**alert, "check": "loss_spike"})
+    # one JSON object per alert under the run's alerts/
+    assert schema.alert_path(7, "finite", "r001-1").startswith("alerts/")
+    assert schema.store_key("demo", "alerts/x.json") == "runs/demo/alerts/x.json"
+
+
+def test_run_report_carries_final_fingerprint() -> None:
+    report = schema.record("report", run="demo", final_step=40, final_fingerprint="ab12")
+    assert report["final_fingerprint"] == "ab12"
+    with pytest.raises(schema.SchemaError, match="final_fingerprint"):
+        schema.validate("report", {k: v for k, v in report.items() if k != "final_fingerprint"})
+    assert schema.REPORT_PATH == "report.json"
+
+
+def test_model_presets_include_tiny() -> None:
+    assert "tiny" in schema.MODEL_PRESETS
+    from training.config import PRESETS
+
+    assert "tiny" in PRESETS
