@@ -68,6 +68,7 @@ class EventWriter:
         self.flush_every, self.progress_interval_s = flush_every, progress_interval_s
         self._pending: list[dict[str, Any]] = []
         self._last_progress_put = 0.0
+        self._unsent_progress: dict[str, Any] | None = None
         self._live = None
         if rank == 0:
             live = self.run_dir / "checks-live" / f"r{rank:03d}.jsonl"
@@ -135,10 +136,12 @@ class EventWriter:
             return
         schema.validate("progress", rec)
         write_atomic(self.run_dir / schema.PROGRESS_PATH, rec)
+        self._unsent_progress = rec
         now = time.monotonic()
         if force or now - self._last_progress_put >= self.progress_interval_s:
             if self._put(schema.PROGRESS_PATH, rec):
                 self._last_progress_put = now
+                self._unsent_progress = None
 
     def report(self, rec: dict[str, Any]) -> None:
         schema.validate("report", rec)
@@ -147,6 +150,9 @@ class EventWriter:
 
     def close(self) -> None:
         self.flush()
+        if self._unsent_progress is not None:  # the last heartbeat reaches the store too
+            self._put(schema.PROGRESS_PATH, self._unsent_progress)
+            self._unsent_progress = None
         if self._live is not None:
             self._live.close()
             self._live = None

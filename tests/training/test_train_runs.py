@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 
 import pytest
 from conftest import REPO, base_env, free_port
@@ -62,12 +63,15 @@ def test_identical_weights_across_runs_launchers_and_resume(launch, tmp_path):
 
 
 @pytest.mark.s3
-def test_alert_and_records_reach_s3(launch, s3_store_env):
+def test_alert_and_records_reach_s3(launch, s3_store_env, monkeypatch):
+    name = f"s3drill-{uuid.uuid4().hex[:8]}"  # the bucket may outlive this session
     run = launch(["--steps", "8", "--recompute-every", "4", "--checkpoint-every", "4", "--fault", "nan:6:3"],
-                 name="s3drill", env=dict(s3_store_env))  # fmt: skip
+                 name=name, env=dict(s3_store_env))  # fmt: skip
     assert run.rcs == [schema.EXIT_SDC_VERDICT] * 4, run.log()
+    for key, value in s3_store_env.items():  # boto3 reads the credentials from the environment
+        monkeypatch.setenv(key, value)
     store = store_from_env(dict(s3_store_env))
-    prefix = schema.run_prefix("s3drill")
+    prefix = schema.run_prefix(name)
     alerts = [i.key for i in store.list(prefix + "alerts/")]
     assert len(alerts) == 1
     alert = get_json(store, alerts[0])

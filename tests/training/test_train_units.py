@@ -209,6 +209,7 @@ def test_event_writer_alert_is_durable_in_run_dir_and_store(tmp_path):
     assert get_json(store, "runs/r1/progress/latest.json")["step"] == 1  # throttled
     assert json.loads((tmp_path / "run" / "progress" / "latest.json").read_text())["step"] == 4  # every step
     ev.close()
+    assert get_json(store, "runs/r1/progress/latest.json")["step"] == 4  # the last heartbeat at close
     assert [i.key.rsplit("/", 1)[1] for i in store.list("runs/r1/checks/")][
         -1
     ] == "00000004-00000004-r000.jsonl"
