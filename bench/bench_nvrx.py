@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", action="store_true", help="print each timeline as JSON too")
+    p.add_argument("--log-dir", help="keep each run's combined log here")
     a = p.parse_args(argv)
     print("command: python bench/bench_nvrx.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:])))
     print(f"nodes {a.nodes} x 1 CPU rank, model {a.model}, steps {a.steps}, checkpoint every "
@@ -211,7 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(a.repeat):
         with tempfile.TemporaryDirectory(prefix="bench-nvrx-") as tmp:
             log = (run_local if a.mode == "local" else run_slurm)(a, Path(tmp))
-            t = timeline(log)
+            if a.log_dir:
+                Path(a.log_dir).mkdir(parents=True, exist_ok=True)
+                (Path(a.log_dir) / f"bench-nvrx-{i + 1}.log").write_text(log)
+            try:
+                t = timeline(log)
+            except ValueError:
+                # e.g. a hang detected before the crash step (then the crash drill is not re-injected)
+                for line in log.splitlines():
+                    if re.search(r"Did not get|FT timeout|in-job restart \d+:|exitcode", line):
+                        print(line[:200], file=sys.stderr)
+                raise
         results.append(t)
         print(f"[{i + 1}/{a.repeat}] {overhead_line(t)}")
         if a.json:

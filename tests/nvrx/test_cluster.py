@@ -6,12 +6,23 @@ torch.distributed with gloo, the reference trainer and its injected faults.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 from longrun.runspec import Drill, RunSpec
 from longrun.slurm.client import JobStatus
 from longrun.slurm.outcomes import Kind
 
 from training.schema import EXIT_SDC_VERDICT
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_nvrx", Path(__file__).resolve().parents[2] / "bench" / "bench_nvrx.py"
+)
+assert _spec and _spec.loader
+_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bench)
+bench_timeline, bench_overhead_line = _bench.timeline, _bench.overhead_line
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -62,6 +73,10 @@ def test_sigkill_is_recovered_in_job_with_the_same_weights(launcher, clean):
     assert run.count(r"in-job restart 1: resuming from .*checkpoints/step-000000[1-9]0") == 1
     assert run.progress()["restart_count"] == 1
     assert run.report()["final_fingerprint"] == clean.report()["final_fingerprint"]
+    # The benchmark's parser reads the same timeline from the Slurm job's log.
+    t = bench_timeline(run.log)
+    assert t["resumed_step"] in (10, 20, 30, 40, 50, 60, 70, 80, 90) and t["total"] > 0
+    print(f"job {run.job_id}: {bench_overhead_line(t)}")
 
 
 def test_hang_is_detected_by_heartbeat_timeout_and_recovered(launcher, clean):
