@@ -51,6 +51,7 @@ class SlurmJobSensor(BaseSensorOperator):
         outcome = self.hook.outcome(int(self.job_id), max_restarts=self.max_restarts)
         if outcome.kind is Kind.RUNNING:
             return False
+        self.log.info("Slurm %s", outcome.state.describe())
         try:
             self.hook.check(outcome)
         except TerminalSlurmError as err:
