@@ -193,7 +193,7 @@ def test_drill_from_the_form_shows_its_incident_on_run_health(airflow_stack, bro
             return page.locator(".incident .timeline").get_by_text("relaunched_running").count() > 0
 
         _wait_for(f"incident of {run} relaunched on {health}", INCIDENT_TIMEOUT_S, relaunched)
-        assert page.locator("#alerts").get_by_text("recompute").count() == 1
+        assert page.locator("#alerts").get_by_role("cell", name="recompute", exact=True).count() == 1
         incident = page.locator(".incident").first
         assert "n2" in incident.inner_text()
         for alt in ("loss over steps", "replica fingerprint agreement"):
