@@ -318,9 +318,9 @@ def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     rec = inc.rec(store)
     if rec.get("checkpoint"):
         return dict(rec["checkpoint"])
-    if inc.plan.changes:
-        # Checkpoints that were still uploading when the monitor saw the alert (the job is final now).
-        gate_pending(store, inc.run, before_step=inc.step, log=log, by=f"sdc_incident:{inc.incident_id}")
+    # Checkpoints that were still uploading when the monitor saw the alert (the job is final now). This
+    # is the normal checkpoint gate, not an incident action, so observe mode runs it too.
+    gate_pending(store, inc.run, before_step=inc.step, log=log, by=f"sdc_incident:{inc.incident_id}")
     plan = plan_pick(store, inc.run, inc.alert)
     if inc.plan.changes:
         step, why = pick_pre_incident(store, inc.run, inc.alert, write=True)
