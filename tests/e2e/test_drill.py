@@ -151,7 +151,9 @@ def test_rerunning_the_incident_changes_nothing(rest, clean):
     assert [e for e in ratelimit.entries(store) if e["incident_id"] == before["incident_id"]] == drains
     assert client.node(node).reason == reason
     tag = JobTag(dag_id="sdc_incident", run_id=incident_run, task_id="relaunch")
-    assert [j.job_id for j in client.find_jobs(tag.prefix())] == [before["relaunch"]["job_id"]]
+    # A second submission would still be known to Slurm (queued, running or just finished); the first
+    # one may already be forgotten (it completed minutes ago).
+    assert {j.job_id for j in client.find_jobs(tag.prefix())} <= {before["relaunch"]["job_id"]}
 
 
 def test_observe_mode_changes_nothing(rest, clean):
