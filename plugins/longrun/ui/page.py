@@ -249,7 +249,7 @@ def _nodes(h: RunHealth) -> str:
     if h.nodes_error:
         return f"<h2>Slurm nodes</h2><p class='warn'>{escape(h.nodes_error)}</p>"
     rows = "".join(
-        f"<tr><td>{escape(n.name)}</td><td class='{'bad' if 'DRAIN' in n.state or 'down' in n.state else 'ok'}'>"
+        f"<tr><td>{escape(n.name)}</td><td class='{_node_class(n.state)}'>"
         f"{escape(n.state)}</td><td>{escape(n.reason or '')}</td>"
         f"<td>{'this run' if n.this_run else ('longrun' if n.ours else '')}</td></tr>"
         for n in h.nodes
@@ -264,6 +264,15 @@ def message_html(title: str, text: str, *, base: str) -> str:
     return _page(
         title, f"<h1>{escape(title)}</h1><p>{escape(text)}</p><p><a href='{escape(base)}/'>all runs</a></p>"
     )
+
+
+def _node_class(state: str) -> str:
+    """Red: takes no jobs (drained, down, not responding); amber: held for maintenance; green otherwise."""
+    if any(x in state for x in ("DRAIN", "down", "NOT_RESPONDING", "drain")):
+        return "bad"
+    if any(x in state for x in ("MAINTENANCE", "RESERVED")):
+        return "warn"
+    return "ok"
 
 
 def runbook_html(name: str, markdown_text: str, *, base: str) -> str:

@@ -1,0 +1,51 @@
+"""The HTML: the status an operator reads first, node colours, and escaping of record text."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from longrun.ui import data, page
+
+from training.store import LocalDirStore
+from ui.drill_records import T0, fill_drill
+
+
+@pytest.fixture
+def store(tmp_path):
+    return LocalDirStore(tmp_path / "store")
+
+
+def status(h) -> str:
+    html = page.run_html(h, base="/longrun", store="test")
+    return html.split('id="run-status">', 1)[1].split("<", 1)[0]
+
+
+def test_status_follows_the_run(store):
+    fill_drill(store, finished=False)
+    live = data.load_run_health(store, "drill-1", now=T0 + 160)
+    assert status(live) == "training"  # the incident was relaunched: the run is training again
+    assert status(dataclasses.replace(live, heartbeat_age_s=600.0)) == "heartbeat stale"
+    (inc,) = live.incidents
+    still_open = dataclasses.replace(live, incidents=(dataclasses.replace(inc, status="open"),))
+    assert status(still_open) == "incident"
+    assert status(dataclasses.replace(live, incidents=())) == "incident"  # an alert nobody handled yet
+    fill_drill(store)
+    assert status(data.load_run_health(store, "drill-1")) == "finished"
+
+
+def test_node_colours():
+    assert page._node_class("idle+DRAIN") == "bad"
+    assert page._node_class("down+NOT_RESPONDING") == "bad"
+    assert page._node_class("mixed+MAINTENANCE+RESERVED") == "warn"
+    assert page._node_class("allocated") == "ok"
+
+
+def test_record_text_is_escaped(store):
+    fill_drill(store)
+    h = data.load_run_health(store, "drill-1")
+    (inc,) = h.incidents
+    evil = dataclasses.replace(inc, timeline=({"event": "<script>alert(1)</script>", "time": T0},))
+    html = page.run_html(dataclasses.replace(h, incidents=(evil,)), base="/longrun", store="<b>s</b>")
+    assert "<script>alert(1)" not in html and "&lt;script&gt;" in html
+    assert "<b>s</b>" not in html
