@@ -6,14 +6,14 @@ breakdown, and the steps lost per incident.
 Each drill is a full 3-node `training_run` through Airflow's REST API, as in the e2e test. The breakdown
 comes from the incident record's timeline (seconds after the alert record was written):
     sensor     the monitor's trigger saw the alert (poll interval + store listing)
-    handover   settle (the job exits after its last upload), hand-over task, sdc_incident run start
-    freeze     the job is final (normally it already ended with exit 93)
+    handover   the monitor task resumes, hands over; the sdc_incident run starts
     attribute  evidence -> node
     drain      rate-limit ledger + scontrol drain
-    diagnosis  reference probe (first incident per partition only) + probe on the node in a MAINT
-               reservation, drained again with the verdict
-    pick       pre-incident checkpoint + demotion of later ones
+    freeze     (beside attribute + drain) the job exits by itself after its uploads (exit 93)
+    pick       gate still-uploading checkpoints, pre-incident checkpoint, demote later ones
     submit     sbatch of the relaunch until Slurm reports it RUNNING
+    diagnosis  (beside pick + submit, not on the recovery path) reference probe (first incident per
+               partition) + probe on the node in a MAINT reservation, drained again with the verdict
 Most of each phase here is Airflow task start-up on a 2-core machine shared with other work: compare
 phases, not totals, across machines.
 """
@@ -45,15 +45,17 @@ DRILL = {
     "weight-flip": {"kind": "weight-flip", "step": 13, "target": "1"},
     "sick-node": {"kind": "sick-node", "step": 17, "target": "n2"},
 }
+# (name, events whose latest time starts the phase (empty: the alert record's time), event that ends it).
+# freeze runs beside attribute + drain; diagnosis runs beside pick + submit (not on the recovery path).
 PHASES = (
-    ("sensor", None, "alert_seen"),
-    ("handover", "alert_seen", "opened"),
-    ("freeze", "opened", "frozen"),
-    ("attribute", "frozen", "attributed"),
-    ("drain", "attributed", "drained"),
-    ("diagnosis", "drained", "diagnosed"),
-    ("pick", "diagnosed", "picked"),
-    ("submit", "picked", "relaunched_running"),
+    ("sensor", (), "alert_seen"),
+    ("handover", ("alert_seen",), "opened"),
+    ("attribute", ("opened",), "attributed"),
+    ("drain", ("attributed",), "drained"),
+    ("freeze", ("opened",), "frozen"),
+    ("pick", ("drained", "frozen"), "picked"),
+    ("submit", ("picked",), "relaunched_running"),
+    ("diagnosis", ("drained", "frozen"), "diagnosed"),
 )
 
 
@@ -61,11 +63,10 @@ def phases(incident: dict) -> dict[str, float]:
     t = {e["event"]: float(e["time"]) for e in incident["timeline"]}
     t_alert = float(incident["alert"]["time"])
     out = {}
-    for name, start, end in PHASES:
-        a = t_alert if start is None else t.get(start)
-        b = t.get(end)
-        if a is not None and b is not None:
-            out[name] = b - a
+    for name, starts, end in PHASES:
+        if end not in t or any(s not in t for s in starts):
+            continue
+        out[name] = t[end] - max([t[s] for s in starts], default=t_alert)
     return out
 
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare(rest)
     client = make_client(backend="cli", slurm_conf=env["SLURM_CONF"])
     store = store_from_env()
-    totals, lost, per_phase = [], [], {name: [] for name, _a, _b in PHASES}
+    totals, lost, per_phase = [], [], {name: [] for name, _s, _e in PHASES}
     for i in range(args.drills):
         return_to_service(client, say=lambda _line: None)
         run = f"bench-{args.kind}-{time.strftime('%H%M%S')}-{i}"
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"alert -> relaunched RUNNING: median {statistics.median(totals):.1f} s (min {min(totals):.1f}, max {max(totals):.1f})"
     )
-    for name, _a, _b in PHASES:
+    for name, _s, _e in PHASES:
         if per_phase[name]:
             print(f"  {name:<10} median {statistics.median(per_phase[name]):6.1f} s")
     print(f"steps lost per incident: median {statistics.median(lost)} (all: {lost})")
