@@ -171,7 +171,7 @@ def run_slurm(a: argparse.Namespace, work: Path) -> str:
         max_restarts=2,
         time_limit_min=15,
     )
-    nvrx = dataclasses.replace(NvrxLaunch.for_step_time(0.5))
+    nvrx = dataclasses.replace(NvrxLaunch.for_step_time(0.5), port_base=a.port_base)
     env = {
         "SLURM_CONF": os.environ["SLURM_CONF"],
         "OMP_NUM_THREADS": "1",
@@ -186,9 +186,11 @@ def run_slurm(a: argparse.Namespace, work: Path) -> str:
     finally:
         if client.job(job).is_active:
             client.cancel(job)
-    log = (work / f"{run.run_name}.slurm-{job}.out").read_text()
+    out = work / f"{run.run_name}.slurm-{job}.out"
+    log = out.read_text() if out.exists() else ""
     if state.exit_code != 0:
-        raise RuntimeError(f"job {job} ended {state.describe()}; log in {work}")
+        tail = "\n".join(ln[:200] for ln in log.splitlines() if "pynvml" not in ln)[-6000:]
+        raise RuntimeError(f"job {job} ended {state.describe()}; its log ends:\n{tail}")
     return log
 
 
@@ -204,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", action="store_true", help="print each timeline as JSON too")
     p.add_argument("--log-dir", help="keep each run's combined log here")
+    p.add_argument("--port-base", type=int, default=20000, help="slurm mode: rendezvous port base")
     a = p.parse_args(argv)
     print("command: python bench/bench_nvrx.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:])))
     print(f"nodes {a.nodes} x 1 CPU rank, model {a.model}, steps {a.steps}, checkpoint every "

@@ -121,3 +121,14 @@ def test_a_job_that_keeps_crashing_stops_after_its_restart_budget(launcher):
     assert run.count(r"in-job restart 1") >= 1 and run.count(r"in-job restart 2") == 0
     assert "in-job restarts in this launch: 1" in run.log and "ft_launcher exit 1" in run.log
     assert not run.alerts()
+
+
+def test_bench_slurm_mode_measures_a_recovery(slurm_cluster, monkeypatch, tmp_path, capsys):
+    """bench/bench_nvrx.py --mode slurm: the launch path itself, SIGKILL late, one breakdown line."""
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
+    base = str(slurm_cluster.stack.layout.port_base - 12000)  # the session's own range (conftest)
+    assert _bench.main(["--mode", "slurm", "--steps", "60", "--crash-step", "55", "--port-base", base]) == 0
+    out = capsys.readouterr().out
+    assert "command: python bench/bench_nvrx.py --mode slurm" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("[1/1] recovery overhead"))
+    assert "steps replayed: 5" in line
