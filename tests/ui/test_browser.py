@@ -101,6 +101,14 @@ def _stop_runs(api: AirflowApi, run: str) -> None:
         time.sleep(5)
 
 
+def _incident_runs(api: AirflowApi, run: str) -> list[str]:
+    return [
+        r["dag_run_id"]
+        for r in api.get("/dags/sdc_incident/dagRuns")["dag_runs"]
+        if (r.get("conf") or {}).get("run_name") == run
+    ]
+
+
 def _paste_into_editor(page, editor, text: str) -> None:
     """The form's JSON fields are code editors that re-render on every keystroke: paste the value."""
     page.evaluate("t => navigator.clipboard.writeText(t)", text)
@@ -191,7 +199,15 @@ def test_drill_from_the_form_shows_its_incident_on_run_health(airflow_stack, bro
 
         def relaunched() -> bool:
             page.goto(health)
-            return page.locator(".incident .timeline").get_by_text("relaunched_running").count() > 0
+            if page.locator(".incident .timeline").get_by_text("relaunched_running").count() > 0:
+                return True
+            # Fail fast, with the reason, when the job died before the drill could raise an alert.
+            if api.run(DAG_ID, run)["state"] == "failed" and not _incident_runs(api, run):
+                raise AssertionError(
+                    f"{DAG_ID} {run} failed without an incident: {api.task_states(DAG_ID, run)}; "
+                    f"page status {page.locator('#run-status').inner_text()!r}"
+                )
+            return False
 
         _wait_for(f"incident of {run} relaunched on {health}", INCIDENT_TIMEOUT_S, relaunched)
         assert page.locator("#alerts").get_by_role("cell", name="recompute", exact=True).count() == 1
@@ -217,11 +233,7 @@ def test_drill_from_the_form_shows_its_incident_on_run_health(airflow_stack, bro
         shots(page, "runbook", full_page=True)
 
         # 7. The incident's own DAG run links to the same page, at the incident.
-        (incident_run,) = [
-            r["dag_run_id"]
-            for r in api.get("/dags/sdc_incident/dagRuns")["dag_runs"]
-            if (r.get("conf") or {}).get("run_name") == run
-        ]
+        (incident_run,) = _incident_runs(api, run)
         page.goto(f"{url}/dags/sdc_incident/runs/{incident_run}")
         page.get_by_role("link", name="Run health").click()
         page.frame_locator("iframe").get_by_role("heading", name=f"Run health: {run}").wait_for()
