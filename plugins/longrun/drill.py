@@ -113,6 +113,8 @@ class DrillResult:
     """The report's final step."""
     incident: dict[str, Any] | None = None
     """The incident record, when there was one."""
+    promoted_steps: list[int] = field(default_factory=list)
+    """Checkpoint steps ever promoted in the run (the finish report's orchestrator block)."""
     wall_s: float = 0.0
     """Trigger to the end of the last DAG run."""
 
@@ -285,5 +287,6 @@ def run_drill(
     report = get_json(store, schema.store_key(run, schema.REPORT_PATH))
     result.final_fingerprint = report.get("final_fingerprint")
     result.final_step = report.get("final_step")
+    result.promoted_steps = list((report.get("orchestrator") or {}).get("promoted_steps") or [])
     result.wall_s = round(time.monotonic() - t0, 1)
     return result

@@ -109,6 +109,8 @@ def test_drill(rest, clean, kind):
     assert inc["checkpoint"]["step"] < result.detection_step
     assert result.final_step == BASE["steps"]
     assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"
+    # the relaunch's own checkpoints (after the demoted interval) are promoted, the final one included
+    assert result.promoted_steps[-1] == BASE["steps"], result.promoted_steps
 
 
 def test_rerunning_the_incident_changes_nothing(rest, clean):
