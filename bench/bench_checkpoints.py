@@ -79,7 +79,9 @@ def train_step(w: torch.Tensor) -> None:
     (x @ w).relu_().sum()
 
 
-def bench_stall(env: dict[str, str], mib: int, saves: int, every: int, tmp: Path) -> dict[str, float]:
+def bench_stall(
+    env: dict[str, str], mib: int, saves: int, every: int, tmp: Path, nice: int
+) -> dict[str, float]:
     model, optim = make_state(mib)
     work = torch.randn(1024, 1024)
     store = S3Store(bucket=env["LONGRUN_BUCKET"], endpoint_url=env["AWS_ENDPOINT_URL"])
@@ -105,7 +107,7 @@ def bench_stall(env: dict[str, str], mib: int, saves: int, every: int, tmp: Path
         sync.append(time.perf_counter() - t)
         sync_cpu.append(time.process_time() - c)
 
-    settings = SaverSettings(writer="nvrx", wait_timeout_s=600)
+    settings = SaverSettings(writer="nvrx", wait_timeout_s=600, background_nice=nice)
     saver = CheckpointSaver(run=run, run_dir=tmp / "run", store=store, settings=settings)
     # Warm NVRx's worker (a spawned process importing torch) outside the measurement, as a long run would.
     saver.save(step=0, model_state={"w": torch.zeros(1)})
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=40, help="training steps between checkpoints")
     p.add_argument("--upload-mib", type=int, default=128, help="bytes per upload measurement")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--nice", type=int, default=10, help="SaverSettings.background_nice")
     args = p.parse_args(argv)
     print(
         "command:",
@@ -193,10 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     with s3_env() as env, tempfile.TemporaryDirectory(prefix="longrun-bench-ckpt-") as tmp:
         print(f"store: s3://{env['LONGRUN_BUCKET']} at {env['AWS_ENDPOINT_URL']}")
-        st = bench_stall(env, args.mib, args.saves, args.every, Path(tmp))
+        st = bench_stall(env, args.mib, args.saves, args.every, Path(tmp), args.nice)
         gb = st["bytes"] / 1e9
         print(
-            f"\n[stall] checkpoint {st['bytes'] / 2**20:.0f} MiB, train step {st['step_s'] * 1e3:.1f} ms, {args.saves} saves each"
+            f"\n[stall] background_nice {args.nice}, checkpoint {st['bytes'] / 2**20:.0f} MiB, train step {st['step_s'] * 1e3:.1f} ms, {args.saves} saves each"
         )
         print(f"  synchronous torch.save (+fsync) holds the step : {st['sync_stall_s'] * 1e3:8.1f} ms")
         print(f"  async save() holds the step (CPU snapshot)     : {st['async_stall_s'] * 1e3:8.1f} ms")

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -62,6 +63,8 @@ class UploadJob:
     """`nvrx` or `thread`."""
     parent_pid: int = 0
     """In the worker process: the trainer's pid; the worker exits when the trainer is gone."""
+    nice: int = 0
+    """Niceness the worker process runs at (at least), so the training process gets the CPU first."""
 
 
 _STORES: dict[str, ObjectStore] = {}  # one client per store per process
@@ -201,10 +204,22 @@ def nvrx_upload_entry(job: UploadJob) -> None:
     if not _DEATHSIG_SET:
         _DEATHSIG_SET = True
         _exit_with_parent(job.parent_pid)
+        lower_priority(job.nice)
     try:
         run_upload_job(job)
     except BaseException as e:  # see the docstring
         log.error("upload of step %d failed unexpectedly: %s", job.step, e)
+
+
+def lower_priority(nice: int) -> None:
+    """Run the calling thread at niceness `nice` or lower priority (on Linux niceness is per thread and
+    a spawned child inherits it from the thread that started it). Best effort."""
+    try:
+        tid = threading.get_native_id()
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, nice))
+    except (OSError, AttributeError):
+        pass
 
 
 def _exit_with_parent(parent_pid: int) -> None:

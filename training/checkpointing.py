@@ -47,6 +47,7 @@ from training.checkpoint_upload import (
     NvrxUploader,
     UploadJob,
     json_bytes,
+    lower_priority,
     write_atomic,
 )
 from training.fingerprint import combine, fingerprint_state
@@ -96,6 +97,9 @@ class SaverSettings:
     """Upper bound for wait(), close() and a save() blocked by `max_pending`."""
     poll_s: float = 0.05
     """How often the writer thread looks at the upload worker."""
+    background_nice: int = 10
+    """Niceness added to the writer thread and the upload worker, so that on a host short of cores the
+    training step gets the CPU first (0: same priority as training)."""
     reuse_buffers: bool = True
     """Keep one snapshot's worth of CPU buffers between saves and copy into them (fewer page faults in
     the step's snapshot copy; costs that much host memory for the whole run)."""
@@ -107,6 +111,10 @@ class SaverSettings:
             value = getattr(self, name)
             if not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"SaverSettings.{name} = {value!r}; expected a positive number of seconds")
+        if not isinstance(self.background_nice, int) or not 0 <= self.background_nice <= 19:
+            raise ValueError(
+                f"SaverSettings.background_nice = {self.background_nice!r}; expected an int in 0..19"
+            )
         if not isinstance(self.max_pending, int) or self.max_pending < 1:
             raise ValueError(f"SaverSettings.max_pending = {self.max_pending!r}; expected an int >= 1")
 
@@ -170,6 +178,7 @@ class CheckpointSaver:
         self.stall_s: list[float] = []
         """Seconds each save() held the caller (snapshot + waiting for a free slot)."""
         self._spec = store_spec(store) if store is not None else None
+        self._nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.settings.background_nice)
         self._pool = SnapshotPool(max_spare_bytes=0)  # grows to one snapshot's size with reuse_buffers
         self._cond = threading.Condition()
         self._pending = 0
@@ -291,6 +300,7 @@ class CheckpointSaver:
     # -- the writer thread --
 
     def _loop(self) -> None:
+        lower_priority(self._nice)  # also the NVRx worker's, which this thread starts
         try:
             while True:
                 try:
@@ -346,6 +356,7 @@ class CheckpointSaver:
             started=item.started,
             writer=self.writer,
             parent_pid=os.getpid(),
+            nice=self._nice,
         )
         try:
             ckpt_dir.mkdir(parents=True, exist_ok=True)

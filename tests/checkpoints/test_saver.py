@@ -317,3 +317,16 @@ def test_a_store_without_a_spec_uploads_from_the_writer_thread(tmp_path: Path) -
         saver.save(step=2, model_state=model)
     assert saver.results[0].ok and saver.results[0].uploaded
     assert load_checkpoint(schema.store_key("w", schema.checkpoint_dir(2)), inner).step == 2
+
+
+def test_background_work_runs_at_a_lower_priority(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "store")
+    settings = SaverSettings(writer="thread", background_nice=5, wait_timeout_s=60)
+    with CheckpointSaver(run="n", run_dir=tmp_path / "run", store=store, settings=settings) as saver:
+        saver.save(step=1, model_state={"w": torch.zeros(2)})
+        assert saver.wait(60)
+        tid = saver._thread.native_id
+        assert tid is not None
+        assert os.getpriority(os.PRIO_PROCESS, tid) >= os.getpriority(os.PRIO_PROCESS, 0) + 5
+    with pytest.raises(ValueError, match="background_nice"):
+        SaverSettings(background_nice=40)
