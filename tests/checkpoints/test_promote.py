@@ -160,3 +160,22 @@ def test_demotion_without_an_earlier_promotion_leaves_the_pointer(
     promote(store, run, 30)
     rec = mark_suspect(store, run, 5, "finite alert at step 6")
     assert rec["pointer"].startswith("unchanged: it names suspect step 30")
+
+
+def test_checkpoints_saved_after_a_mark_are_not_suspect(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    _ready(store, run, save_checkpoints, [10, 20])
+    promote(store, run, 10)
+    promote(store, run, 20)
+    assert mark_suspect(store, run, 15, "incident 1", incident_id="inc-1")["pointer"] == (
+        "moved from step 20 back to step 10"
+    )
+    _ready(store, run, save_checkpoints, [30])  # the relaunch, from step 10, saves new steps
+    assert promote(store, run, 30)["step"] == 30
+    # A later incident whose last known-good step is 35 leaves the relaunch's checkpoint alone...
+    assert mark_suspect(store, run, 35, "incident 2", incident_id="inc-2")["pointer"] == "unchanged"
+    # ...one at 25 demotes it, and the pointer falls back past the old suspect step 20.
+    assert mark_suspect(store, run, 25, "incident 3", incident_id="inc-3")["pointer"] == (
+        "moved from step 30 back to step 10"
+    )

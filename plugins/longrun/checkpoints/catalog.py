@@ -190,10 +190,27 @@ def suspect_mark_for(
     A mark demotes the checkpoints after its last known-good step that were saved BEFORE the mark: the
     relaunch that follows an incident saves later steps again from a clean checkpoint, and those are not
     suspect (the rule the UI and the audit apply too). `saved_at` None: by step alone."""
-    for m in suspect_marks(store, run):
-        if step > m["after_step"] and (saved_at is None or saved_at <= float(m["time"])):
+    return demoting_mark(suspect_marks(store, run), step, saved_at)
+
+
+def demoting_mark(marks: list[dict[str, Any]], step: int, saved_at: float | None) -> dict[str, Any] | None:
+    """Pure form of `suspect_mark_for` over marks already read. A mark's explicit `steps` list wins."""
+    for m in marks:
+        if isinstance(m.get("steps"), list):
+            if step in m["steps"]:
+                return m
+        elif step > m["after_step"] and (saved_at is None or saved_at <= float(m["time"])):
             return m
     return None
+
+
+def saved_at(store: ObjectStore, run: str, step: int) -> float | None:
+    """The manifest time of checkpoint `step`, or None when its manifest is missing or unreadable."""
+    key = schema.store_key(run, schema.manifest_path(step))
+    try:
+        return float(read_manifest(store.get_bytes(key), key)["time"])
+    except (NotFound, CheckpointError):
+        return None
 
 
 def check_records(store: ObjectStore, run: str) -> Iterator[dict[str, Any]]:

@@ -66,7 +66,7 @@ def _list(store: ObjectStore, args: argparse.Namespace) -> int:
     cat = catalog.checkpoints(store, args.run)
     promoted = set(catalog.promoted_steps(store, args.run))
     cur = catalog.current_pointer(store, args.run)
-    after = catalog.suspect_after(store, args.run)
+    marks = catalog.suspect_marks(store, args.run)
     latest: dict[int, dict[str, Any]] = {}
     for v in catalog.validations(store, args.run):
         latest[v["step"]] = v
@@ -80,7 +80,7 @@ def _list(store: ObjectStore, args: argparse.Namespace) -> int:
                 "validated": None if last is None else last["ok"],
                 "promoted": c.step in promoted,
                 "current": cur is not None and cur[0]["step"] == c.step,
-                "suspect": catalog.is_suspect(c.step, after),
+                "suspect": catalog.demoting_mark(marks, c.step, c.manifest.get("time")) is not None,
                 "loss": c.manifest.get("loss"),
                 "bytes": sum(f["size"] for f in c.manifest["files"]),
             }

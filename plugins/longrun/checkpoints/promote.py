@@ -142,15 +142,23 @@ def mark_suspect(
 demote = mark_suspect
 
 
+def _suspect(store: ObjectStore, run: str, marks: list[dict[str, Any]], step: int) -> bool:
+    return catalog.demoting_mark(marks, step, catalog.saved_at(store, run, step)) is not None
+
+
 def _repoint_after_demotion(store: ObjectStore, run: str) -> str:
     for _ in range(POINTER_ATTEMPTS):
         cur = catalog.current_pointer(store, run)
-        after = catalog.suspect_after(store, run)
-        if cur is None or not catalog.is_suspect(cur[0]["step"], after):
+        marks = catalog.suspect_marks(store, run)
+        if cur is None or not _suspect(store, run, marks, cur[0]["step"]):
             return "unchanged"
-        steps = [s for s in catalog.promoted_steps(store, run) if not catalog.is_suspect(s, after)]
         fallback = next(
-            (s for s in reversed(steps) if store.head(schema.store_key(run, schema.manifest_path(s)))), None
+            (
+                s
+                for s in reversed(catalog.promoted_steps(store, run))
+                if catalog.saved_at(store, run, s) is not None and not _suspect(store, run, marks, s)
+            ),
+            None,
         )
         if fallback is None:
             return (
