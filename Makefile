@@ -4,8 +4,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 VENV_STAMP := .venv/.longrun-installed
 # The public API is type-checked; the rest is linted.
-MYPY_TARGETS := training/schema.py training/store.py training/s3_store.py training/fingerprint.py \
-                plugins/longrun/slurm
+MYPY_TARGETS := training plugins/longrun
 PYTEST_ARGS ?=
 
 .PHONY: setup system venv lint typecheck test test-fast demo bench stack-up stack-down stack-status clean

@@ -224,7 +224,8 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
             promotions.append((row, obj))
         elif kind == "suspect":
             until = obj.get("until_step", obj.get("alert_step"))
-            until_f = float(until) if _number(until) is not None else math.inf
+            until_n = _number(until)
+            until_f = until_n if until_n is not None else math.inf
             suspects[run].append((obj["after_step"], until_f, time_ or 0.0))
             rows.append(
                 _row(
