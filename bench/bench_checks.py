@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -51,8 +52,8 @@ def worker(args: argparse.Namespace) -> None:
         step += 1
         trainer.step(step)
     times: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    for _ in range(args.rounds):
-        for name in CONFIGS:
+    for i in range(args.rounds):
+        for name in CONFIGS[i % len(CONFIGS) :] + CONFIGS[: i % len(CONFIGS)]:  # rotate: no fixed order bias
             trainer.checks = build_checks(
                 CheckConfig(checks=checks[name], recompute_every=args.cadence, vote_every=args.cadence)
             )
@@ -65,6 +66,8 @@ def worker(args: argparse.Namespace) -> None:
                 assert failed is None, f"false alert in the benchmark at step {step}: {failed}"
             dist.barrier()
             times[name].append((time.perf_counter() - t0) / args.cadence)
+            if trainer.rank == 0:
+                print(f"  {name}: {times[name][-1] * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
     if trainer.rank == 0:
         Path(args.out).write_text(json.dumps({"times": times, "params": trainer.n, "world": trainer.world}))
     trainer.checks = []
@@ -108,6 +111,7 @@ def main() -> int:
     p.add_argument("--cadence", type=int, default=10, help="audit and vote cadence (the default: 10)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--verbose", action="store_true", help="show rank 0's log and per-window times")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--run-dir", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -125,9 +129,14 @@ def main() -> int:
         wargs = [sys.executable, str(Path(__file__).resolve()), "--worker", "--run-dir", tmp, "--out", str(out),
                  "--model", args.model, "--cadence", str(args.cadence), "--rounds", str(args.rounds),
                  "--warmup", str(args.warmup)]  # fmt: skip
+        # SIGTERM (a timeout) must still reach the finally below, which kills the workers.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         procs = [
             subprocess.Popen(
-                wargs, cwd=REPO, env=dict(env, RANK=str(r), LOCAL_RANK="0"), stderr=subprocess.DEVNULL
+                wargs,
+                cwd=REPO,
+                env=dict(env, RANK=str(r), LOCAL_RANK="0"),
+                stderr=None if r == 0 and args.verbose else subprocess.DEVNULL,
             )
             for r in range(args.ranks)
         ]
@@ -148,16 +157,22 @@ def main() -> int:
     print(f"command: {command}")
     print(f"model {args.model}: {result['params']:,} parameters, {result['world']} gloo ranks on {os.cpu_count()} "
           f"CPUs, cadence {args.cadence}, {args.rounds} interleaved rounds of {args.cadence} steps")  # fmt: skip
-    print(f"{'checks':<12} {'step ms (median)':>17} {'ratio':>7}   per-round ms")
+    # On a shared machine noise only adds time: the best round is a fair estimate too; both are shown.
+    best = min(times["none"])
+    print(f"{'checks':<12} {'median ms':>10} {'ratio':>7} {'best ms':>9} {'ratio':>7}   per-round ms")
     for name in CONFIGS:
-        med = statistics.median(times[name])
+        med, low = statistics.median(times[name]), min(times[name])
         rounds = " ".join(f"{t * 1e3:.1f}" for t in times[name])
-        print(f"{name:<12} {med * 1e3:>17.1f} {med / base:>7.3f}   {rounds}")
-    ratio = statistics.median(times["all"]) / base
-    verdict = "MET" if ratio <= target else "NOT MET"
-    print(
-        f"all checks at cadence {args.cadence}: x{ratio:.3f} of an unchecked step; target <= {target:.3f}: {verdict}"
-    )
+        print(
+            f"{name:<12} {med * 1e3:>10.1f} {med / base:>7.3f} {low * 1e3:>9.1f} {low / best:>7.3f}   {rounds}"
+        )
+    for label, ratio in (
+        ("median", statistics.median(times["all"]) / base),
+        ("best", min(times["all"]) / best),
+    ):
+        verdict = "MET" if ratio <= target else "NOT MET"
+        print(f"all checks at cadence {args.cadence} ({label}): x{ratio:.3f} of an unchecked step; "
+              f"target <= {target:.3f}: {verdict}")  # fmt: skip
     print("fingerprint (xxh3-64) vs memcpy, same bytes, one thread, best of 20:")
     for row in fingerprint_vs_memcpy([result["params"] * 4, 32 << 20]):
         print(f"  {row['bytes'] / 2**20:7.1f} MiB: fingerprint {row['fingerprint_GBps']:6.2f} GB/s, memcpy "
