@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,8 +126,9 @@ class Injector:
 
     def _targets_me(self, f: Fault, nodes: list[str]) -> bool:
         if f.kind == "sick-node":
-            target_node = f.node if f.node is not None else nodes[f.rank] if f.rank < len(nodes) else None
-            return target_node == self.node
+            if f.node is not None:
+                return f.node == self.node
+            return f.rank is not None and f.rank < len(nodes) and nodes[f.rank] == self.node
         return f.rank == self.rank
 
     def _due(self, kind: str, step: int) -> bool:
@@ -174,7 +175,7 @@ class Injector:
             )
             grads[index] *= SCALE_FACTOR
 
-    def after_update(self, step: int, params: list[torch.Tensor]) -> None:
+    def after_update(self, step: int, params: Sequence[torch.Tensor]) -> None:
         """weight-flip: flip one bit of one weight of this replica."""
         if not self._due("weight-flip", step):
             return

@@ -58,7 +58,8 @@ class Attention(nn.Module):
         h = self.n_heads
         q, k, v = self.qkv(x).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
         scores = self.mm(q, k.transpose(-2, -1)) / math.sqrt(d // h)
-        scores = scores.masked_fill(self.mask[:t, :t], float("-inf"))
+        mask: torch.Tensor = self.mask  # type: ignore[assignment]
+        scores = scores.masked_fill(mask[:t, :t], float("-inf"))
         out = self.mm(torch.softmax(scores, dim=-1), v)
         return self.proj(out.transpose(1, 2).reshape(b, t, d))
 

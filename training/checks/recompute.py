@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 from training.checks.base import CheckBase, CheckResult, StepContext, bits_loss, loss_bits, majority
 from training.dist import all_gather_int64
@@ -69,7 +70,7 @@ class RecomputeCheck(CheckBase):
         checker = {(r + k) % w: r for r in range(w)}
         disputed = [t for t in range(w) if not self._agree(reported[t], recomputed[t])]
         n_nodes = len(set(ctx.nodes))
-        evidence = {"offset": k, "cross_node": cross_node, "nodes_in_world": n_nodes}
+        evidence: dict[str, Any] = {"offset": k, "cross_node": cross_node, "nodes_in_world": n_nodes}
         if not disputed:
             self._add_time(ctx, t0)
             return CheckResult(

@@ -42,7 +42,7 @@ class WeightVoteCheck(CheckBase):
         # Which tensors differ: gather every replica's per-tensor fingerprints (only on failure).
         names = sorted(fps)
         table = all_gather_int64([to_int64(int(fps[n], 16)) for n in names], ctx.device).tolist()
-        reference = table[votes.index(value)] if value is not None else table[0]
+        reference = table[votes.index(int(value))] if value is not None else table[0]  # type: ignore[call-overload]
         differing = {
             str(r): [names[i] for i, v in enumerate(row) if v != reference[i]] for r, row in enumerate(table)
         }
@@ -55,7 +55,7 @@ class WeightVoteCheck(CheckBase):
             suspect_ranks=dissent,
             evidence={
                 "fingerprints_by_rank": {str(r): hex64(v) for r, v in enumerate(votes)},
-                "majority": hex64(value) if value is not None else None,
+                "majority": hex64(int(value)) if value is not None else None,  # type: ignore[call-overload]
                 "tensors_differing_from_majority": {r: d for r, d in differing.items() if d},
                 "why_unnamed": None if value is not None else "no strict majority of replicas",
             },
