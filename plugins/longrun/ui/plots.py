@@ -34,6 +34,20 @@ def _png(fig) -> bytes:  # noqa: ANN001
     return buf.getvalue()
 
 
+def _last_step(health: RunHealth) -> int:
+    return max(
+        [s for s, _ in health.loss_series]
+        + [c.step for c in health.checks]
+        + [v.step for v in health.votes]
+        + [health.step or 0, health.total_steps or 0]
+    )
+
+
+def _short(incident_id: str) -> str:
+    """'00000010-recompute-r000-1795972574' -> '00000010-recompute': enough to match the table."""
+    return "-".join(incident_id.split("-")[:2])
+
+
 def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
     """Loss over steps; passes as ticks along the bottom (one row per check), failed checks and alerts
     as red lines, incidents as an orange band from the alert step, checkpoints as triangles."""
@@ -80,7 +94,7 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
             fontsize=8,
             va="top",
         )
-    last = max([s for s, _ in health.loss_series] + [c.step for c in health.checks] + [0])
+    last = _last_step(health)
     for i, inc in enumerate(x for x in health.incidents if x.step is not None):
         ax.axvspan(
             inc.step,
@@ -90,7 +104,12 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
             label="incident (from alert step)" if i == 0 else None,
         )
         ax.text(
-            inc.step, 0.75, f" incident {inc.incident_id}", transform=trans, color=INCIDENT_COLOUR, fontsize=8
+            inc.step,
+            0.75,
+            f" incident {_short(inc.incident_id)}",
+            transform=trans,
+            color=INCIDENT_COLOUR,
+            fontsize=8,
         )
         if inc.restart_step is not None:
             ax.axvline(
@@ -113,6 +132,7 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
             color=ALERT_COLOUR,
             label="checkpoint (suspect/invalid)",
         )
+    ax.set_xlim(0, last + 1)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     return _png(fig)
@@ -127,6 +147,7 @@ def fingerprint_png(health: RunHealth, *, title: str | None = None) -> bytes:
     ax.set_xlabel("step")
     ax.set_ylabel("replicas agreeing")
     ax.set_ylim(-0.05, 1.15)
+    ax.set_xlim(0, _last_step(health) + 1)  # the loss plot's x range, so the two read together
     if not health.votes:
         ax.text(0.5, 0.5, "no weight votes yet", transform=ax.transAxes, ha="center", va="center")
         return _png(fig)
