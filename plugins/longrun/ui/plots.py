@@ -76,6 +76,12 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
                 linewidth=1,
                 label=f"{check} pass ({len(passed)})",
             )
+    last = _last_step(health)
+
+    def side(step: int) -> dict[str, str]:
+        """Labels near the right edge go left of their line, clear of the legend."""
+        return {"ha": "right"} if step > 0.7 * (last + 1) else {"ha": "left"}
+
     bad = [c for c in health.checks if c.verdict in ("fail", "alert")]
     for i, c in enumerate(bad):
         ax.axvline(
@@ -88,13 +94,13 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
         ax.text(
             c.step,
             0.97 - 0.06 * (i % 4),
-            f" {c.check} {c.verdict} @{c.step}",
+            f" {c.check} {c.verdict} @{c.step} ",
             transform=trans,
             color=ALERT_COLOUR,
             fontsize=8,
             va="top",
+            **side(c.step),
         )
-    last = _last_step(health)
     for i, inc in enumerate(x for x in health.incidents if x.step is not None):
         ax.axvspan(
             inc.step,
@@ -106,10 +112,11 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
         ax.text(
             inc.step,
             0.75,
-            f" incident {_short(inc.incident_id)}",
+            f" incident {_short(inc.incident_id)} ",
             transform=trans,
             color=INCIDENT_COLOUR,
             fontsize=8,
+            **side(inc.step),
         )
         if inc.restart_step is not None:
             ax.axvline(
