@@ -263,7 +263,7 @@ def _checkpoints(r: _Reader, manifests: dict[int, dict[str, Any]]) -> tuple[Chec
     for step in sorted(manifests):
         m = manifests[step]
         vs = sorted(validations.get(step, []), key=lambda v: v["time"])
-        state, errors = "saved", ()
+        state, errors = "saved", tuple[str, ...]()
         if vs:
             state = "validated" if vs[-1]["ok"] else "invalid"
             errors = () if vs[-1]["ok"] else tuple(str(e) for e in vs[-1]["errors"])
@@ -277,6 +277,15 @@ def _checkpoints(r: _Reader, manifests: dict[int, dict[str, Any]]) -> tuple[Chec
             )
         )
     return tuple(out)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """A record field that should be an object; anything else reads as empty."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _is_suspect(step: int, manifest: dict[str, Any], s: dict[str, Any]) -> bool:
@@ -298,7 +307,7 @@ def _incidents(r: _Reader) -> tuple[IncidentView, ...]:
             continue
         ident = rec["incident_id"]
         alert = rec["alert"]
-        diagnosis = rec.get("diagnosis") if isinstance(rec.get("diagnosis"), dict) else {}
+        diagnosis = _dict(rec.get("diagnosis"))
         out.append(
             IncidentView(
                 incident_id=ident,
@@ -310,9 +319,7 @@ def _incidents(r: _Reader) -> tuple[IncidentView, ...]:
                 verdict=diagnosis.get("verdict") or rec.get("verdict"),
                 timeline=tuple(e if isinstance(e, dict) else {"event": str(e)} for e in rec["timeline"]),
                 runbooks=_runbook_names(rec),
-                restart_step=_int_or_none((rec.get("checkpoint") or {}).get("step"))
-                if isinstance(rec.get("checkpoint"), dict)
-                else None,
+                restart_step=_int_or_none(_dict(rec.get("checkpoint")).get("step")),
                 facts=_incident_facts(rec),
                 plots=tuple(k for k in keys if k.startswith(f"incidents/{ident}/") and k.endswith(".png")),
                 record=rec,
@@ -324,7 +331,7 @@ def _incidents(r: _Reader) -> tuple[IncidentView, ...]:
 
 def _runbook_names(rec: dict[str, Any]) -> tuple[str, ...]:
     """'runbooks/recompute-mismatch.md' -> 'recompute-mismatch' (records carry repository paths)."""
-    paths = rec.get("runbooks") if isinstance(rec.get("runbooks"), list) else []
+    paths = _list(rec.get("runbooks"))
     if isinstance(rec.get("runbook"), str):
         paths = [rec["runbook"], *paths]
     names: list[str] = []
@@ -342,21 +349,21 @@ def _incident_facts(rec: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         if value not in (None, "", [], {}):
             facts.append((label, str(value)))
 
-    att = rec.get("attribution") if isinstance(rec.get("attribution"), dict) else {}
+    att = _dict(rec.get("attribution"))
     add(
         "attribution", " ".join(str(x) for x in (att.get("verdict"), att.get("node"), att.get("reason")) if x)
     )
-    drain = rec.get("drain") if isinstance(rec.get("drain"), dict) else {}
+    drain = _dict(rec.get("drain"))
     add("drain", " ".join(f"{k}={v}" for k, v in sorted(drain.items()) if not isinstance(v, dict | list)))
-    diag = rec.get("diagnosis") if isinstance(rec.get("diagnosis"), dict) else {}
+    diag = _dict(rec.get("diagnosis"))
     add("diagnosis", " - ".join(str(x) for x in (diag.get("verdict"), diag.get("summary")) if x))
-    ck = rec.get("checkpoint") if isinstance(rec.get("checkpoint"), dict) else {}
+    ck = _dict(rec.get("checkpoint"))
     add(
         "restart checkpoint",
         " ".join(str(x) for x in (ck.get("step"), ck.get("why") and f"({ck['why']})") if x),
     )
     add("lost steps", rec.get("lost_steps"))
-    rl = rec.get("relaunch") if isinstance(rec.get("relaunch"), dict) else {}
+    rl = _dict(rec.get("relaunch"))
     add(
         "relaunch", " ".join(f"{k}={v}" for k, v in sorted(rl.items()) if k in ("job_id", "nodes", "exclude"))
     )

@@ -101,22 +101,22 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
             va="top",
             **side(c.step),
         )
-    for i, inc in enumerate(x for x in health.incidents if x.step is not None):
+    for i, (inc, step) in enumerate((x, x.step) for x in health.incidents if x.step is not None):
         ax.axvspan(
-            inc.step,
-            max(last, inc.step + 1),
+            step,
+            max(last, step + 1),
             color=INCIDENT_COLOUR,
             alpha=0.12,
             label="incident (from alert step)" if i == 0 else None,
         )
         ax.text(
-            inc.step,
+            step,
             0.75,
             f" incident {_short(inc.incident_id)} ",
             transform=trans,
             color=INCIDENT_COLOUR,
             fontsize=8,
-            **side(inc.step),
+            **side(step),
         )
         if inc.restart_step is not None:
             ax.axvline(
