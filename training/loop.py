@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -242,7 +243,10 @@ class Trainer:
 
     # ---- the run -----------------------------------------------------------------------------------
 
-    def _record(self, results: list[CheckResult]) -> None:
+    def _record(self, results: list[CheckResult], loss: float | None) -> None:
+        # The step's mean loss rides on each check record: the run-health view plots it per step.
+        if loss is not None and not math.isfinite(loss):
+            loss = None  # a NaN is the finite check's business; keep the records strict JSON
         for r in results:
             if r.verdict == "pass":
                 self.last_pass[r.check] = r.step
@@ -255,6 +259,7 @@ class Trainer:
                     verdict=r.verdict,
                     rank=self.rank,
                     duration_s=round(r.duration_s, 6),
+                    loss=loss,
                 )  # fmt: skip
             )
 
@@ -282,13 +287,13 @@ class Trainer:
                     events=self.events,
                     context={"rank_of_writer": self.rank, "code_version": code_version()},
                 )
-                self._record(results)
+                self._record(results, mean_loss)
                 if self.cfg.checks.on_verdict == "exit":
                     # The alert is durable: ask ft_launcher not to restart in place, then exit 93.
                     self.nvrx.request_shutdown(f"SDC verdict: {failed.check} at step {step}")
                     return schema.EXIT_SDC_VERDICT
             else:
-                self._record(results)
+                self._record(results, mean_loss)
             self.nvrx.step_done(
                 step,
                 saved=bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0,
@@ -301,6 +306,7 @@ class Trainer:
                     step=step,
                     loss=mean_loss,
                     step_time_s=round(step_time, 6),
+                    total_steps=self.cfg.steps,
                     world_size=self.world,
                     skipped=failed is not None and failed.check != "weight_vote",
                     restart_count=self.nvrx.restart_count,
