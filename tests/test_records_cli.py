@@ -38,6 +38,8 @@ def test_runs_list_show(tmp_path: Path) -> None:
         "runs/r1/alerts/00000012-finite-x.json",
         "runs/r1/alerts/00000030-finite-x.json",
     ]
+    # an attachment below the records (as an incident's plots) is never taken for the newest record
+    store.put_bytes(schema.store_key("r1", "alerts/zz-attachments/plot.png"), b"\x89PNG")
     newest = json.loads(_longrun(tmp_path, "show", "--run", "r1", "--kind", "alerts").stdout)
     assert newest["step"] == 30
     by_key = json.loads(_longrun(tmp_path, "show", "--key", listed[0]).stdout)

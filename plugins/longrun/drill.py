@@ -267,7 +267,9 @@ def run_drill(
             rest, "sdc_incident", incident_run, deadline=deadline, say=say, progress=None, approve=approve
         )
         result.dag_runs.append(("sdc_incident", incident_run, state))
-        incidents = [o.key for o in store.list(schema.store_key(run, "incidents/"))]
+        incidents = [
+            o.key for o in store.list(schema.store_key(run, "incidents/")) if o.key.endswith(".json")
+        ]
         if incidents:
             result.incident = get_json(store, incidents[0])
         if state != "success":

@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.key:
             key = args.key
         elif args.run and args.kind:
-            keys = [i.key for i in store.list(schema.store_key(args.run, KINDS[args.kind]))]
+            prefix = schema.store_key(args.run, KINDS[args.kind])
+            # Records lie directly in their folder; deeper keys are attachments (an incident's plots).
+            keys = [i.key for i in store.list(prefix) if "/" not in i.key[len(prefix) :]]
             if not keys:
                 print(f"no {args.kind} records for run {args.run} in {store.describe()}", file=sys.stderr)
                 return 1

@@ -136,6 +136,13 @@ def summary_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
     rec = inc.rec(store)
     log.info("%s", record.summary(rec))
     schema.validate("incident", rec)
+    try:
+        from longrun.ui.plots import render_incident_plots  # matplotlib only when plotting
+
+        keys = render_incident_plots(store, rec["run"], rec["incident_id"])
+        log.info("incident plots (also on the run-health page): %s", ", ".join(keys))
+    except Exception as e:  # the plots illustrate the record; they must never fail the incident
+        log.warning("incident plots not rendered: %s", e)
     if rec.get("status") not in (record.RELAUNCHED, record.OBSERVED):
         # The DAG run must fail when the incident did not end in a relaunch (or an observation):
         # ambiguous evidence, a refused drain, a failed relaunch, a rejected approval.
