@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,43 @@ def test_bad_component_named(tmp_path: Path) -> None:
     out = _cli(tmp_path, "up", "--only", "slurm,kafka")
     assert out.returncode == 1
     assert "components must be a subset of slurm, s3, airflow, got ['slurm', 'kafka']" in out.stderr
+
+
+def test_down_ends_running_jobs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A job still running at `down` does not outlive the cluster: slurmstepd daemonizes away from
+    slurmd, so without this its steps (and their listening ports) would stay behind."""
+    from longrun.stack.procs import job_step_tree
+
+    state = tmp_path_factory.mktemp("jobs")
+    base, lock = claim_port_base(state)
+    Layout(state_dir=state, port_base=base).save()
+    conf = str(state / "slurm" / "slurm.conf")
+    try:
+        up = _cli(state, "up", "--only", "slurm", timeout=400)
+        assert up.returncode == 0, up.stdout + up.stderr
+        env = {**os.environ, "SLURM_CONF": conf}
+        sub = subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "-N2",
+                f"--chdir={state}",
+                "--output=/dev/null",
+                "--wrap",
+                "srun sleep 600",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+        )
+        assert sub.returncode == 0, sub.stderr
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(job_step_tree(conf)) < 3:
+            time.sleep(0.5)
+        assert len(job_step_tree(conf)) >= 3, "the job's steps never started"
+    finally:
+        down = _cli(state, "down")
+        lock.close()
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert job_step_tree(conf) == []

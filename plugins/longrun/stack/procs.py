@@ -180,3 +180,64 @@ def write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     path.chmod(0o600)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))):
+            tree.setdefault(int(fields[1]), []).append(int(entry.name))
+    return tree
+
+
+def job_step_tree(slurm_conf: str) -> list[int]:
+    """PIDs of every slurmstepd started for the cluster whose config is `slurm_conf`, and all their
+    descendants (the job scripts, srun, launchers, trainers). Found by the SLURM_CONF the daemons
+    inherited from our slurmd, so another cluster's steps are never touched."""
+    roots = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmd.startswith(b"slurmstepd") and _environ(pid).get("SLURM_CONF") == slurm_conf:
+            roots.append(pid)
+    tree, out = _children(), []
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(tree.get(pid, []))
+    return out
+
+
+def _running(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"  # a zombie has ended; only its parent can reap it
+
+
+def kill_pids(pids: Sequence[int], *, timeout: float = 5.0) -> None:
+    """SIGKILL each PID and wait (bounded) until they are gone."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in pids:
+            _reap(pid)
+        if not any(_running(pid) for pid in pids):
+            return
+        time.sleep(0.05)

@@ -18,6 +18,7 @@ from .slurm_version import detect_version
 CTLD_TIMEOUT_S = 30.0
 NODE_TIMEOUT_S = 30.0
 MUNGE_TIMEOUT_S = 10.0
+JOB_DRAIN_TIMEOUT_S = 20.0
 
 
 class Slurm(Component):
@@ -176,6 +177,23 @@ class Slurm(Component):
         self._start_munge(say)
         self._start_ctld(say)
         self._start_nodes(say)
+
+    def down(self, say: Say) -> None:
+        """Cancel this cluster's jobs, stop the daemons, then end any job step that outlived them.
+
+        slurmstepd daemonizes away from slurmd, so stopping slurmd alone leaves a running job's steps (and
+        the trainers under them) alive, holding their ports. They are ours: they carry our SLURM_CONF.
+        """
+        if self.records() and self._ctld_ok():
+            self._run("scancel", "--full", "--quiet", "--partition", "debug", timeout=15)
+            deadline = time.monotonic() + JOB_DRAIN_TIMEOUT_S
+            while time.monotonic() < deadline and self._run("squeue", "-h", "-o", "%i").stdout.strip():
+                time.sleep(0.5)
+        super().down(say)
+        leftovers = procs.job_step_tree(str(self.paths["conf"]))
+        if leftovers:
+            say(f"  slurm: ending {len(leftovers)} job-step processes that outlived slurmd")
+            procs.kill_pids(leftovers)
 
     def stop_groups(self, recs: list[ProcRecord]) -> list[list[ProcRecord]]:
         # The four slurmd together, then slurmctld, then munged (both clients of it are gone by then).
