@@ -258,7 +258,6 @@ def run_drill(
     result.dag_runs.append(("training_run", run_id, state))
     if state != "success":
         raise DrillError(f"training_run {run_id} ended {state}: {result.summary()}")
-    incidents = [o.key for o in store.list(schema.store_key(run, "incidents/"))]
     alerts = [o.key for o in store.list(schema.store_key(run, "alerts/"))]
     if alerts:
         incident_run = f"incident__{alerts[0].rsplit('/', 1)[1][: -len('.json')]}"
