@@ -8,6 +8,8 @@ command -v slurmctld >/dev/null || need+=(slurmctld)
 command -v slurmd >/dev/null || need+=(slurmd)
 command -v sbatch >/dev/null || need+=(slurm-client)
 command -v ss >/dev/null || need+=(iproute2)
+# Airflow's metadata database for `longrun stack up --db postgres` (started by the stack, not as a service).
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
 if [ "${LONGRUN_WITH_BROWSER:-1}" = 1 ]; then
   command -v chromium >/dev/null || need+=(chromium)
 fi
