@@ -2,7 +2,8 @@
 
 - `slurm_cluster`: munge + slurmctld + slurmd n1..n4 (a `SlurmCluster`).
 - `s3_store_env`: SeaweedFS S3; a dict of AWS_* and LONGRUN_BUCKET.
-- `airflow_stack`: Airflow (after Slurm and S3, so its tasks see both); an `AirflowStack`.
+- `airflow_stack`: Airflow (after Slurm and S3, so its tasks see both); an `AirflowStack`. Its metadata
+  database is SQLite, or PostgreSQL with LONGRUN_TEST_DB=postgres (the stack's own server).
 
 By default a session runs its own stack in a temporary state dir on a port range of its own, and stops
 every component it started at the end, also when tests fail. With LONGRUN_TEST_REUSE_STACK=1 it uses
@@ -13,8 +14,10 @@ left running; ones it had to start are stopped at the end.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from helpers.stack_fixtures import AirflowStack, SlurmCluster, claim_port_base
@@ -27,11 +30,18 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if os.environ.get("LONGRUN_TEST_REUSE_STACK") == "1":
         yield Stack(default_state_dir())
         return
-    # Short path: the munge socket path must fit in a Unix socket address (108 bytes).
-    state_dir = tmp_path_factory.mktemp("stack")
+    db = os.environ.get("LONGRUN_TEST_DB", "sqlite")
+    if db == "postgres":
+        # PostgreSQL runs as the postgres user when we are root: it must reach the state dir, and
+        # pytest's temp root is 0700. Short path, as below.
+        state_dir = Path(tempfile.mkdtemp(prefix="lr-pg-"))
+        state_dir.chmod(0o711)
+    else:
+        # Short path: the munge socket path must fit in a Unix socket address (108 bytes).
+        state_dir = tmp_path_factory.mktemp("stack")
     base, lock = claim_port_base(state_dir)
     try:
-        yield Stack(state_dir, port_base=base)
+        yield Stack(state_dir, port_base=base, db=db)
     finally:
         lock.close()
 

@@ -149,6 +149,12 @@ def test_stack_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
     assert _choices(_help(capsys, "stack")) == CONTRACT_STACK_COMMANDS
 
 
+def test_stack_up_db_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """`up --db sqlite|postgres` picks Airflow's metadata database (issue 14); sqlite is the default."""
+    text = _help(capsys, "stack", "up")
+    assert "--db {sqlite,postgres}" in text, text
+
+
 def test_stack_env_prints_exactly_the_contracted_exports(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -27,8 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import procs
-from .component import Component, Say
+from .component import Component, ProcStatus, Say
 from .layout import HOST, Layout, repo_root
+from .postgres import Postgres
 from .procs import ProcRecord, StackError, write_private
 
 ADMIN_USER = "admin"
@@ -53,7 +54,13 @@ def airflow_bin() -> Path:
 
 
 def render_airflow_cfg(
-    *, layout: Layout, home: Path, dags: Path, plugins: Path, secrets_: dict[str, str]
+    *,
+    layout: Layout,
+    home: Path,
+    dags: Path,
+    plugins: Path,
+    secrets_: dict[str, str],
+    db_url: str | None = None,
 ) -> str:
     """The airflow.cfg text: only what differs from Airflow's defaults."""
     url = layout.airflow_url
@@ -74,7 +81,7 @@ def render_airflow_cfg(
         # Every component runs on this host under one name; the FQDN lookup can be slow offline.
         "hostname_callable": "socket.gethostname",
     }
-    cfg["database"] = {"sql_alchemy_conn": f"sqlite:///{home / 'airflow.db'}"}
+    cfg["database"] = {"sql_alchemy_conn": db_url or f"sqlite:///{home / 'airflow.db'}"}
     cfg["api"] = {
         "host": HOST,
         "port": str(layout.airflow_port),
@@ -108,6 +115,8 @@ class Airflow(Component):
         self.stack_env = stack_env
         self.secrets_path = self.home / "secrets.json"
         self.passwords_path = self.home / "passwords.json"
+        # Only with `--db postgres`: started before the daemons, stopped after them.
+        self.db = Postgres(layout) if layout.db == "postgres" else None
 
     def _secrets(self) -> dict[str, str]:
         if self.secrets_path.exists():
@@ -166,6 +175,7 @@ class Airflow(Component):
             dags=root / "dags",
             plugins=root / "plugins",
             secrets_=self._secrets(),
+            db_url=self.db.url() if self.db else None,
         )
         write_private(self.home / "airflow.cfg", text)
         self.password()
@@ -192,6 +202,8 @@ class Airflow(Component):
         # Partly running: start over, so every component reads the same fresh config.
         if self.records():
             self.down(say)
+        if self.db:
+            self.db.up(say)
         self._write_config()
         env = self.daemon_env()
         migrate_log = self.home / "db-migrate.log"
@@ -231,6 +243,26 @@ class Airflow(Component):
             interval=0.5,
         )
         say(f"waiting for airflow at {self.layout.airflow_url} ... ok ({took:.1f} s)")
+
+    # The database is part of this component: reported, reused and stopped with it.
+    def down(self, say: Say) -> None:
+        super().down(say)
+        if self.db:
+            self.db.down(say)
+
+    def status(self) -> list[ProcStatus]:
+        return [*super().status(), *(self.db.status() if self.db else [])]
+
+    def is_recorded(self) -> bool:
+        return super().is_recorded() or bool(self.db and self.db.is_recorded())
+
+    def all_alive(self) -> bool:
+        return super().all_alive() and (self.db is None or self.db.all_alive())
+
+    def forget_dead(self) -> None:
+        super().forget_dead()
+        if self.db:
+            self.db.forget_dead()
 
     def stop_groups(self, recs: list[ProcRecord]) -> list[list[ProcRecord]]:
         # Independent processes that share only the database: stop them together (each ends its

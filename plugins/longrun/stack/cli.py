@@ -8,11 +8,11 @@ import sys
 import time
 from pathlib import Path
 
-from .layout import COMPONENTS
+from .layout import COMPONENTS, DB_KINDS
 from .procs import StackError
 from .stack import Stack
 
-# The variables `env` always prints, in this order (DESIGN.md "Contracts"); others follow.
+# The variables `env` always prints, in this order (docs/contracts.md); others follow.
 ENV_ORDER = (
     "SLURM_CONF",
     "AWS_ENDPOINT_URL",
@@ -42,6 +42,14 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             help=f"comma-separated subset of {','.join(COMPONENTS)} (default: all)",
         )
+        if name == "up":
+            sp.add_argument(
+                "--db",
+                choices=DB_KINDS,
+                default=None,
+                help="Airflow's metadata database: sqlite (default) or postgres (a PostgreSQL server the"
+                " stack starts and stops, 127.0.0.1 only); remembered in the state dir",
+            )
     sub.add_parser("status", help="each recorded process with PID and health; rc 1 if one is dead")
     sub.add_parser("env", help='print export lines for a shell: eval "$(longrun stack env)"')
     return p
@@ -55,7 +63,7 @@ def format_env(env: dict[str, str]) -> str:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
-        stack = Stack(args.state_dir)
+        stack = Stack(args.state_dir, db=getattr(args, "db", None))
         if args.command == "up":
             t0 = time.monotonic()
             print(f"state dir: {stack.state_dir}", flush=True)

@@ -22,6 +22,7 @@ DEFAULT_BUCKET = "longrun"
 NODES = ("n1", "n2", "n3", "n4")
 PARTITION = "debug"
 COMPONENTS = ("slurm", "s3", "airflow")
+DB_KINDS = ("sqlite", "postgres")
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
@@ -61,6 +62,8 @@ class Layout:
     """First port of the stack's range; components use fixed offsets from it (+0 .. +149, +10030 .. +10034)."""
     bucket: str = DEFAULT_BUCKET
     """The S3 bucket created at start."""
+    db: str = "sqlite"
+    """Airflow's metadata database: `sqlite` (a file) or `postgres` (a PostgreSQL server of the stack's)."""
 
     def __post_init__(self) -> None:
         if not self.state_dir.is_absolute():
@@ -69,6 +72,8 @@ class Layout:
             raise ValueError(f"port_base must be in 1024..{65535 - 10200}, got {self.port_base!r}")
         if not _BUCKET_RE.match(self.bucket):
             raise ValueError(f"bucket must be a valid S3 bucket name (3-63 of a-z0-9.-), got {self.bucket!r}")
+        if self.db not in DB_KINDS:
+            raise ValueError(f"db must be one of {', '.join(DB_KINDS)}, got {self.db!r}")
 
     # Slurm
     @property
@@ -110,6 +115,11 @@ class Layout:
     def airflow_url(self) -> str:
         return f"http://{HOST}:{self.airflow_port}"
 
+    @property
+    def postgres_port(self) -> int:
+        """Airflow's PostgreSQL (only with db=postgres)."""
+        return self.port_base + 40
+
     def ports_of(self, component: str) -> list[int]:
         """Every TCP port `component` listens on by design (srun's range not included)."""
         if component == "slurm":
@@ -118,7 +128,7 @@ class Layout:
             grpc = [self.weed_ports[k] + 10000 for k in ("master", "volume", "filer", "s3", "admin")]
             return [*self.weed_ports.values(), *grpc]
         if component == "airflow":
-            return [self.airflow_port]
+            return [self.airflow_port, *([self.postgres_port] if self.db == "postgres" else [])]
         raise ValueError(f"component must be one of {', '.join(COMPONENTS)}, got {component!r}")
 
     def all_ports(self) -> list[int]:
@@ -131,19 +141,20 @@ class Layout:
     def save(self) -> None:
         """Remember the port plan, so `status`/`env`/`down` of this state dir need no flags."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        data = {"port_base": self.port_base, "bucket": self.bucket}
+        data = {"port_base": self.port_base, "bucket": self.bucket, "db": self.db}
         (self.state_dir / "stack.json").write_text(json.dumps(data, indent=1) + "\n")
 
     @classmethod
     def load(cls, state_dir: Path | None = None, **overrides: object) -> Layout:
         """The layout saved in `state_dir`, else from the environment (`LONGRUN_PORT_BASE`,
-        `LONGRUN_BUCKET`), else defaults; explicit overrides that are not None win."""
+        `LONGRUN_BUCKET`, `LONGRUN_DB`), else defaults; explicit overrides that are not None win."""
         state_dir = (state_dir or default_state_dir()).resolve()
         saved_path = state_dir / "stack.json"
         saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
         base = saved.get("port_base") or int(os.environ.get("LONGRUN_PORT_BASE", DEFAULT_PORT_BASE))
         bucket = saved.get("bucket") or os.environ.get("LONGRUN_BUCKET", DEFAULT_BUCKET)
-        kwargs: dict[str, object] = {"port_base": base, "bucket": bucket}
+        db = saved.get("db") or os.environ.get("LONGRUN_DB", "sqlite")
+        kwargs: dict[str, object] = {"port_base": base, "bucket": bucket, "db": db}
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(state_dir=state_dir, **kwargs)  # type: ignore[arg-type]
 

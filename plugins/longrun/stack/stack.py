@@ -17,9 +17,16 @@ class Stack:
     """munge + Slurm (n1..n4), SeaweedFS S3 and Airflow under one state directory."""
 
     def __init__(
-        self, state_dir: Path | str | None = None, *, port_base: int | None = None, bucket: str | None = None
+        self,
+        state_dir: Path | str | None = None,
+        *,
+        port_base: int | None = None,
+        bucket: str | None = None,
+        db: str | None = None,
     ) -> None:
-        self.layout = Layout.load(Path(state_dir) if state_dir else None, port_base=port_base, bucket=bucket)
+        self.layout = Layout.load(
+            Path(state_dir) if state_dir else None, port_base=port_base, bucket=bucket, db=db
+        )
         self.state_dir = self.layout.state_dir
         self.slurm = Slurm(self.layout)
         self.s3 = S3(self.layout)
