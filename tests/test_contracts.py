@@ -1,9 +1,9 @@
-"""The public interface of DESIGN.md "Contracts worth keeping stable", pinned.
+"""The public interface (docs/contracts.md), pinned.
 
 Users, runbooks and outside tests depend on these names. This file fails when one of them changes, and
 also when the surface grows by accident: every set is compared with an explicit expected set, and the
 extras the code has beyond the contract are listed here by name. Growing the surface on purpose means
-editing DESIGN.md and this file together.
+editing docs/contracts.md and this file together; the last section checks that the two agree.
 
 Fast on purpose: no stack, no scheduler. Airflow and the trainer run in subprocesses (a DagBag over
 dags/, `python -m training.train --help`, the import check); the rest runs in-process.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -125,7 +126,7 @@ CONTRACT_ENV = {
     "LONGRUN_AIRFLOW_USER",
     "LONGRUN_AIRFLOW_PASSWORD",
 }
-# Not in DESIGN.md: boto3 needs a region for SeaweedFS's S3 (`AWS_DEFAULT_REGION`), and `airflow ...`
+# Not in the pinned list: boto3 needs a region for SeaweedFS's S3 (`AWS_DEFAULT_REGION`), and `airflow ...`
 # commands in a shell must see the stack's config (`AIRFLOW_HOME`).
 EXTRA_ENV = {"AWS_DEFAULT_REGION", "AIRFLOW_HOME"}
 
@@ -201,7 +202,7 @@ def test_checkpoints_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
 # ---- the trainer --------------------------------------------------------------------------------------
 
 CONTRACT_TRAIN_FLAGS = (
-    "--run",
+    "--run-name",
     "--run-dir",
     "--steps",
     "--checkpoint-every",
@@ -211,7 +212,7 @@ CONTRACT_TRAIN_FLAGS = (
     "--resume-from",
 )
 CONTRACT_FAULT_KINDS = {"nan", "scale", "weight-flip", "sick-node", "crash", "hang"}
-# Not in DESIGN.md's list, accepted: `inf` (like nan, an Inf in one rank's gradient).
+# Accepted beside the original six: `inf` (like nan, an Inf in one rank's gradient).
 EXTRA_FAULT_KINDS = {"inf"}
 
 
@@ -318,3 +319,83 @@ def test_model_presets_include_tiny() -> None:
     from training.config import PRESETS
 
     assert "tiny" in PRESETS
+
+
+# ---- docs/contracts.md agrees with the code -----------------------------------------------------------
+
+CONTRACTS_MD = REPO / "docs" / "contracts.md"
+
+
+def _section(title: str) -> str:
+    """The text of `## title` in docs/contracts.md, up to the next `## ` heading."""
+    text = CONTRACTS_MD.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def _table_rows(section: str) -> dict[str, str]:
+    """First-column name (in backticks) -> the rest of the row, for the Markdown table rows of `section`."""
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) >= 2:
+            rows[cells[0].strip("`").split()[0]] = cells[1]
+    return rows
+
+
+def _ticked(text: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", text)
+
+
+def test_docs_name_the_dag_ids_and_params() -> None:
+    dags = _section("DAGs")
+    listed = {name for line in dags.splitlines() if line.startswith("- `") for name in _ticked(line)[:1]}
+    assert listed == CONTRACT_DAG_IDS
+    assert set(_table_rows(dags)) == CONTRACT_PARAMS
+    assert set(_ticked(dags.split("sets ", 1)[1].split("\n\n", 1)[0])) >= EXTRA_PARAMS
+
+
+def test_docs_name_the_commands() -> None:
+    commands = _section("Commands")
+    stack = re.search(r"`longrun stack ([a-z|]+)", commands)
+    checkpoints = re.search(r"`longrun checkpoints ([a-z|]+)", commands)
+    assert stack and set(stack.group(1).split("|")) == CONTRACT_STACK_COMMANDS
+    assert checkpoints and set(checkpoints.group(1).split("|")) == CONTRACT_CHECKPOINT_COMMANDS
+    for extra in EXTRA_CHECKPOINT_COMMANDS:
+        assert f"`{extra}`" in commands
+    from longrun.cli import SUBCOMMANDS
+
+    for name in SUBCOMMANDS:
+        assert f"`longrun {name} " in commands, f"docs/contracts.md does not list `longrun {name}`"
+
+
+def test_docs_name_the_trainer_flags_fault_kinds_and_exit_code() -> None:
+    trainer = _section("The trainer")
+    assert tuple(_table_rows(trainer)) == CONTRACT_TRAIN_FLAGS
+    kinds_line = next(line for line in trainer.splitlines() if line.startswith("Pinned fault kinds"))
+    assert set(_ticked(kinds_line)) == set(schema.FAULT_KINDS)
+    assert f"**{schema.EXIT_SDC_VERDICT}**" in trainer
+    assert "`--run NAME`" in trainer, "the old spelling and where it still works"
+    slurm = _section("Slurm")
+    assert f"`{schema.DRAIN_PREFIX}`" in slurm
+
+
+def test_docs_name_the_environment() -> None:
+    env = _section("Environment")
+    listed = {_ticked(line)[0] for line in env.splitlines() if line.startswith("- `")}
+    assert listed == CONTRACT_ENV
+    for name in EXTRA_ENV:
+        assert f"`{name}`" in env
+
+
+def test_docs_name_every_record_kind_and_its_required_fields() -> None:
+    records = _section("Records")
+    rows = _table_rows(records)
+    documented = {kind: set(_ticked(fields)) for kind, fields in rows.items()}
+    in_code = {kind: set(fields) for kind, fields in schema._REQUIRED.items()}
+    assert documented == in_code
+    assert set(CONTRACT_ALERT_FIELDS) - {"schema_version"} <= documented["alert"]
+    layout = _section("Store layout")
+    for path in (schema.PROGRESS_PATH, schema.PROMOTED_POINTER_PATH, schema.REPORT_PATH):
+        assert path in layout

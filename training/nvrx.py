@@ -5,7 +5,7 @@ What it does for the trainer:
 - `NvrxMonitor`: the heartbeat client. Under NVRx's `ft_launcher` it connects to the rank monitor, sends a
   heartbeat at the end of every step and, once a checkpoint save and an audit step (the two slowest kinds
   of step) have both been seen, lets NVRx calculate the hang timeouts from the observed intervals. Earlier
-  than that the calculated timeouts come out tiny (a 0.3 s heartbeat on a fast loop, FACTS.md) and the
+  than that the calculated timeouts come out tiny (a 0.3 s heartbeat on a fast loop, measured here) and the
   first checkpoint save would be taken for a hang. Outside ft_launcher every call is a no-op.
 - `NvrxMonitor.request_shutdown(reason)`: on an SDC verdict, ask ft_launcher not to restart the workers in
   place. NVRx 0.4.1 has no "do not restart" exit code: the request is a workload-control message with

@@ -5,7 +5,7 @@ a rank's Python exception (a transient error, a failed collective) restarts the 
 every rank inside the same processes, without ft_launcher tearing the workers down and re-importing
 torch (~4 s here instead of ~20 s).
 
-Why this shape (NVRx 0.4.1, measured here, FACTS.md):
+Why this shape (NVRx 0.4.1, measured here):
 - The process-group store is created ONCE, outside the wrapper, on MASTER_PORT + `store_port_offset`
   (the wrapper's own store takes MASTER_PORT). Each restart iteration uses its own key prefix on it,
   so a new process group never reads the keys of the dead one.
@@ -153,7 +153,7 @@ def run(fn: Callable[[Attempt], T], settings: InprocessSettings | None = None) -
         )
         result = fn(attempt)
         # After a failure NVRx's abort tears the group down; after a success it is ours to close
-        # (a barrier first: a gloo teardown without one was seen to deadlock, FACTS.md).
+        # (a barrier first: a gloo teardown without one was seen to deadlock).
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()

@@ -36,6 +36,9 @@ SCHEMA_VERSION = 1
 #: NVRx 0.5+ reserves for "do not restart"; the orchestrator reads the alert record for the why.
 EXIT_SDC_VERDICT = 93
 
+#: Every Slurm drain reason longrun writes starts with this; longrun resumes only nodes whose reason does.
+DRAIN_PREFIX = "longrun:"
+
 CHECKS = ("finite", "recompute", "weight_vote")
 FAULT_KINDS = ("nan", "inf", "scale", "weight-flip", "sick-node", "crash", "hang")
 INCIDENT_MODES = ("act", "approve", "observe")

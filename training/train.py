@@ -31,7 +31,11 @@ log = logging.getLogger("training.train")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="longrun-train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", help="run name (default: the run dir's name)")
+    # `--run` is the old spelling, kept for direct starts; behind torchrun or ft_launcher it reads as an
+    # ambiguous abbreviation of their `--run-path`, so launchers pass `--run-name` (docs/contracts.md).
+    p.add_argument(
+        "--run-name", "--run", dest="run", metavar="NAME", help="run name (default: the run dir's name)"
+    )
     p.add_argument("--run-dir", required=True, type=Path, help="local directory for records")
     p.add_argument("--steps", type=int, required=True, help="train up to this step")
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint cadence (0: none)")

@@ -160,14 +160,8 @@ def job_spec_for_run(
         "--module",
         "training.train",
     ]
-    # ft_launcher's parser allows abbreviations, so the trainer's `--run` reads as an ambiguous
-    # `--run-path` and the launcher exits 2. The trainer names the run after its run dir (the contract's
-    # default), which run_dir_for makes <root>/<run name>: drop the flag.
-    targs = run.train_args(run_dir=run_dir)
-    if "--run" in targs:
-        i = targs.index("--run")
-        del targs[i : i + 2]
-    train = " ".join(q(a) for a in targs)
+    # `--run-name`, never `--run`: ft_launcher reads `--run` as an ambiguous abbreviation of `--run-path`.
+    train = " ".join(q(a) for a in run.train_args(run_dir=run_dir))
     store = " --store" if env.get("AWS_ENDPOINT_URL") or env.get("LONGRUN_STORE_DIR") else ""
     command = [
         "set -uo pipefail",

@@ -193,9 +193,9 @@ class RunSpec:
         )
 
     def train_args(self, *, run_dir: str) -> list[str]:
-        """Arguments for `python -m training.train` (the DESIGN.md contract flags)."""
+        """Arguments for `python -m training.train` (the contract flags, docs/contracts.md)."""
         args = [
-            "--run", self.run_name,
+            "--run-name", self.run_name,
             "--run-dir", run_dir,
             "--model", self.model,
             "--seed", str(self.seed),

@@ -262,7 +262,7 @@ def test_dags_named_in_runbooks_exist() -> None:
     dag_ids = set(
         re.findall(r'dag_id="([^"]+)"', "".join(p.read_text() for p in (REPO / "dags").glob("*.py")))
     )
-    # sdc_incident is a public DAG id (DESIGN.md contracts) even before its file lands.
+    # sdc_incident is a public DAG id (docs/contracts.md) even before its file lands.
     known = dag_ids | {"training_run", "sdc_incident", "checkpoint_audit"}
     for _f, argv in all_commands():
         if argv[:2] == ["airflow", "dags"] and len(argv) > 3 and not argv[3].startswith("-"):

@@ -1,6 +1,6 @@
 """RunMonitorTrigger: watches a training job from the triggerer until something needs a worker.
 
-It lives in the installed package (the triggerer cannot import triggers from dags/, FACTS.md). Each look
+It lives in the installed package (the triggerer cannot import triggers from dags/). Each look
 (`watch.look`: Slurm job state, alerts/, new manifests, progress age) runs in a thread, so the event loop
 never blocks. Polling starts at `poll_s` and backs off to `max_poll_s` while nothing moves; any progress
 brings it back to `poll_s`. Failures become an `error` event (never an exception out of `run()`); Slurm

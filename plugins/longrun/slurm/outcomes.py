@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from longrun.slurm.client import JobState, JobStatus
-
-# The trainer's exit code when an SDC check reached a verdict (DESIGN.md, "Contracts").
-SDC_EXIT_CODE = 93
+from training.schema import EXIT_SDC_VERDICT as SDC_EXIT_CODE  # the trainer's "SDC verdict, do not restart"
 
 
 class Kind(StrEnum):

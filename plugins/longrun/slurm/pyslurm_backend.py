@@ -1,8 +1,8 @@
 """The pyslurm backend: Slurm's C API through pyslurm, where it is installed and built for this cluster.
 
 pyslurm is imported lazily (only when this backend is chosen): PyPI has it for Slurm 25.11 only, and it
-does not build against Debian 12's Slurm 22.05 (FACTS.md), so on the local stack the CLI backend runs and
-this one is skipped with its reason. Quirks handled (FACTS.md, pyslurm 25.11.2): `time_limit` must be an
+does not build against Debian 12's Slurm 22.05, so on the local stack the CLI backend runs and
+this one is skipped with its reason. Quirks handled (pyslurm 25.11.2): `time_limit` must be an
 int or "HH:MM:SS"; the version is `pyslurm.__version__`; nodes are `Job.allocated_nodes`; right after
 RESUME a node reads IDLE+NOT_RESPONDING for ~1 s and keeps its old reason text.
 

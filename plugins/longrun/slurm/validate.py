@@ -11,9 +11,7 @@ import re
 from collections.abc import Iterable
 
 from longrun.slurm.errors import InvalidSpecError
-
-# Drain reasons longrun sets start with this; longrun only ever resumes nodes whose reason does.
-DRAIN_PREFIX = "longrun:"
+from training.schema import DRAIN_PREFIX as DRAIN_PREFIX  # one definition; `reason()` below enforces it
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")

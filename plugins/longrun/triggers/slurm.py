@@ -1,7 +1,7 @@
 """SlurmJobTrigger: waits in the triggerer until a Slurm job is final.
 
 It lives in the installed package, not in dags/: the triggerer cannot import trigger classes from DAG
-files (FACTS.md). Every blocking call runs in a thread (`asyncio.to_thread`), polling backs off from
+files. Every blocking call runs in a thread (`asyncio.to_thread`), polling backs off from
 `poll_interval` to `max_poll_interval` while nothing changes, and any failure becomes an `error` event:
 the task decides what it means. `cleanup` is not overridden: it runs on every triggerer restart, so it
 must never cancel the job.

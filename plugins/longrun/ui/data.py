@@ -27,8 +27,6 @@ from training.store import NotFound, ObjectStore, StoreError
 NodeSource = Callable[[], Sequence[Any]]
 """Returns objects shaped like `longrun.slurm.client.NodeState` (name, state, flags, reason)."""
 
-DRAIN_PREFIX = "longrun:"
-
 
 class _Reader:
     """Store access for one run that records, instead of raising, what it could not read."""
@@ -393,8 +391,8 @@ def _nodes(source: NodeSource | None, run: str) -> tuple[tuple[NodeView, ...], s
                 name=n.name,
                 state=f"{n.state}+{flags}" if flags else n.state,
                 reason=reason,
-                ours=bool(reason and reason.startswith(DRAIN_PREFIX)),
-                this_run=bool(reason and reason.startswith(DRAIN_PREFIX) and f":{run}:" in reason),
+                ours=bool(reason and reason.startswith(schema.DRAIN_PREFIX)),
+                this_run=bool(reason and reason.startswith(schema.DRAIN_PREFIX) and f":{run}:" in reason),
             )
         )
     return tuple(views), None
