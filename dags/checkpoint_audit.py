@@ -17,6 +17,7 @@ from airflow.sdk import Param, dag, task
 
 @dag(
     dag_id="checkpoint_audit",
+    is_paused_upon_creation=False,  # a paused daily audit silently never runs
     schedule="@daily",
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,

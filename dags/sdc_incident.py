@@ -28,6 +28,7 @@ SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') }}"
 
 @dag(
     dag_id="sdc_incident",
+    is_paused_upon_creation=False,  # longrun hands work to it; paused, that work would wait unseen
     schedule=None,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,

@@ -135,6 +135,7 @@ PARAMS = {
 @dag(
     dag_id="training_run",
     schedule=None,
+    is_paused_upon_creation=False,  # re-entering monitoring after a relaunch triggers it
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     params=PARAMS,
@@ -145,10 +146,10 @@ PARAMS = {
 )
 def training_run() -> None:
     @task(retries=1, retry_delay=timedelta(seconds=5))
-    def preflight(params: dict[str, Any]) -> dict[str, Any]:
+    def preflight(params: dict[str, Any], ti: Any = None) -> dict[str, Any]:
         from longrun.monitor.tasks import preflight_task
 
-        return preflight_task(params)
+        return preflight_task(params, ti)
 
     @task.branch
     def submit_or_attach(checked: dict[str, Any]) -> str:

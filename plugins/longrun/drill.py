@@ -16,6 +16,7 @@ from typing import Any
 import requests
 
 from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE
+from longrun.runbooks import runbook_url
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.validate import DRAIN_PREFIX
 from training import schema
@@ -62,7 +63,12 @@ class Rest:
         while True:
             r = self.session.get(f"{self.url}/api/v2/dags/{dag_id}", timeout=self.timeout)
             if r.status_code == 200:
-                self.call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+                if r.json().get("is_paused"):
+                    # Our DAGs are created unpaused; a paused one was paused by someone: say so, do not undo it.
+                    raise DrillError(
+                        f"DAG {dag_id} is paused: unpause it (`airflow dags unpause {dag_id}` or the UI toggle); "
+                        f"runbook {runbook_url('dag_paused')}"
+                    )
                 return
             if time.monotonic() > deadline:
                 errors = self.call("GET", "/importErrors").get("import_errors", [])
@@ -156,7 +162,7 @@ class DrillResult:
 
 
 def prepare(rest: Rest, *, max_drains: int = 100, window_s: float = 3600.0) -> None:
-    """DAGs parsed and unpaused; a drain policy roomy enough for repeated drills."""
+    """DAGs parsed (and not paused by anyone); a drain policy roomy enough for repeated drills."""
     for dag_id in ("training_run", "sdc_incident"):
         rest.dag_ready(dag_id)
     rest.set_variable(DRAIN_POLICY_VARIABLE, json.dumps({"max_drains": max_drains, "window_s": window_s}))

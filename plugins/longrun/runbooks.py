@@ -28,6 +28,7 @@ RUNBOOKS: dict[str, str] = {
     "stale_heartbeat": "runbooks/stale-heartbeat.md",
     "checkpoint_validation_failed": "runbooks/checkpoint-validation-failed.md",
     "audit_failed": "runbooks/audit-failed.md",
+    "dag_paused": "runbooks/dag-paused.md",
     # procedures
     "drill": "runbooks/run-a-drill.md",
     "index": "runbooks/README.md",

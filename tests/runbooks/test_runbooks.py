@@ -34,6 +34,7 @@ EXPECTED = (
     "audit-failed",
     "relaunch-failed",
     "run-a-drill",
+    "dag-paused",
 )
 # Shell builtins a runbook may start a line with; the commands they run are checked on their own.
 BUILTINS = {"eval", "export", "cd", "source"}

@@ -135,7 +135,6 @@ def test_drill_from_the_form_shows_its_incident_on_run_health(airflow_stack, bro
     api = AirflowApi.login(url, airflow_stack.user, airflow_stack.password, timeout=60)
     api.wait_dag_parsed(DAG_ID, timeout=180)
     api.wait_dag_parsed("sdc_incident", timeout=180)
-    api.unpause("sdc_incident")  # the form unpauses training_run; the incident DAG is started by it
     run = f"ui-{secrets.token_hex(3)}"
     drill = {"kind": "scale", "step": 10, "target": 1}
 

@@ -16,6 +16,7 @@ from typing import Any
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 
 from longrun.incident.record import incident_id_for
+from longrun.paused import require_unpaused
 from longrun.runbooks import runbook_path
 
 
@@ -30,6 +31,11 @@ class HandOverOperator(TriggerDagRunOperator):
     def execute(self, context: Any) -> Any:
         result = context["ti"].xcom_pull(task_ids=self.monitor_task_id)
         alert, key = result["alert"], result["alert_key"]
+        require_unpaused(
+            context["ti"],
+            self.trigger_dag_id,
+            why=f"the alert {key} would wait in an incident run that never starts",
+        )
         incident_id = incident_id_for(key)
         params = dict(context["params"])
         self.trigger_run_id = f"incident__{incident_id}"
@@ -62,6 +68,11 @@ class ReenterOperator(TriggerDagRunOperator):
         if not result or result.get("observe"):
             self.log.info("nothing was relaunched (observe mode or no relaunch): not re-entering monitoring")
             return None
+        require_unpaused(
+            context["ti"],
+            self.trigger_dag_id,
+            why=f"the relaunched job {result['job_id']} would train with nothing watching it",
+        )
         params = {
             **result["params"],
             "attach_job_id": result["job_id"],

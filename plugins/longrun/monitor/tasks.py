@@ -8,13 +8,19 @@ from typing import Any
 
 from longrun.hooks.slurm import SlurmHook
 from longrun.monitor import lifecycle
+from longrun.paused import INCIDENT_DAG, MODES_NEEDING_INCIDENTS, require_unpaused
 from longrun.slurm.spec import JobTag
 from training.store import store_from_env
 
 log = logging.getLogger("longrun.training_run")
 
 
-def preflight_task(params: Mapping[str, Any]) -> dict[str, Any]:
+def preflight_task(params: Mapping[str, Any], ti: Any) -> dict[str, Any]:
+    mode = params.get("incident_mode")
+    if mode in MODES_NEEDING_INCIDENTS:
+        require_unpaused(
+            ti, INCIDENT_DAG, why=f"an SDC alert of this run (incident_mode {mode}) would never be handled"
+        )
     out = lifecycle.preflight(store_from_env(), SlurmHook().client, params)
     log.info(
         "preflight ok: run %s, %s node(s), usable %s, run dir %s, drill %s, attach %s",
