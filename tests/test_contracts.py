@@ -33,7 +33,7 @@ TIMEOUT_S = 180  # generous: a busy 2-core machine; idle, each subprocess takes 
 
 # ---- DAGs ----------------------------------------------------------------------------------------------
 
-CONTRACT_DAG_IDS = {"training_run", "sdc_incident", "checkpoint_audit"}
+CONTRACT_DAG_IDS = {"training_run", "sdc_incident", "checkpoint_audit", "node_return"}
 # Not contracted, present in dags/: example and smoke DAGs (system tests of the operators).
 EXTRA_DAG_IDS = {"example_slurm_job", "example_slurm_job_fails", "smoke"}
 
@@ -127,8 +127,15 @@ CONTRACT_ENV = {
     "LONGRUN_AIRFLOW_PASSWORD",
 }
 # Not in the pinned list: boto3 needs a region for SeaweedFS's S3 (`AWS_DEFAULT_REGION`), and `airflow ...`
-# commands in a shell must see the stack's config (`AIRFLOW_HOME`).
-EXTRA_ENV = {"AWS_DEFAULT_REGION", "AIRFLOW_HOME"}
+# commands in a shell must see the stack's config (`AIRFLOW_HOME`). The store's two sides
+# (docs/security.md): the orchestrator's bucket and the job identity's keys, which only jobs get.
+EXTRA_ENV = {
+    "AWS_DEFAULT_REGION",
+    "AIRFLOW_HOME",
+    "LONGRUN_ORCH_BUCKET",
+    "LONGRUN_JOB_ACCESS_KEY_ID",
+    "LONGRUN_JOB_SECRET_ACCESS_KEY",
+}
 
 
 def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -197,6 +204,16 @@ def test_checkpoints_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
         assert "--run" in _help(capsys, "checkpoints", sub), f"checkpoints {sub} lacks --run"
     for sub in ("validate", "promote", "pick"):
         assert "--step" in _help(capsys, "checkpoints", sub), f"checkpoints {sub} lacks --step"
+
+
+# ---- longrun nodes -------------------------------------------------------------------------------------
+
+CONTRACT_NODES_COMMANDS = {"list", "show"}
+
+
+def test_nodes_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _choices(_help(capsys, "nodes")) == CONTRACT_NODES_COMMANDS
+    assert "node" in _help(capsys, "nodes", "show")
 
 
 # ---- the trainer --------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "checkpoints": "longrun.checkpoints.cli",
     "audit": "longrun.audit.cli",
     "records": "longrun.records",
+    "nodes": "longrun.nodes.cli",
 }
 
 

@@ -69,7 +69,17 @@ def freeze_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
 
 
 def attribute_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
-    return _run(params, dag_run_id, lambda store, inc: steps.attribute(store, inc))
+    from longrun.nodes import incident_hooks
+    from longrun.nodes import tasks as node_tasks
+
+    policy = node_tasks.node_policy()
+
+    def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
+        out = steps.attribute(store, inc)
+        hist = incident_hooks.after_attribute(store, node_tasks.history_store(), inc, out, policy)
+        return {**out, "node_history": hist} if hist else out
+
+    return _run(params, dag_run_id, body)
 
 
 def drain_policy() -> DrainPolicy:
@@ -88,20 +98,24 @@ def drain_policy() -> DrainPolicy:
 
 def drain_task(params: Mapping[str, Any], dag_run_id: str, node: str, approved: bool) -> dict[str, Any]:
     policy = drain_policy()
-    return _run(
-        params,
-        dag_run_id,
-        lambda store, inc: steps.drain(
+    from longrun.nodes import incident_hooks
+    from longrun.nodes import tasks as node_tasks
+
+    def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
+        out = steps.drain(
             store, SlurmHook().client, inc, node=node, policy=policy, operator_override=approved
-        ),
-    )
+        )
+        incident_hooks.after_drain(node_tasks.history_store(), inc, out)
+        return out
+
+    return _run(params, dag_run_id, body)
 
 
 def diagnose_task(params: Mapping[str, Any], dag_run_id: str, node: str) -> dict[str, Any]:
     def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
         spec = lifecycle.spec_from_params(inc.run_params)
         run_nodes = tuple(inc.alert.get("evidence", {}).get("nodes") or ())
-        return steps.run_diagnosis(
+        out = steps.run_diagnosis(
             store,
             SlurmHook().client,
             inc,
@@ -110,6 +124,11 @@ def diagnose_task(params: Mapping[str, Any], dag_run_id: str, node: str) -> dict
             state_dir=lifecycle.fault_state_dir(spec),
             partition=spec.partition,
         )
+        from longrun.nodes import incident_hooks
+        from longrun.nodes import tasks as node_tasks
+
+        incident_hooks.after_diagnose(node_tasks.history_store(), inc, node, out)
+        return out
 
     return _run(params, dag_run_id, body)
 

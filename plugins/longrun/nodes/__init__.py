@@ -1,0 +1,1 @@
+"""The node's story: history records per node, the repeat-offender policy, and the return to service."""

@@ -1,0 +1,101 @@
+"""What sdc_incident tells the node history, called by its tasks after each step (every try: the writes
+are idempotent, so a retried task that had done its step before still leaves the event).
+
+after_attribute   `suspected` + the node's standing on the incident record (`node_history`); a repeat
+                  offender is marked for replacement. The note never changes which node is drained.
+after_drain       `drained` with the reason
+after_diagnose    `diagnosed` with the verdict and the probe's evidence; a failure marks for replacement
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from longrun.incident import record
+from longrun.nodes import history as h
+from longrun.nodes.policy import NodePolicy, standing
+from training.store import ObjectStore
+
+REPEAT_OFFENDER_RUNBOOK = "runbooks/repeat-offender.md"
+
+
+def _common(inc: Any) -> dict[str, Any]:
+    return {"run": inc.run, "incident_id": inc.incident_id}
+
+
+def after_attribute(
+    store: ObjectStore, hist: ObjectStore, inc: Any, out: Mapping[str, Any], policy: NodePolicy
+) -> dict[str, Any] | None:
+    node = out.get("node")
+    if not node or out.get("ambiguous"):
+        return None
+    alert = inc.alert
+    h.record(
+        hist,
+        node,
+        h.SUSPECTED,
+        inc.incident_id,
+        **_common(inc),
+        evidence={
+            "check": alert.get("check"),
+            "step": alert.get("step"),
+            "suspect_ranks": list(alert.get("suspect_ranks") or []),
+            "verdict": out.get("verdict"),
+        },
+    )
+    st = standing(node, h.events(hist, node), policy)
+    if st.repeat_offender:
+        h.record(hist, node, h.REPLACE, inc.incident_id, **_common(inc), reason=st.why)
+
+    def change(r: dict[str, Any]) -> None:
+        r["node_history"] = {
+            **st.to_json(),
+            "weighed": "history is a note on the evidence: the drain follows the alert's node only",
+        }
+        if st.repeat_offender:
+            record.add_runbook(r, REPEAT_OFFENDER_RUNBOOK)
+
+    record.update(store, run=inc.run, incident_id=inc.incident_id, change=change)
+    return st.to_json()
+
+
+def after_drain(hist: ObjectStore, inc: Any, out: Mapping[str, Any]) -> None:
+    if out.get("observe") or not out.get("node"):
+        return
+    h.record(hist, str(out["node"]), h.DRAINED, inc.incident_id, **_common(inc), reason=out.get("reason"))
+
+
+def probe_evidence(diag: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a diagnosis worth keeping in the node's history."""
+    details = diag.get("details") or {}
+    probe = details.get("probe") or {}
+    res = probe.get("result") or {}
+    return {
+        "summary": diag.get("summary"),
+        "probe_verdict": probe.get("verdict"),
+        "fingerprint": res.get("fingerprint"),
+        "expected": res.get("expect") or res.get("expected"),
+        "probe_env": {k: res.get(k) for k in ("torch", "cpu_capability", "threads")},
+        "dcgm": details.get("dcgm"),
+        "dcgm_level": diag.get("dcgm_level"),
+        "exit_code": diag.get("exit_code"),
+    }
+
+
+def after_diagnose(hist: ObjectStore, inc: Any, node: str, out: Mapping[str, Any]) -> None:
+    verdict = out.get("verdict")
+    if out.get("observe") or verdict not in ("pass", "fail", "error"):
+        return
+    h.record(
+        hist,
+        node,
+        h.DIAGNOSED,
+        inc.incident_id,
+        **_common(inc),
+        verdict=verdict,
+        reason=out.get("reason"),
+        evidence=probe_evidence(out),
+    )
+    if verdict == "fail":
+        h.record(hist, node, h.REPLACE, inc.incident_id, **_common(inc), reason="a diagnostic failed")

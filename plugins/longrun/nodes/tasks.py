@@ -1,0 +1,111 @@
+"""node_return's @task bodies (and the node policy Variable): Airflow in, `returning` does the work."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from longrun.hooks.slurm import SlurmHook
+from longrun.incident import modes
+from longrun.nodes import history, returning
+from longrun.nodes.policy import POLICY_VARIABLE, NodePolicy
+from training.store import ObjectStore, store_from_env
+
+log = logging.getLogger("longrun.node_return")
+
+
+def history_store() -> ObjectStore:
+    return history.history_store()
+
+
+def node_policy() -> NodePolicy:
+    from airflow.sdk import Variable
+
+    raw = Variable.get(POLICY_VARIABLE, default=None, deserialize_json=True)
+    try:
+        return NodePolicy.from_json(raw)
+    except (TypeError, ValueError) as e:
+        raise AirflowFailException(f"Variable {POLICY_VARIABLE}: {e}") from None
+
+
+def _source(dag_run_id: str) -> str:
+    return history.source_id(f"node_return.{dag_run_id}")
+
+
+def select_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+    mode = str(params.get("mode") or modes.ACT)
+    modes.plan(mode)
+    policy = node_policy()
+    requested = [params["node"]] if params.get("node") else []
+    out = returning.select(
+        SlurmHook().client, history_store(), requested=requested, policy=policy, source=_source(dag_run_id)
+    )
+    repeats = int(params.get("repeats") or policy.probe_repeats)
+    for node, why in out["refused"].items():
+        log.warning("not returning %s: %s (runbook: runbooks/repeat-offender.md)", node, why)
+    return {**out, "mode": mode, "repeats": repeats, "requested": requested}
+
+
+def probe_task(selected: Mapping[str, Any], dag_run_id: str) -> list[dict[str, Any]]:
+    from longrun.monitor import lifecycle
+
+    client = SlurmHook().client
+    results = []
+    for node in selected["nodes"]:
+        if not modes.plan(selected["mode"]).changes:
+            results.append({"node": node, "clean": True, "rounds": [], "observe": True})
+            continue
+        _, run, _ = returning.drain_origin(client.node(node).reason)
+        spec = lifecycle.spec_from_params({"run_name": run if run != "return" else "node-return"})
+        try:
+            res = returning.probe(
+                store_from_env(),
+                history_store(),
+                client,
+                node=node,
+                repeats=int(selected["repeats"]),
+                source=_source(dag_run_id),
+                partition=spec.partition,
+                state_dir=lifecycle.fault_state_dir(spec),
+            )
+        except RuntimeError as e:
+            res = {"node": node, "clean": False, "rounds": [], "why": str(e)}
+        log.info("%s: %s", node, res)
+        results.append(res)
+    return results
+
+
+def resume_task(
+    selected: Mapping[str, Any], probed: list[dict[str, Any]], dag_run_id: str
+) -> list[dict[str, Any]]:
+    act = modes.plan(selected["mode"]).changes
+    policy = node_policy()
+    client = SlurmHook().client
+    return [
+        returning.resume(
+            client, history_store(), probed=p, source=_source(dag_run_id), act=act, policy=policy
+        )
+        for p in probed
+    ]
+
+
+def summary_task(selected: Mapping[str, Any], resumed: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Fails the DAG run when a node the operator asked for was not returned (the log says why)."""
+    resumed = resumed or []
+    done = {r["node"]: r for r in resumed}
+    missing = {
+        n: selected["refused"].get(n) or (done.get(n) or {}).get("why") or "not probed"
+        for n in selected["requested"]
+        if not (done.get(n) or {}).get("returned") and not (done.get(n) or {}).get("observe")
+    }
+    out = {"returned": [n for n, r in done.items() if r.get("returned")], "not_returned": missing}
+    log.info("node_return: %s", out)
+    if missing:
+        raise AirflowFailException(
+            f"not returned: {missing}; the node(s) stay drained. Runbooks: runbooks/node-return.md,"
+            " runbooks/repeat-offender.md"
+        )
+    return out
