@@ -278,6 +278,11 @@ def store_spec(store: ObjectStore) -> dict[str, Any] | None:
     that process's environment), or None for a store this module does not know."""
     if isinstance(store, LocalDirStore):
         return {"kind": "local", "root": str(store.root)}
+    from training.store_sides import SidedStore
+
+    if isinstance(store, SidedStore):
+        job, orch = store_spec(store.job), store_spec(store.orchestrator)
+        return {"kind": "sided", "job": job, "orchestrator": orch} if job and orch else None
     from training import s3_store  # boto3 only when S3 is used
 
     if isinstance(store, s3_store.S3Store):
@@ -293,19 +298,45 @@ def store_from_spec(spec: dict[str, Any]) -> ObjectStore:
         from training.s3_store import S3Store
 
         return S3Store(**{k: v for k, v in spec.items() if k != "kind"})
+    if (
+        spec.get("kind") == "sided"
+        and isinstance(spec.get("job"), dict)
+        and isinstance(spec.get("orchestrator"), dict)
+    ):
+        from training.store_sides import SidedStore
+
+        return SidedStore(
+            job=store_from_spec(spec["job"]), orchestrator=store_from_spec(spec["orchestrator"])
+        )
     raise StoreConfigError(f"store spec {spec!r} has an unknown kind")
 
 
 def store_from_env(env: dict[str, str] | None = None) -> ObjectStore:
     """The store the environment points at: S3 when AWS_ENDPOINT_URL (or LONGRUN_S3=1 for AWS itself) is
     set, with bucket LONGRUN_BUCKET; otherwise a local directory, LONGRUN_STORE_DIR (default
-    ./longrun-store)."""
+    ./longrun-store). With LONGRUN_ORCH_BUCKET (S3) or LONGRUN_ORCH_STORE_DIR (local) the orchestrator's
+    records live there, apart from the job's (see training.store_sides); without, both share one place."""
     env = dict(os.environ if env is None else env)
+    job: ObjectStore
+    orch: ObjectStore | None = None
     if env.get("AWS_ENDPOINT_URL") or env.get("LONGRUN_S3") == "1":
         from training.s3_store import S3Store  # boto3 only when S3 is used
 
         bucket = env.get("LONGRUN_BUCKET", "")
         if not bucket:
             raise StoreConfigError("AWS_ENDPOINT_URL is set but LONGRUN_BUCKET is empty: name the bucket")
-        return S3Store(bucket=bucket, endpoint_url=env.get("AWS_ENDPOINT_URL") or None)
-    return LocalDirStore(env.get("LONGRUN_STORE_DIR", "longrun-store"))
+        endpoint = env.get("AWS_ENDPOINT_URL") or None
+        job = S3Store(bucket=bucket, endpoint_url=endpoint)
+        if orch_bucket := env.get("LONGRUN_ORCH_BUCKET"):
+            if orch_bucket == bucket:
+                raise StoreConfigError(f"LONGRUN_ORCH_BUCKET={orch_bucket!r} must differ from LONGRUN_BUCKET")
+            orch = S3Store(bucket=orch_bucket, endpoint_url=endpoint)
+    else:
+        job = LocalDirStore(env.get("LONGRUN_STORE_DIR", "longrun-store"))
+        if orch_dir := env.get("LONGRUN_ORCH_STORE_DIR"):
+            orch = LocalDirStore(orch_dir)
+    if orch is None:
+        return job
+    from training.store_sides import SidedStore
+
+    return SidedStore(job=job, orchestrator=orch)

@@ -22,14 +22,19 @@ def test_audit_over_seaweedfs(s3_store_env: dict[str, str], monkeypatch: pytest.
         monkeypatch.setenv(name, s3_store_env[name])
     bucket = f"audit-{uuid.uuid4().hex[:12]}"
     client = boto3.client("s3", endpoint_url=s3_store_env["AWS_ENDPOINT_URL"])
+    orch_bucket = f"{bucket}-orchestrator"  # the orchestrator side (audit results) of its own too
     client.create_bucket(Bucket=bucket)
+    client.create_bucket(Bucket=orch_bucket)
     try:
-        store = store_from_env({**s3_store_env, "LONGRUN_BUCKET": bucket})
+        store = store_from_env({**s3_store_env, "LONGRUN_BUCKET": bucket, "LONGRUN_ORCH_BUCKET": orch_bucket})
         healthy_run(store, "alpha")
         run_with_incident(store, "beta")
         report = run_audit(store, AuditConfig(audit_id="s3-good", sample_size=100, seed=3))
         assert report.success and report.rehashed == 6
-        assert report.docs_url == f"{s3_store_env['AWS_ENDPOINT_URL']}/{bucket}/audit/s3-good/docs/index.html"
+        assert (
+            report.docs_url
+            == f"{s3_store_env['AWS_ENDPOINT_URL']}/{orch_bucket}/audit/s3-good/docs/index.html"
+        )
         assert store.head("audit/s3-good/docs/index.html") is not None
         assert get_json(store, "audit/s3-good/summary.json")["success"] is True
 
@@ -43,7 +48,8 @@ def test_audit_over_seaweedfs(s3_store_env: dict[str, str], monkeypatch: pytest.
         assert "rehash_matches" in str(info.value) and key in str(info.value)
         assert "runbooks/audit-failed.md" in str(info.value)
     finally:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-            for obj in page.get("Contents", []):
-                client.delete_object(Bucket=bucket, Key=obj["Key"])
-        client.delete_bucket(Bucket=bucket)
+        for name in (bucket, orch_bucket):
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+                for obj in page.get("Contents", []):
+                    client.delete_object(Bucket=name, Key=obj["Key"])
+            client.delete_bucket(Bucket=name)

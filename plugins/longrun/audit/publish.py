@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from training.store import ObjectStore, put_json
+from training.store_sides import SidedStore
 
 
 def object_url(store: ObjectStore, key: str) -> str:
     """A link to `key` a person can open: http(s) for an S3 endpoint, s3:// for AWS, file:// for a local
     store. Never contains credentials."""
+    if isinstance(store, SidedStore):
+        store = store.side(key)
     endpoint = getattr(store, "endpoint_url", None)
     bucket = getattr(store, "bucket", None)
     if bucket and endpoint:

@@ -1,4 +1,9 @@
-"""SeaweedFS (`weed mini`) serving S3 on 127.0.0.1 with one generated identity.
+"""SeaweedFS (`weed mini`) serving S3 on 127.0.0.1: two buckets, two generated identities.
+
+The job bucket (`LONGRUN_BUCKET`) holds what jobs write; the orchestrator bucket (`<bucket>-orchestrator`,
+`LONGRUN_ORCH_BUCKET`) holds what only the orchestrator may write (see training.store_sides). Identity
+`longrun` (the orchestrator, Airflow's) may do everything; identity `longrun-job` may read, write and list
+the job bucket and only read its runs' directives in the orchestrator bucket.
 
 Without an identities file SeaweedFS accepts any key, so one is always written (0600, in the state
 dir, keys generated on first start and kept with the data). Every port is set explicitly; each also
@@ -43,40 +48,63 @@ class S3(Component):
     def __init__(self, layout: Layout) -> None:
         super().__init__(layout)
         self.creds_path = self.dir / "credentials.json"
+        self.job_creds_path = self.dir / "job-credentials.json"
         self.identities_path = self.dir / "identities.json"
         self.log = self.dir / "weed.log"
 
-    def credentials(self) -> dict[str, str]:
-        """The access key id and secret (generated on first use, then kept with the data)."""
-        if self.creds_path.exists():
-            return json.loads(self.creds_path.read_text())
-        self.dir.mkdir(parents=True, exist_ok=True)
+    @staticmethod
+    def _keys(path: Path, id_prefix: str) -> dict[str, str]:
+        if path.exists():
+            return json.loads(path.read_text())
+        path.parent.mkdir(parents=True, exist_ok=True)
         alphabet = string.ascii_uppercase + string.digits
         creds = {
-            "access_key_id": "LR" + "".join(secrets.choice(alphabet) for _ in range(18)),
+            "access_key_id": id_prefix + "".join(secrets.choice(alphabet) for _ in range(18)),
             "secret_access_key": secrets.token_urlsafe(30),
         }
-        write_private(self.creds_path, json.dumps(creds) + "\n")
+        write_private(path, json.dumps(creds) + "\n")
         return creds
+
+    @property
+    def orch_bucket(self) -> str:
+        """The orchestrator's bucket, apart from the jobs' (training.store_sides); S3 allows 63 characters."""
+        name = f"{self.layout.bucket}-orchestrator"
+        if len(name) > 63:
+            raise StackError(
+                f"s3: bucket {self.layout.bucket!r} is too long for a '-orchestrator' twin (50 max)"
+            )
+        return name
+
+    def credentials(self) -> dict[str, str]:
+        """The orchestrator's access key id and secret (generated on first use, then kept with the data)."""
+        return self._keys(self.creds_path, "LR")
+
+    def job_credentials(self) -> dict[str, str]:
+        """The job identity's access key id and secret (generated on first use, then kept with the data)."""
+        return self._keys(self.job_creds_path, "LJ")
 
     def env(self) -> dict[str, str]:
         if not self.creds_path.exists():
             return {}
-        creds = self.credentials()
+        creds, job = self.credentials(), self.job_credentials()
         return {
             "AWS_ENDPOINT_URL": self.layout.s3_endpoint,
             "AWS_ACCESS_KEY_ID": creds["access_key_id"],
             "AWS_SECRET_ACCESS_KEY": creds["secret_access_key"],
             "AWS_DEFAULT_REGION": REGION,
             "LONGRUN_BUCKET": self.layout.bucket,
+            "LONGRUN_ORCH_BUCKET": self.orch_bucket,
+            "LONGRUN_JOB_ACCESS_KEY_ID": job["access_key_id"],
+            "LONGRUN_JOB_SECRET_ACCESS_KEY": job["secret_access_key"],
         }
 
-    def client(self, *, secret: str | None = None):  # noqa: ANN201 - boto3 client, imported lazily
-        """A boto3 S3 client for this endpoint; `secret` overrides the secret key (for refusal tests)."""
+    def client(self, *, secret: str | None = None, job: bool = False):  # noqa: ANN201 - boto3, imported lazily
+        """A boto3 S3 client for this endpoint as the orchestrator (or, with `job`, as the job identity);
+        `secret` overrides the secret key (for refusal tests)."""
         import boto3
         from botocore.config import Config
 
-        creds = self.credentials()
+        creds = self.job_credentials() if job else self.credentials()
         return boto3.client(
             "s3",
             endpoint_url=self.layout.s3_endpoint,
@@ -96,17 +124,43 @@ class S3(Component):
             return False
 
     def _bucket_ready(self) -> bool:
-        self.client().head_bucket(Bucket=self.layout.bucket)
+        s3 = self.client()
+        s3.head_bucket(Bucket=self.layout.bucket)
+        try:
+            s3.head_bucket(Bucket=self.orch_bucket)
+        except Exception:  # noqa: BLE001 - absent (first start): create it; a real failure shows below
+            try:
+                s3.create_bucket(Bucket=self.orch_bucket)
+            except s3.exceptions.BucketAlreadyOwnedByYou:
+                pass
+            s3.head_bucket(Bucket=self.orch_bucket)
         return True
 
     def _identities(self) -> str:
-        creds = self.credentials()
-        ident = {
-            "name": "longrun",
-            "credentials": [{"accessKey": creds["access_key_id"], "secretKey": creds["secret_access_key"]}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-        }
-        return json.dumps({"identities": [ident]}, indent=1) + "\n"
+        creds, job = self.credentials(), self.job_credentials()
+        jb, ob = self.layout.bucket, self.orch_bucket
+        idents = [
+            {
+                "name": "longrun",
+                "credentials": [
+                    {"accessKey": creds["access_key_id"], "secretKey": creds["secret_access_key"]}
+                ],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            },
+            {
+                # SeaweedFS scopes an action to a bucket (`Read:b`) or a key pattern (`Read:b/runs/*/x/*`).
+                "name": "longrun-job",
+                "credentials": [{"accessKey": job["access_key_id"], "secretKey": job["secret_access_key"]}],
+                "actions": [
+                    f"Read:{jb}",
+                    f"Write:{jb}",
+                    f"List:{jb}",
+                    f"Read:{ob}/runs/*/directives/*",
+                    f"List:{ob}/runs/*/directives/*",
+                ],
+            },
+        ]
+        return json.dumps({"identities": idents}, indent=1) + "\n"
 
     def up(self, say: Say) -> None:
         self.forget_dead()
@@ -141,7 +195,7 @@ class S3(Component):
         )
         took += procs.wait_for(
             self._bucket_ready,
-            what=f"s3 bucket {self.layout.bucket}",
+            what=f"s3 buckets {self.layout.bucket}, {self.orch_bucket}",
             timeout=READY_TIMEOUT_S,
             log=self.log,
             watch=[rec],
@@ -151,6 +205,6 @@ class S3(Component):
     def probe(self, rec: ProcRecord) -> tuple[bool, str]:
         try:
             self._bucket_ready()
-            return True, f"bucket {self.layout.bucket} ok"
+            return True, f"buckets {self.layout.bucket}, {self.orch_bucket} ok"
         except Exception as exc:  # noqa: BLE001 - any failure is "unhealthy", with its text
             return False, f"{type(exc).__name__}: {exc}"[:120]
