@@ -6,7 +6,13 @@ small atomic file for progress. The store sees check records in batches (every `
 checkpoints, on an alert, at exit) and progress at most every `progress_interval_s`.
 
 An alert is different: it is written and fsynced locally, then put in the store (retried), before the
-caller does anything else, because the orchestrator acts on it after this process is gone.
+caller does anything else, because the orchestrator acts on it after this process is gone. It carries
+the Slurm job id and is signed with the job's key (`training.signing`): the orchestrator acts only on
+an alert whose signature, run, job and suspect nodes all check out.
+
+Every rank writes its own check records (checks/<first>-<last>-r<rank>.jsonl): the pre-incident pick
+counts a step as passed only when every rank recorded the pass, so a rank that wrote nothing is not a
+pass. Only rank 0 writes progress and the live check file.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training import schema
+from training import schema, signing
 from training.store import ObjectStore, StoreError, put_json
 
 log = logging.getLogger("training.events")
@@ -51,8 +57,8 @@ def write_atomic(path: Path, obj: Any) -> None:
 
 
 class EventWriter:
-    """One per rank. Only the recording rank (rank 0) writes check and progress records: every rank
-    reaches the same verdict, so one copy suffices; any rank may write an alert."""
+    """One per rank. Every rank writes its check records; only rank 0 writes progress and the live
+    check file; any rank may write an alert (signed with the job's key when it has one)."""
 
     def __init__(
         self,
@@ -70,6 +76,10 @@ class EventWriter:
         self._last_progress_put = 0.0
         self._unsent_progress: dict[str, Any] | None = None
         self._live = None
+        # Read once: a key that does not parse fails the start-up, not the alert.
+        self._key = signing.key_from_env()
+        job = os.environ.get("SLURM_JOB_ID", "")
+        self._job_id = int(job) if job.isdigit() else None
         if rank == 0:
             live = self.run_dir / "checks-live" / f"r{rank:03d}.jsonl"
             live.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +106,15 @@ class EventWriter:
     def alert(self, alert: dict[str, Any]) -> Path:
         """Write an alert record durably: run dir (fsync) then store (retried). Returns the local path."""
         schema.validate("alert", alert)
+        if self._job_id is not None:
+            alert = {**alert, "job_id": self._job_id}
+        if self._key is not None:
+            alert = signing.sign(alert, self._key)
+        else:
+            log.warning(
+                "no %s in the environment: the alert is unsigned (the orchestrator will not act on it)",
+                signing.KEY_ENV,
+            )
         relative = schema.alert_path(alert["step"], alert["check"], f"r{self.rank:03d}-{int(time.time())}")
         path = self.run_dir / relative
         write_durably(path, alert)
@@ -105,10 +124,9 @@ class EventWriter:
         return path
 
     def check(self, rec: dict[str, Any]) -> None:
-        if self._live is None:
-            return
         schema.validate("check", rec)
-        self._live.write(json.dumps(rec, sort_keys=True) + "\n")
+        if self._live is not None:
+            self._live.write(json.dumps(rec, sort_keys=True) + "\n")
         self._pending.append(rec)
         if rec["step"] - self._pending[0]["step"] + 1 >= self.flush_every:
             self.flush()
@@ -147,6 +165,12 @@ class EventWriter:
         schema.validate("report", rec)
         write_durably(self.run_dir / schema.REPORT_PATH, rec)
         self._put(schema.REPORT_PATH, rec, attempts=STORE_ATTEMPTS)
+
+    def put_record(self, relative: str, obj: dict[str, Any]) -> None:
+        """A small record that must survive this process (segment, fault): run dir (fsync), then store."""
+        write_durably(self.run_dir / relative, obj)
+        if not self._put(relative, obj, attempts=STORE_ATTEMPTS):
+            log.error("record %s is in the run dir but NOT in the store", relative)
 
     def close(self) -> None:
         self.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -27,6 +28,7 @@ from training.faults import Fault, Injector, fault_state_dir
 from training.fingerprint import combine, fingerprint_state
 from training.model import build_model
 from training.nvrx import NvrxMonitor, first_incarnation_only, in_job_resume_ref
+from training.segment import FaultFired, Segment, segment_id
 from training.store import ObjectStore, StoreError, store_from_env
 from training.verdict import publish_verdict
 
@@ -102,6 +104,7 @@ class Trainer:
             node=self.place.node,
             nodes=self.nodes,
             state_dir=fault_state_dir(self.run_dir / "fault-state"),
+            on_fire=self._fault_fired,
         )
         self.start_step = 0
         self.last_pass: dict[str, int] = {}
@@ -112,8 +115,29 @@ class Trainer:
             run=cfg.run,
             store=self.store,
         )
+        self.resumed_from: str | None = None
+        self._last_step: int | None = None
         if resume:
             self._resume(resume)
+            self.resumed_from = resume
+        started_at = time.time()
+        self.segment = Segment(
+            run=cfg.run,
+            segment_id=segment_id(
+                job_id=os.environ.get("SLURM_JOB_ID"),
+                job_step=os.environ.get("SLURM_STEP_ID"),
+                restart_count=self.nvrx.restart_count,
+                started_at=started_at,
+            ),
+            job_id=os.environ.get("SLURM_JOB_ID"),
+            restart_count=self.nvrx.restart_count,
+            start_step=self.start_step,
+            resumed_from=self.resumed_from,
+            started_at=started_at,
+            world_size=self.world,
+            nodes=tuple(self.nodes),
+        )
+        self._write_segment()
         self.saver = self._saver() if self.rank == 0 and cfg.checkpoint_every else None
         log.info(
             "rank %d/%d on %s (%s, %s): model %d params, checks %s, start step %d",
@@ -122,6 +146,19 @@ class Trainer:
         )  # fmt: skip
 
     # ---- set-up ------------------------------------------------------------------------------------
+
+    def _write_segment(self, **changes: Any) -> None:
+        """Rank 0 records where this incarnation started, its first healthy step and its end."""
+        self.segment = dataclasses.replace(self.segment, **changes)
+        if self.rank == 0:
+            self.events.put_record(self.segment.relative_path, self.segment.to_json())
+
+    def _fault_fired(self, fault: Fault, step: int) -> None:
+        rec = FaultFired(
+            run=self.cfg.run, fault=fault.kind, step=step, rank=self.rank, node=self.place.node,
+            time=time.time(), spec=fault.spec(),
+        )  # fmt: skip
+        self.events.put_record(rec.relative_path, rec.to_json())
 
     def _store(self) -> ObjectStore | None:
         if not self.cfg.use_store:
@@ -217,12 +254,13 @@ class Trainer:
         vote = next((r for r in results if r.check == "weight_vote"), None)
         # This step's passes count: the save happens after them.
         last_pass = {**self.last_pass, **{r.check: step for r in results if r.verdict == "pass"}}
-        fps = vote.extra["fingerprints"] if vote else fingerprint_state(self.model.state_dict())
+        # A vote on CUDA carries dfp64 values, not the manifest's xxh3: the saver then hashes its snapshot.
+        fps = vote.extra.get("fingerprints") if vote else fingerprint_state(self.model.state_dict())
         fields = {
-            "fingerprints": fps,
-            "fingerprint": combine(fps),
+            **({"fingerprints": fps, "fingerprint": combine(fps)} if fps is not None else {}),
             "weight_vote": (
-                {"step": step, "verdict": vote.verdict, "ranks": self.world, "votes": vote.extra["votes"]}
+                {"step": step, "verdict": vote.verdict, "ranks": self.world, "votes": vote.extra["votes"],
+                 "algorithm": vote.extra.get("algorithm", "xxh3-64")}  # fmt: skip
                 if vote
                 else {"step": step, "verdict": "skip", "ranks": self.world}
             ),
@@ -258,6 +296,7 @@ class Trainer:
                     check=r.check,
                     verdict=r.verdict,
                     rank=self.rank,
+                    world_size=self.world,
                     duration_s=round(r.duration_s, 6),
                     loss=loss,
                 )  # fmt: skip
@@ -265,19 +304,33 @@ class Trainer:
 
     def run(self) -> int:
         code = 0
+        outcome = "error"
         try:
             code = self._loop()
+            outcome = "sdc_verdict" if code == schema.EXIT_SDC_VERDICT else "done"
         finally:
+            self._end_segment(outcome)
             self._close()
         if code == schema.EXIT_SDC_VERDICT:
             logging.shutdown()
         return code
 
+    def _end_segment(self, outcome: str) -> None:
+        try:
+            self._write_segment(last_step=self._last_step, ended_at=time.time(), exit=outcome)
+        except Exception as e:  # never hide the real error of the run behind a record write
+            log.warning("segment end record not written: %s", e)
+
     def _loop(self) -> int:
         for step in range(self.start_step + 1, self.cfg.steps + 1):
             t0 = time.perf_counter()
+            if self.segment.first_step is None:
+                self.segment = dataclasses.replace(self.segment, first_step=step)
+            self._last_step = step
             mean_loss, results, failed = self.step(step)
             step_time = time.perf_counter() - t0
+            if failed is None and self.segment.first_healthy_step is None:
+                self._write_segment(first_healthy_step=step, first_healthy_time=time.time())
             if failed is not None:
                 publish_verdict(
                     failed,
@@ -311,6 +364,9 @@ class Trainer:
                     skipped=failed is not None and failed.check != "weight_vote",
                     restart_count=self.nvrx.restart_count,
                     nvrx=self.nvrx.info(),
+                    start_step=self.segment.start_step,
+                    resumed_from=self.resumed_from,
+                    segment=self.segment.segment_id,
                 )  # fmt: skip
             )
         self._finish()

@@ -45,13 +45,14 @@ INCIDENT_MODES = ("act", "approve", "observe")
 #: Model presets the reference trainer knows (training.config defines them; listed here for validation).
 MODEL_PRESETS = ("tiny", "small")
 
-# Which checks can catch which fault class. The pre-incident pick needs the last step that every check
-# able to see this kind of fault had passed.
-CHECKS_FOR_ALERT = {
-    "finite": ("finite",),
-    "recompute": ("recompute",),
-    "weight_vote": ("weight_vote",),
-}
+#: The checks that can see a FINITE wrong value. Any fault may have produced finite wrong values before
+#: it was caught (a node emits wrong numbers before it emits a NaN), so every alert's pick is bounded by
+#: these too, not by the check that fired alone.
+FINITE_VALUE_CHECKS = ("recompute", "weight_vote")
+
+# The checks whose last all-rank pass bounds the pre-incident pick, per alert check: the check that
+# fired and every check able to see a finite wrong value.
+CHECKS_FOR_ALERT = {c: tuple(dict.fromkeys((c, *FINITE_VALUE_CHECKS))) for c in CHECKS}
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

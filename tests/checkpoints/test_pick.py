@@ -16,9 +16,12 @@ from training import schema
 from training.store import ObjectStore
 
 
-def _rec(check: str, step: int, verdict: str = "pass", rank: int = 0) -> dict[str, Any]:
+def _rec(
+    check: str, step: int, verdict: str = "pass", rank: int = 0, world: int | None = 3
+) -> dict[str, Any]:
+    extra = {} if world is None else {"world_size": world}
     return schema.record(
-        "check", run="r", step=step, check=check, verdict=verdict, rank=rank, duration_s=0.001
+        "check", run="r", step=step, check=check, verdict=verdict, rank=rank, duration_s=0.001, **extra
     )
 
 
@@ -37,11 +40,13 @@ def _history(last: int = 50) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("check", "alert_step", "expected"),
     [
-        ("recompute", 37, {"recompute": 30}),  # faults between audits leave no trace: back to the last audit
-        ("recompute", 30, {"recompute": 20}),  # the audit at the alert's own step failed
-        ("finite", 37, {"finite": 36}),
-        ("weight_vote", 45, {"weight_vote": 40}),
-        ("weight_vote", 5, {"weight_vote": None}),  # it never passed before the alert
+        # faults between audits leave no trace: back to the last audit
+        ("recompute", 37, {"recompute": 30, "weight_vote": 30}),
+        ("recompute", 30, {"recompute": 20, "weight_vote": 20}),  # the checks at the alert's own step
+        # A finite alert is bounded by the checks that see finite wrong values, not by the finite check.
+        ("finite", 37, {"finite": 36, "recompute": 30, "weight_vote": 30}),
+        ("weight_vote", 45, {"weight_vote": 40, "recompute": 40}),
+        ("weight_vote", 5, {"weight_vote": None, "recompute": None}),  # never passed before the alert
     ],
 )
 def test_last_known_good_per_alert_kind(check: str, alert_step: int, expected: dict[str, int | None]) -> None:
@@ -53,13 +58,43 @@ def test_last_known_good_per_alert_kind(check: str, alert_step: int, expected: d
 def test_a_failure_on_any_rank_is_not_a_pass() -> None:
     recs = [*_history(), _rec("recompute", 30, "fail", rank=2)]
     [(step, src)] = last_known_good(("recompute",), 37, recs, []).values()
-    assert (step, src) == (20, "check records")
+    assert (step, src) == (20, "check records of every rank")
 
 
-def test_manifest_coverage_stands_in_for_missing_check_records() -> None:
+def test_a_rank_with_no_record_is_not_a_pass() -> None:
+    recs = [r for r in _history() if not (r["check"] == "recompute" and r["step"] == 30 and r["rank"] == 1)]
+    assert last_known_good(("recompute",), 37, recs)["recompute"][0] == 20
+    # Records that do not state their world count only against the alert's world.
+    bare = [_rec("recompute", 10, rank=r, world=None) for r in range(2)]
+    assert last_known_good(("recompute",), 37, bare)["recompute"][0] is None
+    assert last_known_good(("recompute",), 37, bare, world_size=3)["recompute"][0] is None
+    assert last_known_good(("recompute",), 37, bare, world_size=2)["recompute"][0] == 10
+
+
+def test_a_finite_alert_is_not_bounded_by_the_finite_check_alone(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    _setup(store, run, save_checkpoints, [10, 20, 30, 40], promoted=[10, 20, 30, 40])
+    # NaN at 41; the last recompute/vote on every rank was at 40 (no pass since). Before: bound 40 via the
+    # finite check; rank 2's audit at 40 is missing now, so the bound is 30.
+    lines = [
+        json.dumps({**r, "run": run})
+        for r in _history()
+        if not (r["step"] == 40 and r["rank"] == 2 and r["check"] != "finite")
+    ]
+    store.put_bytes(
+        schema.store_key(run, schema.check_batch_path(1, 50, 0)), ("\n".join(lines) + "\n").encode()
+    )
+    step, why = pick_pre_incident(
+        store, run, {"check": "finite", "step": 41, "suspect_nodes": ["n2"]}, write=False
+    )
+    assert step == 30, why
+
+
+def test_manifest_coverage_alone_is_not_a_pass() -> None:
     manifests = [{"coverage": {"recompute": s, "finite": s}} for s in (10, 20, 30)]
-    [(step, src)] = last_known_good(("recompute",), 37, [], manifests).values()
-    assert (step, src) == (30, "manifest coverage")
+    [(step, _src)] = last_known_good(("recompute",), 37, [], manifests).values()
+    assert step is None
 
 
 def _setup(store: ObjectStore, run: str, save: Saver, steps: list[int], promoted: list[int]) -> None:
@@ -115,7 +150,7 @@ def test_no_pick_when_no_check_in_the_class_ever_passed(
     assert validate(store, run, 10)["ok"]
     promote(store, run, 10)
     step, why = pick_pre_incident(store, run, {"check": "recompute", "step": 30, "suspect_nodes": []})
-    assert step is None and "recompute never passed" in why
+    assert step is None and "recompute, weight_vote never passed on every rank" in why
     assert catalog.current_pointer(store, run) is not None
 
 

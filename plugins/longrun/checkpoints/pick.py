@@ -1,12 +1,15 @@
 """The pre-incident pick: which checkpoint to restart from after an alert, and why.
 
-Rule: the newest promoted checkpoint whose step is at or before the last step known good by every check
-that could have caught this fault class (`schema.CHECKS_FOR_ALERT[alert check]`). A check's last
-known-good step is the newest step before the alert's at which it passed and did not fail on any rank,
-from the run's check records (checks/*.jsonl) and the coverage the manifests recorded at save time. A
-suspect checkpoint (after a demotion mark) and one whose newest validation did not pass are never picked.
-When no check in the class has ever passed before the alert, nothing is provably from before the fault
-and the pick is None.
+Rule: the newest promoted checkpoint whose step is at or before the last step known good by the check
+that fired and by every check able to see a finite wrong value (`schema.CHECKS_FOR_ALERT[alert check]`:
+a node may produce finite wrong numbers before its first NaN, so a finite alert is bounded by the
+recompute audit and the weight vote too). A check's last known-good step is the newest step before the
+alert's at which EVERY rank of that step's world recorded a pass and none a failure, from the run's check
+records (checks/*.jsonl, one batch file per rank). A rank with no record is not a pass; neither is a
+record that does not say its world size (when the alert does not say it either), nor the coverage a
+manifest claims (one rank's view). A suspect checkpoint (after a demotion mark) and one whose newest
+validation did not pass are never picked. When a check in the class has no all-rank pass before the
+alert, nothing is provably from before the fault and the pick is None.
 """
 
 from __future__ import annotations
@@ -31,45 +34,60 @@ def _alert_fields(alert: Mapping[str, Any]) -> tuple[str, int]:
     return str(check), step
 
 
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _world(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
 def last_known_good(
     checks: tuple[str, ...],
     alert_step: int,
     records: Sequence[Mapping[str, Any]],
-    manifests: Sequence[Mapping[str, Any]],
+    manifests: Sequence[Mapping[str, Any]] = (),
+    *,
+    world_size: int | None = None,
 ) -> dict[str, tuple[int | None, str]]:
-    """For each check: (newest step < alert_step at which it passed and did not fail, where that came
-    from). Pure: the inputs are check records and manifests."""
-    passed: dict[str, set[int]] = {c: set() for c in checks}
-    failed: dict[str, set[int]] = {c: set() for c in checks}
+    """For each check: (newest step < alert_step at which every rank passed and none failed, where that
+    came from). A step's world is the `world_size` its records state (they must agree), else the
+    `world_size` given (the alert's). `manifests` are not evidence (kept for callers; see the module
+    docstring). Pure: the inputs are check records."""
+    del manifests  # a manifest's coverage is one rank's claim, not every rank's record
+    passed: dict[tuple[str, int], set[int]] = {}
+    failed: set[tuple[str, int]] = set()
+    worlds: dict[tuple[str, int], set[int | None]] = {}
     for r in records:
-        c = r.get("check")
-        if c not in passed or not isinstance(r.get("step"), int):
+        c, step, rank = r.get("check"), r.get("step"), r.get("rank")
+        if c not in checks or not isinstance(step, int) or not isinstance(rank, int):
             continue
+        if not _is_index(step) or not _is_index(rank):
+            continue  # bool, or negative
+        k = (str(c), step)
+        worlds.setdefault(k, set()).add(_world(r.get("world_size")))
         if r.get("verdict") == "pass":
-            passed[c].add(r["step"])
+            passed.setdefault(k, set()).add(rank)
         elif r.get("verdict") == "fail":
-            failed[c].add(r["step"])
-    from_manifest: dict[str, set[int]] = {c: set() for c in checks}
-    for m in manifests:
-        cov = m.get("coverage")
-        if not isinstance(cov, Mapping):
-            continue
-        for c in checks:
-            s = cov.get(c)
-            if isinstance(s, int) and not isinstance(s, bool):
-                from_manifest[c].add(s)
+            failed.add(k)
     out: dict[str, tuple[int | None, str]] = {}
     for c in checks:
-        rec_steps = {s for s in passed[c] if s < alert_step} - failed[c]
-        man_steps = {s for s in from_manifest[c] if s < alert_step} - failed[c]
-        best_rec = max(rec_steps, default=None)
-        best_man = max(man_steps, default=None)
-        if best_rec is None and best_man is None:
-            out[c] = (None, "no pass before the alert")
-        elif best_man is None or (best_rec is not None and best_rec >= best_man):
-            out[c] = (best_rec, "check records")
-        else:
-            out[c] = (best_man, "manifest coverage")
+        good: list[int] = []
+        for (check, step), ranks in passed.items():
+            if check != c or step >= alert_step or (check, step) in failed:
+                continue
+            stated = {w for w in worlds[(check, step)] if w is not None}
+            if len(stated) > 1:
+                continue  # ranks disagree on the world: not provable
+            world = next(iter(stated)) if stated else world_size
+            if world is not None and ranks >= set(range(world)):
+                good.append(step)
+        best = max(good, default=None)
+        out[c] = (
+            (best, "check records of every rank")
+            if best is not None
+            else (None, "no all-rank pass before the alert")
+        )
     return out
 
 
@@ -78,8 +96,14 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
     check, alert_step = _alert_fields(alert)
     checks = tuple(schema.CHECKS_FOR_ALERT[check])
     cat = catalog.checkpoints(store, run)
-    manifests = [c.manifest for c in cat.checkpoints]
-    lkg = last_known_good(checks, alert_step, list(catalog.check_records(store, run)), manifests)
+    evidence = alert.get("evidence")
+    world = evidence.get("world") if isinstance(evidence, Mapping) else None
+    lkg = last_known_good(
+        checks,
+        alert_step,
+        list(catalog.check_records(store, run)),
+        world_size=_world(world.get("world_size")) if isinstance(world, Mapping) else None,
+    )
     after = catalog.suspect_after(store, run)
     promoted = catalog.promoted_steps(store, run)
     have = cat.by_step()
@@ -110,7 +134,7 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
             step = s
             break
     if bound is None:
-        why = f"{head}; no checkpoint is provably from before the fault: {', '.join(unknown)} never passed before it"
+        why = f"{head}; no checkpoint is provably from before the fault: {', '.join(unknown)} never passed on every rank before it"
     elif step is None:
         why = (
             f"{head}; bound: step {bound}; promoted {promoted}; no promoted checkpoint at or before step {bound}"
