@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,8 +106,19 @@ def node_is_sick(state_dir: Path, node: str) -> bool:
 class Injector:
     """Applies the faults that target this process at the right moments of the step."""
 
-    def __init__(self, faults: tuple[Fault, ...], *, rank: int, node: str, nodes: list[str], state_dir: Path):
+    def __init__(
+        self,
+        faults: tuple[Fault, ...],
+        *,
+        rank: int,
+        node: str,
+        nodes: list[str],
+        state_dir: Path,
+        on_fire: Callable[[Fault, int], None] | None = None,
+    ):
         self.rank, self.node, self.state_dir = rank, node, state_dir
+        # Called with (fault, step) right before a fault is injected: the drill's proof that it fired.
+        self.on_fire = on_fire
         self.faults = faults
         self.mine = [f for f in faults if self._targets_me(f, nodes)]
         # A node made sick by an earlier process stays sick (the marker is the simulated hardware).
@@ -132,7 +143,10 @@ class Injector:
         return f.rank == self.rank
 
     def _due(self, kind: str, step: int) -> bool:
-        return any(f.kind == kind and f.step == step for f in self.mine)
+        due = [f for f in self.mine if f.kind == kind and f.step == step]
+        if due and self.on_fire is not None:
+            self.on_fire(due[0], step)
+        return bool(due)
 
     def start_of_step(self, step: int, model_matmul: object) -> None:
         """crash, hang, and the sick-node switch (marker first, so a probe started later sees it)."""

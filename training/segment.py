@@ -1,0 +1,210 @@
+"""Where each attempt started and what a drill really did: the proof-of-resume records.
+
+A *segment* is one incarnation of the trainer: a launch (Slurm job, job step) and, inside it, each NVRx
+in-job restart. Rank 0 writes its record three times: when it starts (`start_step`, `resumed_from`),
+at its first healthy step (a step whose checks all passed), and when it ends (`last_step`, `exit`).
+Lost steps are read from these records (the previous segment's `last_step` minus the next one's
+`start_step`), never computed from the alert and the pick.
+
+A *fault record* is written by the rank that injects a drill's fault, right before it does so (a crash
+drill kills the process next): a drill whose fault never fired leaves none, and the orchestrator fails
+the run naming the drill instead of reporting a clean success.
+
+Pure Python (no torch, no Airflow): the orchestrator reads both kinds with the same classes.
+
+    segments/<job>.<job step>-r<restart>.json     one per segment (rewritten as it progresses)
+    faults/<step>-<kind>-r<rank>.json             one per injected fault and rank
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SEGMENT_SCHEMA_VERSION = 1
+FAULT_SCHEMA_VERSION = 1
+SEGMENTS_DIR = "segments/"
+FAULTS_DIR = "faults/"
+#: How a segment ended (None while it runs).
+SEGMENT_EXITS = ("done", "sdc_verdict", "error")
+
+_IDENT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def _need(obj: dict[str, Any], name: str, typ: Any, *, optional: bool = False) -> Any:
+    if name not in obj:
+        if optional:
+            return None
+        raise ValueError(f"field {name!r} is missing")
+    value = obj[name]
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) and typ is not bool or not isinstance(value, typ):
+        raise ValueError(f"field {name!r} = {value!r:.80} has the wrong type")
+    return value
+
+
+def _loads(raw: str | bytes | dict[str, Any], kind: str, version: int) -> dict[str, Any]:
+    obj = json.loads(raw) if isinstance(raw, str | bytes) else dict(raw)
+    if not isinstance(obj, dict):
+        raise ValueError(f"field '<record>' must be a JSON object, got {type(obj).__name__}")
+    if obj.get("kind") != kind:
+        raise ValueError(f"field 'kind' = {obj.get('kind')!r}; expected {kind!r}")
+    v = obj.get("schema_version")
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= version:
+        raise ValueError(f"field 'schema_version' = {v!r}; this reader knows 1..{version}")
+    return obj
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Segment:
+    """One incarnation of the trainer, as rank 0 saw it."""
+
+    run: str
+    """Run name."""
+    segment_id: str
+    """`<job id>.<job step>-r<restart>` (see `segment_id`); also the record's file stem."""
+    job_id: str | None
+    """Slurm job id (None outside Slurm)."""
+    restart_count: int
+    """NVRx in-job restart number of this incarnation (0: the launch itself)."""
+    start_step: int
+    """The last step already in the weights when training began (0: from scratch)."""
+    resumed_from: str | None
+    """The checkpoint loaded (a store prefix or a directory), None when starting from scratch."""
+    started_at: float
+    """Wall time (epoch s) when the model was ready and the first step began."""
+    world_size: int
+    """Ranks of this incarnation."""
+    nodes: tuple[str, ...]
+    """Node of each rank."""
+    first_step: int | None = None
+    """The first step this incarnation trained (start_step + 1, as the loop really ran it)."""
+    first_healthy_step: int | None = None
+    """The first step whose checks all passed and whose update was applied."""
+    first_healthy_time: float | None = None
+    """Wall time when that step completed: "training again" for the time to recover."""
+    last_step: int | None = None
+    """The last step the loop ran (the failing one included), when the segment ended."""
+    ended_at: float | None = None
+    """Wall time of the end."""
+    exit: str | None = None
+    """One of SEGMENT_EXITS once ended."""
+    schema_version: int = SEGMENT_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if not _IDENT.match(self.segment_id):
+            raise ValueError(f"field 'segment_id' = {self.segment_id!r} is not a plain identifier")
+        if self.start_step < 0:
+            raise ValueError(f"field 'start_step' = {self.start_step!r} must be >= 0")
+        if self.exit is not None and self.exit not in SEGMENT_EXITS:
+            raise ValueError(f"field 'exit' = {self.exit!r}; expected one of {SEGMENT_EXITS}")
+        if self.first_step is not None and self.first_step <= self.start_step:
+            raise ValueError(
+                f"field 'first_step' = {self.first_step} is not after start_step {self.start_step}"
+            )
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+
+    @property
+    def relative_path(self) -> str:
+        return f"{SEGMENTS_DIR}{self.segment_id}.json"
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["nodes"] = list(self.nodes)
+        out["kind"] = "segment"
+        return out
+
+    @classmethod
+    def from_json(cls, raw: str | bytes | dict[str, Any]) -> Segment:
+        obj = _loads(raw, "segment", SEGMENT_SCHEMA_VERSION)
+        values = {
+            "run": _need(obj, "run", str),
+            "segment_id": _need(obj, "segment_id", str),
+            "job_id": _need(obj, "job_id", str, optional=True),
+            "restart_count": _need(obj, "restart_count", int),
+            "start_step": _need(obj, "start_step", int),
+            "resumed_from": _need(obj, "resumed_from", str, optional=True),
+            "started_at": float(_need(obj, "started_at", int | float)),
+            "world_size": _need(obj, "world_size", int),
+            "nodes": tuple(_need(obj, "nodes", list)),
+            "schema_version": obj["schema_version"],
+        }
+        for name, typ in (
+            ("first_step", int),
+            ("first_healthy_step", int),
+            ("last_step", int),
+            ("exit", str),
+        ):
+            values[name] = _need(obj, name, typ, optional=True)
+        for name in ("first_healthy_time", "ended_at"):
+            t = _need(obj, name, int | float, optional=True)
+            values[name] = None if t is None else float(t)
+        return cls(**values)
+
+
+def segment_id(*, job_id: str | None, job_step: str | None, restart_count: int, started_at: float) -> str:
+    """`<job>.<step>-r<restart>`; outside Slurm `local<start time>` stands in for the job."""
+    return f"{job_id or f'local{int(started_at)}'}.{job_step or '0'}-r{restart_count}"
+
+
+def ordered(segments: list[Segment]) -> list[Segment]:
+    """Segments in the order they ran."""
+    return sorted(segments, key=lambda s: (s.started_at, s.segment_id))
+
+
+def lost_steps(before: Segment, after: Segment) -> int | None:
+    """Steps trained again after the switch from `before` to `after`, read from the two records."""
+    if before.last_step is None:
+        return None
+    return max(0, before.last_step - after.start_step)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FaultFired:
+    """A drill's fault, injected (written just before the injection)."""
+
+    run: str
+    """Run name."""
+    fault: str
+    """Fault kind (training.schema.FAULT_KINDS)."""
+    step: int
+    """Step at which it fired."""
+    rank: int
+    """Rank that injected it."""
+    node: str
+    """Node of that rank."""
+    time: float
+    """Wall time of the injection."""
+    spec: str
+    """The drill's `KIND:STEP:TARGET`."""
+    schema_version: int = FAULT_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.step < 1:
+            raise ValueError(f"field 'step' = {self.step!r} must be >= 1")
+        if self.rank < 0:
+            raise ValueError(f"field 'rank' = {self.rank!r} must be >= 0")
+
+    @property
+    def relative_path(self) -> str:
+        return f"{FAULTS_DIR}{self.step:08d}-{self.fault}-r{self.rank:03d}.json"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": "fault"}
+
+    @classmethod
+    def from_json(cls, raw: str | bytes | dict[str, Any]) -> FaultFired:
+        obj = _loads(raw, "fault", FAULT_SCHEMA_VERSION)
+        return cls(
+            run=_need(obj, "run", str),
+            fault=_need(obj, "fault", str),
+            step=_need(obj, "step", int),
+            rank=_need(obj, "rank", int),
+            node=_need(obj, "node", str),
+            time=float(_need(obj, "time", int | float)),
+            spec=_need(obj, "spec", str),
+            schema_version=obj["schema_version"],
+        )
