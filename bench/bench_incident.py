@@ -79,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     stack.up(say=lambda _line: None)
     os.environ.update(stack.env())
     env = stack.env()
-    rest = Rest.login(
-        env["LONGRUN_AIRFLOW_URL"], env["LONGRUN_AIRFLOW_USER"], env["LONGRUN_AIRFLOW_PASSWORD"]
-    )
+    rest = Rest.from_env(env)
     prepare(rest)
     client = make_client(backend="cli", slurm_conf=env["SLURM_CONF"])
     store = store_from_env()

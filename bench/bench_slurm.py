@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import requests
+from longrun.airflow_rest import AirflowApiError, AirflowRest
 from longrun.slurm import ops
 from longrun.slurm.cli_backend import CliSlurmClient
 from longrun.slurm.client import JobState, JobStatus
@@ -103,61 +103,21 @@ def bench_sbatch(client: CliSlurmClient, runs: int, stamp: str) -> list[float]:
     return out
 
 
-class Api:
-    """The three REST calls the benchmark needs."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.url = env["LONGRUN_AIRFLOW_URL"].rstrip("/")
-        token = requests.post(
-            f"{self.url}/auth/token",
-            json={"username": env["LONGRUN_AIRFLOW_USER"], "password": env["LONGRUN_AIRFLOW_PASSWORD"]},
-            timeout=30,
-        ).json()["access_token"]
-        self.s = requests.Session()
-        self.s.headers["Authorization"] = f"Bearer {token}"
-
-    def call(self, method: str, path: str, **kw: object) -> dict:
-        resp = self.s.request(method, f"{self.url}/api/v2{path}", timeout=30, **kw)  # type: ignore[arg-type]
-        resp.raise_for_status()
-        return resp.json()
-
-    def ready(self, dag_id: str, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                self.call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
-                return
-            except requests.HTTPError:
-                time.sleep(1)
-        raise SystemExit(f"DAG {dag_id} not parsed within {timeout_s} s")
-
-    def trigger(self, dag_id: str) -> str:
-        return str(
-            self.call("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {}})[
-                "dag_run_id"
-            ]
-        )
-
-    def wait_done(self, dag_id: str, run_id: str, timeout_s: float = 180) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            state = self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
-            if state in ("success", "failed"):
-                return str(state)
-            time.sleep(0.5)
-        return "timeout"
-
-
 def bench_airflow(client: CliSlurmClient, env: dict[str, str], runs: int) -> list[float]:
-    api = Api(env)
-    api.ready(DAG_ID)
+    api = AirflowRest.from_env(env)
+    api.wait_dag_parsed(DAG_ID, timeout=180)
+    api.unpause(DAG_ID)
     out = []
     for _ in range(runs):
         t0 = time.monotonic()
         run_id = api.trigger(DAG_ID)
         t1, _ = wait_tagged_running(client, f"longrun/{DAG_ID}/{run_id}/submit/")
         out.append(t1 - t0)
-        if (state := api.wait_done(DAG_ID, run_id)) != "success":
+        try:
+            state = api.wait_run(DAG_ID, run_id, timeout=180, interval=0.5)
+        except AirflowApiError as e:
+            state = f"unfinished ({e})"
+        if state != "success":
             print(f"# warning: run {run_id} ended {state}")
     return out
 

@@ -19,20 +19,12 @@ import os
 import sys
 import time
 
-from longrun.drill import DrillError, Rest, prepare, return_to_service, run_drill
+from longrun.airflow_rest import AirflowApiError
+from longrun.drill import DRILL_CONF, DrillError, Rest, prepare, return_to_service, run_drill
 from longrun.slurm.client import make_client
 from longrun.stack import Stack
 from training import schema
 from training.store import NotFound, get_json, store_from_env
-
-CONFIG = {
-    "nodes": 3,
-    "gpus_per_node": 0,
-    "steps": 40,
-    "checkpoint_every": 10,
-    "recompute_every": 5,
-    "vote_every": 5,
-}
 
 
 def say(line: str) -> None:
@@ -52,22 +44,20 @@ def main(argv: list[str] | None = None) -> int:
     stack.up(say=say)
     os.environ.update(stack.env())
     env = stack.env()
-    rest = Rest.login(
-        env["LONGRUN_AIRFLOW_URL"], env["LONGRUN_AIRFLOW_USER"], env["LONGRUN_AIRFLOW_PASSWORD"]
-    )
+    rest = Rest.from_env(env)
     prepare(rest)
     client = make_client(backend="cli", slurm_conf=env["SLURM_CONF"])
     return_to_service(client, say)
     store = store_from_env()
 
     say("\n== 2. the clean reference run")
-    tag = hashlib.sha256(json.dumps(CONFIG, sort_keys=True).encode()).hexdigest()[:8]
+    tag = hashlib.sha256(json.dumps(DRILL_CONF, sort_keys=True).encode()).hexdigest()[:8]
     clean_run = f"demo-clean-{tag}"
     try:
         clean_fp = get_json(store, schema.store_key(clean_run, schema.REPORT_PATH))["final_fingerprint"]
         say(f"reusing clean run {clean_run}: final fingerprint {clean_fp}")
     except NotFound:
-        clean = run_drill(rest, store, {**CONFIG, "run_name": clean_run}, say=say)
+        clean = run_drill(rest, store, {**DRILL_CONF, "run_name": clean_run}, say=say)
         clean_fp = clean.final_fingerprint
         say(clean.summary())
 
@@ -78,10 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         result = run_drill(
             rest,
             store,
-            {**CONFIG, "run_name": run, "drill": {"kind": args.kind, "step": args.step, "target": target}},
+            {
+                **DRILL_CONF,
+                "run_name": run,
+                "drill": {"kind": args.kind, "step": args.step, "target": target},
+            },
             say=say,
         )
-    except DrillError as e:
+    except (DrillError, AirflowApiError) as e:
         say(f"\nTHE DRILL DID NOT COMPLETE: {e}")
         say(
             f"Airflow UI: {env['LONGRUN_AIRFLOW_URL']} (user {env['LONGRUN_AIRFLOW_USER']}, password {env['LONGRUN_AIRFLOW_PASSWORD']})"

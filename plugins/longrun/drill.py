@@ -13,12 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
-
+from longrun.airflow_rest import AirflowRest
+from longrun.dagrun_ids import attempt_run_id, incident_run_id
 from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE
-from longrun.runbooks import runbook_url
 from longrun.slurm.client import SlurmClient
-from longrun.slurm.validate import DRAIN_PREFIX
 from training import schema
 from training.store import NotFound, ObjectStore, get_json
 
@@ -29,78 +27,19 @@ class DrillError(RuntimeError):
     """The drill did not go as the story says; the message says where it stopped."""
 
 
-@dataclass(slots=True, kw_only=True)
-class Rest:
-    """Just enough of Airflow 3's REST API for a drill."""
+# The name the demo, the benches and the e2e test use for the package's one REST client.
+Rest = AirflowRest
 
-    url: str
-    """Base URL, e.g. http://127.0.0.1:21730."""
-    token: str
-    """JWT from /auth/token."""
-    timeout: float = 15.0
-    """Seconds per request."""
-    session: requests.Session = field(default_factory=requests.Session)
-    """Kept open between calls."""
-
-    @classmethod
-    def login(cls, url: str, user: str, password: str) -> Rest:
-        url = url.rstrip("/")
-        r = requests.post(f"{url}/auth/token", json={"username": user, "password": password}, timeout=15)
-        if r.status_code not in (200, 201):
-            raise DrillError(f"Airflow login at {url} failed: HTTP {r.status_code} {r.text[:200]}")
-        rest = cls(url=url, token=r.json()["access_token"])
-        rest.session.headers["Authorization"] = f"Bearer {rest.token}"
-        return rest
-
-    def call(self, method: str, path: str, **kw: Any) -> Any:
-        r = self.session.request(method, f"{self.url}/api/v2{path}", timeout=self.timeout, **kw)
-        if r.status_code >= 400:
-            raise DrillError(f"{method} {path}: HTTP {r.status_code}: {r.text[:400]}")
-        return r.json() if r.content else None
-
-    def dag_ready(self, dag_id: str, *, timeout_s: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            r = self.session.get(f"{self.url}/api/v2/dags/{dag_id}", timeout=self.timeout)
-            if r.status_code == 200:
-                if r.json().get("is_paused"):
-                    # Our DAGs are created unpaused; a paused one was paused by someone: say so, do not undo it.
-                    raise DrillError(
-                        f"DAG {dag_id} is paused: unpause it (`airflow dags unpause {dag_id}` or the UI toggle); "
-                        f"runbook {runbook_url('dag_paused')}"
-                    )
-                return
-            if time.monotonic() > deadline:
-                errors = self.call("GET", "/importErrors").get("import_errors", [])
-                raise DrillError(f"DAG {dag_id} not parsed after {timeout_s:.0f} s; import errors: {errors}")
-            time.sleep(1.0)
-
-    def set_variable(self, key: str, value: str) -> None:
-        r = self.session.patch(
-            f"{self.url}/api/v2/variables/{key}", json={"key": key, "value": value}, timeout=self.timeout
-        )
-        if r.status_code == 404:
-            self.call("POST", "/variables", json={"key": key, "value": value})
-        elif r.status_code >= 400:
-            raise DrillError(f"PATCH /variables/{key}: HTTP {r.status_code}: {r.text[:300]}")
-
-    def trigger(self, dag_id: str, conf: Mapping[str, Any], run_id: str | None = None) -> str:
-        body: dict[str, Any] = {"logical_date": None, "conf": dict(conf)}
-        if run_id:
-            body["dag_run_id"] = run_id
-        return str(self.call("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"])
-
-    def run_state(self, dag_id: str, run_id: str) -> str | None:
-        r = self.session.get(f"{self.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}", timeout=self.timeout)
-        if r.status_code == 404:
-            return None
-        if r.status_code >= 400:
-            raise DrillError(f"GET run {dag_id}/{run_id}: HTTP {r.status_code}")
-        return str(r.json()["state"])
-
-    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
-        tis = self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").get("task_instances", [])
-        return {t["task_id"]: t["state"] for t in tis}
+#: The drill's run, everything but its name and its fault: 3 CPU nodes, 40 steps of the tiny model, every
+#: check often enough that each drill kind is caught within a few steps (the demo and the e2e test).
+DRILL_CONF: Mapping[str, Any] = {
+    "nodes": 3,
+    "gpus_per_node": 0,
+    "steps": 40,
+    "checkpoint_every": 10,
+    "recompute_every": 5,
+    "vote_every": 5,
+}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -172,7 +111,7 @@ def return_to_service(client: SlurmClient, say: Say = print) -> list[str]:
     """Resume every node longrun drained (a drill's last step: the runbook's return-to-service)."""
     back = []
     for n in client.nodes():
-        if n.drain_flag and n.reason and n.reason.startswith(DRAIN_PREFIX):
+        if n.drain_flag and n.reason and n.reason.startswith(schema.DRAIN_PREFIX):
             client.resume(n.name)
             back.append(n.name)
             say(f"returned {n.name} to service (was: {n.reason})")
@@ -204,12 +143,7 @@ def _follow(
         if approve:
             for task_id in APPROVAL_TASKS:
                 if states.get(task_id) in ("awaiting_input", "deferred") and task_id not in approved:
-                    r = rest.session.patch(
-                        f"{rest.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails",
-                        json={"chosen_options": ["Approve"]},
-                        timeout=rest.timeout,
-                    )
-                    if r.status_code < 400:
+                    if rest.approve(dag_id, run_id, task_id):
                         approved.add(task_id)
                         say(f"  a person approves {task_id} (human-in-the-loop)")
         active = sorted(
@@ -266,7 +200,7 @@ def run_drill(
         raise DrillError(f"training_run {run_id} ended {state}: {result.summary()}")
     alerts = [o.key for o in store.list(schema.store_key(run, "alerts/"))]
     if alerts:
-        incident_run = f"incident__{alerts[0].rsplit('/', 1)[1][: -len('.json')]}"
+        incident_run = incident_run_id(alerts[0])
         say(f"alert {alerts[0]} -> sdc_incident {incident_run}")
         state = _follow(
             rest, "sdc_incident", incident_run, deadline=deadline, say=say, progress=None, approve=approve
@@ -283,7 +217,7 @@ def run_drill(
             say("observe mode: nothing was changed and nothing relaunched")
             result.wall_s = round(time.monotonic() - t0, 1)
             return result
-        attempt_run = f"{run}__attempt1"
+        attempt_run = attempt_run_id(run, 1)
         say(f"relaunched job -> training_run {attempt_run}")
         state = _follow(
             rest, "training_run", attempt_run, deadline=deadline, say=say, progress=_progress(store, run)

@@ -16,7 +16,7 @@ import os
 import time
 
 import pytest
-from longrun.drill import Rest, prepare, return_to_service, run_drill
+from longrun.drill import DRILL_CONF, Rest, prepare, return_to_service, run_drill
 from longrun.slurm.client import make_client
 
 from training.store import store_from_env
@@ -29,14 +29,6 @@ pytestmark = [
     pytest.mark.timeout(5400),
 ]
 
-BASE = {
-    "nodes": 3,
-    "gpus_per_node": 0,
-    "steps": 40,
-    "checkpoint_every": 10,
-    "recompute_every": 5,
-    "vote_every": 5,
-}
 DRILLS = {
     # kind: (drill, checks that may catch it first, diagnostic verdict). A flipped weight changes that
     # replica's next gradients, so the recompute audit at step 15 can see it before the weight vote does.
@@ -75,9 +67,9 @@ def rest(env):
 
 @pytest.fixture(scope="module")
 def clean(rest):
-    result = run_drill(rest, store_from_env(), {**BASE, "run_name": name("clean")})
+    result = run_drill(rest, store_from_env(), {**DRILL_CONF, "run_name": name("clean")})
     print("\n" + result.summary())
-    assert result.incident is None and result.final_step == BASE["steps"]
+    assert result.incident is None and result.final_step == DRILL_CONF["steps"]
     return result
 
 
@@ -86,7 +78,7 @@ def test_drill(rest, clean, kind):
     drill, check, verdict = DRILLS[kind]
     client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
     return_to_service(client)  # the previous drill's node, as the runbook's return-to-service would
-    result = run_drill(rest, store_from_env(), {**BASE, "run_name": name(kind), "drill": drill})
+    result = run_drill(rest, store_from_env(), {**DRILL_CONF, "run_name": name(kind), "drill": drill})
     print("\n" + result.summary())
     print(
         f"DRILL {kind}: detection step {result.detection_step}, lost steps {result.lost_steps}, "
@@ -107,10 +99,10 @@ def test_drill(rest, clean, kind):
     relaunch = inc["relaunch"]
     assert node not in relaunch["nodes"] and len(relaunch["nodes"]) == 3 and "n4" in relaunch["nodes"]
     assert inc["checkpoint"]["step"] < result.detection_step
-    assert result.final_step == BASE["steps"]
+    assert result.final_step == DRILL_CONF["steps"]
     assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"
     # the relaunch's own checkpoints (after the demoted interval) are promoted, the final one included
-    assert result.promoted_steps[-1] == BASE["steps"], result.promoted_steps
+    assert result.promoted_steps[-1] == DRILL_CONF["steps"], result.promoted_steps
 
 
 def test_rerunning_the_incident_changes_nothing(rest, clean):
@@ -166,7 +158,7 @@ def test_observe_mode_changes_nothing(rest, clean):
     result = run_drill(
         rest,
         store_from_env(),
-        {**BASE, "run_name": name("observe"), "incident_mode": "observe", "drill": drill},
+        {**DRILL_CONF, "run_name": name("observe"), "incident_mode": "observe", "drill": drill},
     )
     print("\n" + result.summary())
     inc = result.incident
@@ -185,7 +177,7 @@ def test_approve_mode_asks_a_person_twice(rest, clean):
     result = run_drill(
         rest,
         store_from_env(),
-        {**BASE, "run_name": name("approve"), "incident_mode": "approve", "drill": drill},
+        {**DRILL_CONF, "run_name": name("approve"), "incident_mode": "approve", "drill": drill},
         approve=True,
     )
     print("\n" + result.summary())

@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 
-from longrun.incident.record import incident_id_for
+from longrun.dagrun_ids import attempt_run_id, incident_run_id
 from longrun.paused import require_unpaused
 from longrun.runbooks import runbook_path
 
@@ -36,9 +36,8 @@ class HandOverOperator(TriggerDagRunOperator):
             self.trigger_dag_id,
             why=f"the alert {key} would wait in an incident run that never starts",
         )
-        incident_id = incident_id_for(key)
         params = dict(context["params"])
-        self.trigger_run_id = f"incident__{incident_id}"
+        self.trigger_run_id = incident_run_id(key)
         self.conf = {
             "run_name": result["run"],
             "alert_key": key,
@@ -78,7 +77,7 @@ class ReenterOperator(TriggerDagRunOperator):
             "attach_job_id": result["job_id"],
             "incident_id": result.get("incident_id"),
         }
-        self.trigger_run_id = f"{params['run_name']}__attempt{params['attempt']}"
+        self.trigger_run_id = attempt_run_id(params["run_name"], params["attempt"])
         self.conf = params
         self.note = f"Relaunch after incident {result.get('incident_id')}: Slurm job {result['job_id']} on {result.get('nodes')}"
         self.log.info("re-entering monitoring as training_run run %s", self.trigger_run_id)
