@@ -261,11 +261,15 @@ class CheckpointSaver:
                 self.stall_s.append(time.perf_counter() - t0)
                 return self.run_dir / schema.checkpoint_dir(step)
             self._pending += 1
+        # One snapshot call: on CUDA its non-blocking copies share one fence.
+        snap_model, snap_optim, snap_extra = self._pool.snapshot(
+            (dict(model_state), dict(optim_state or {}), dict(extra or {}))
+        )
         item = _Pending(
             step=step,
-            model_state=self._pool.snapshot(dict(model_state)),
-            optim_state=self._pool.snapshot(dict(optim_state or {})),
-            extra=self._pool.snapshot(dict(extra or {})),
+            model_state=snap_model,
+            optim_state=snap_optim,
+            extra=snap_extra,
             manifest_fields=fields,
             started=time.time(),
         )
