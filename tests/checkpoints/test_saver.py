@@ -103,9 +103,11 @@ def test_save_returns_before_the_write(tmp_path: Path) -> None:
     with CheckpointSaver(run="r", run_dir=tmp_path / "run", store=store, settings=_fast()) as saver:
         saver.save(step=1, model_state=big)
         assert saver.pending() == 1
-        assert saver.stall_s[0] < 1.0
         assert saver.wait(120)
     assert saver.results[0].ok
+    # Against the same save's own write, not a wall-clock bound: the caller was held for the snapshot,
+    # a small part of what the background write then took.
+    assert saver.stall_s[0] < saver.results[0].duration_s / 2, (saver.stall_s, saver.results[0])
 
 
 def test_a_published_step_is_never_overwritten(store: ObjectStore, run: str, tmp_path: Path) -> None:
@@ -289,13 +291,13 @@ def test_wrong_credentials_fail_the_save_at_once_and_say_so(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", uuid.uuid4().hex)
     store = S3Store(bucket=s3_env["LONGRUN_BUCKET"], endpoint_url=s3_env["AWS_ENDPOINT_URL"])
     model, _ = tiny_state(4)
-    t0 = time.monotonic()
     with CheckpointSaver(run="creds", run_dir=tmp_path, store=store, settings=_fast(retry=60)) as saver:
         saver.save(step=1, model_state=model)
-        assert saver.wait(60)
-    assert time.monotonic() - t0 < 30  # terminal: not retried until the deadline
+        assert saver.wait(120)
     error = saver.results[0].error or ""
     assert "StoreAuthError" in error and "AWS_SECRET_ACCESS_KEY" in error, error
+    # Terminal: raised at the first attempt, not retried until the 60 s deadline ("gave up after N").
+    assert "gave up after" not in error, error
 
 
 class _WrappedStore:

@@ -207,14 +207,17 @@ def test_trigger_yields_an_error_event_instead_of_raising(tmp_path):
 
 @pytest.mark.slurm
 def test_trigger_never_blocks_the_event_loop(slurm_env):
-    """While the trigger polls a running job, a ticker on the same loop keeps its 50 ms rhythm."""
+    """While the trigger polls a running job, a ticker on the same loop keeps its 50 ms rhythm.
+
+    Measured against the same run's baseline (the ticker alone, just before), not a fixed bound alone:
+    on a loaded machine both stretch together; a blocking Slurm call (~0.1-1 s each poll) would not."""
     hook = SlurmHook(None)
     job = hook.submit(
         JobSpec(**{**JOB, **slurm_env}, command=["sleep 4"], comment="longrun/test_af/loop/t/-1/1")
     )
     trigger = SlurmJobTrigger(job_id=job, slurm_conf=hook.slurm_conf, backend="cli", poll_interval=0.1)
 
-    async def main() -> tuple[dict[str, Any], float]:
+    async def main() -> tuple[dict[str, Any], float, float]:
         gaps: list[float] = []
         done = asyncio.Event()
 
@@ -227,12 +230,18 @@ def test_trigger_never_blocks_the_event_loop(slurm_env):
                 last = now
 
         tick = asyncio.create_task(ticker())
+        await asyncio.sleep(1.0)  # baseline: the ticker alone on this loop, this machine, right now
+        baseline = max(gaps)
+        gaps.clear()
         async for event in trigger.run():
             done.set()
             await tick
-            return event.payload, max(gaps)
+            return event.payload, max(gaps), baseline
         raise AssertionError("no event")
 
-    payload, worst = asyncio.run(asyncio.wait_for(main(), 60))
+    payload, worst, baseline = asyncio.run(asyncio.wait_for(main(), 60))
     assert payload["label"] == "completed"
-    assert worst < 0.5, f"the event loop stalled for {worst:.2f} s"
+    print(f"worst tick gap {worst:.3f} s while polling; {baseline:.3f} s alone")
+    assert worst < max(0.5, 3 * baseline), (
+        f"the event loop stalled for {worst:.2f} s (alone: {baseline:.2f} s)"
+    )
