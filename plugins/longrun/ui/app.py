@@ -10,10 +10,14 @@ Routes (relative to the mount point):
     /runs/{run}/incidents/{id}/{name}    a plot saved with an incident record
     /runbooks/{name}                     a runbook from runbooks/, rendered
     /dag_runs/{dag_id}/{run_id}          redirect from an Airflow DAG run to its run's page
+    /nodes                               the nodes with a history
+    /nodes/{node}                        a node's history (timeline, standing) and its Slurm state
 
-Inside Airflow every route needs a logged-in user allowed to read `training_run` runs (the JWT cookie
-the UI sets, or a bearer token). Handlers are plain `def`: the store and Slurm calls block, so FastAPI
-runs them in its thread pool.
+Inside Airflow every route checks Airflow's permission on the DAG whose data it shows (the JWT cookie
+the UI sets, or a bearer token): run pages and runbooks read runs of `training_run`; node pages read runs
+of `sdc_incident` (node history comes from incidents and `node_return`); the DAG-run redirect reads the
+DAG it names. No route is without a check (tests/ui/test_app.py asserts it). Handlers are plain `def`:
+the store and Slurm calls block, so FastAPI runs them in its thread pool.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from training import schema
 from training.store import NotFound, ObjectStore, StoreError, store_from_env
 
 DAG_ID = "training_run"
+NODES_DAG_ID = "sdc_incident"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -56,23 +61,36 @@ def default_nodes() -> NodeSource | None:
     return nodes
 
 
-async def airflow_can_read_runs(request: Request) -> None:
+def airflow_can_read_runs_of(dag_id: str | None) -> Callable[[Request], Any]:
     """Airflow's own check, as its routes do it: a logged-in user (JWT cookie or bearer token) allowed
-    to read runs of `training_run`. Imported per request: airflow.api_fastapi pulls in the whole API
-    server, which the scheduler and the tests that load plugins must not pay for."""
-    import asyncio
+    to read runs of `dag_id` (None: the route's `dag_id` path parameter). Imported per request:
+    airflow.api_fastapi pulls in the whole API server, which the scheduler and the tests that load
+    plugins must not pay for."""
 
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-    from airflow.api_fastapi.core_api import security
+    async def can_read(request: Request) -> None:
+        import asyncio
 
-    bearer = await security.bearer_scheme(request)
-    user = await security.get_user(request, None, bearer)
-    check = security.requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=DAG_ID)
-    await asyncio.to_thread(check, request, user)
+        from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+        from airflow.api_fastapi.core_api import security
+
+        target = dag_id or request.path_params.get("dag_id")
+        if not isinstance(target, str) or not _NAME.match(target):
+            raise HTTPException(404, "no such DAG")
+        bearer = await security.bearer_scheme(request)
+        user = await security.get_user(request, None, bearer)
+        check = security.requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id=target)
+        await asyncio.to_thread(check, request, user)
+
+    return can_read
 
 
-def airflow_auth() -> list[Any]:
-    return [Depends(airflow_can_read_runs)]
+async def airflow_can_read_runs(request: Request) -> None:
+    """Read access to `training_run` runs (kept for callers of the former app-wide check)."""
+    await airflow_can_read_runs_of(DAG_ID)(request)
+
+
+def airflow_auth(dag_id: str | None = DAG_ID) -> list[Any]:
+    return [Depends(airflow_can_read_runs_of(dag_id))]
 
 
 def airflow_run_target(dag_id: str, run_id: str) -> tuple[str | None, str | None]:
@@ -101,18 +119,16 @@ def create_app(
     store: Callable[[], ObjectStore] = store_from_env,
     nodes: Callable[[], NodeSource | None] = default_nodes,
     runbooks_dir: Callable[[], Path] = default_runbooks_dir,
-    auth: Callable[[], list[Any]] | None = airflow_auth,
+    auth: Callable[[str | None], list[Any]] | None = airflow_auth,
     run_target: Callable[[str, str], tuple[str | None, str | None]] = airflow_run_target,
 ) -> FastAPI:
     """Build the app. Every collaborator is a factory called per request, so the environment the API
     server was started with is read late, and tests pass a local store and no Airflow auth."""
-    app = FastAPI(
-        title="longrun run health",
-        dependencies=auth() if auth else [],
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
+    app = FastAPI(title="longrun run health", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def guard(dag_id: str | None) -> list[Any]:
+        """The permission check of a route that shows data of `dag_id` (None: the path's dag_id)."""
+        return auth(dag_id) if auth else []
 
     def base(request_root: str) -> str:
         return request_root.rstrip("/")
@@ -129,7 +145,7 @@ def create_app(
         except StoreError as e:
             raise HTTPException(503, f"store unavailable: {e}") from None
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.get("/", response_class=HTMLResponse, dependencies=guard(DAG_ID))
     def index(request: Request) -> str:
         s = store()
         try:
@@ -138,23 +154,23 @@ def create_app(
             raise HTTPException(503, f"store unavailable: {e}") from None
         return page.index_html(runs, base=base(request.scope.get("root_path", "")), store=s.describe())
 
-    @app.get("/runs/{run}", response_class=HTMLResponse)
+    @app.get("/runs/{run}", response_class=HTMLResponse, dependencies=guard(DAG_ID))
     def run_page(run: str, request: Request) -> str:
         h = health(run)
         return page.run_html(h, base=base(request.scope.get("root_path", "")), store=store().describe())
 
-    @app.get("/runs/{run}/health.json")
+    @app.get("/runs/{run}/health.json", dependencies=guard(DAG_ID))
     def run_json(run: str) -> JSONResponse:
         return JSONResponse(dataclasses.asdict(health(run)))
 
-    @app.get("/runs/{run}/{name}.png")
+    @app.get("/runs/{run}/{name}.png", dependencies=guard(DAG_ID))
     def run_plot(run: str, name: str) -> Response:
         draw = plots.PLOTS.get(f"{name}.png")
         if draw is None:
             raise HTTPException(404, f"no plot named {name!r}; known: {sorted(plots.PLOTS)}")
         return Response(draw(health(run)), media_type="image/png", headers={"Cache-Control": "no-store"})
 
-    @app.get("/runs/{run}/incidents/{incident_id}/{name}")
+    @app.get("/runs/{run}/incidents/{incident_id}/{name}", dependencies=guard(DAG_ID))
     def incident_file(run: str, incident_id: str, name: str) -> Response:
         if not (_NAME.match(incident_id) and _NAME.match(name) and name.endswith(".png")):
             raise HTTPException(404, "not an incident plot")
@@ -166,7 +182,7 @@ def create_app(
             raise HTTPException(503, f"store unavailable: {e}") from None
         return Response(data, media_type="image/png")
 
-    @app.get("/runbooks/{name}", response_class=HTMLResponse)
+    @app.get("/runbooks/{name}", response_class=HTMLResponse, dependencies=guard(DAG_ID))
     def runbook(name: str, request: Request) -> str:
         stem = name[:-3] if name.endswith(".md") else name
         if not _NAME.match(stem):
@@ -176,7 +192,7 @@ def create_app(
             raise HTTPException(404, f"no runbook {stem}.md in {runbooks_dir()}")
         return page.runbook_html(stem, path.read_text(), base=base(request.scope.get("root_path", "")))
 
-    @app.get("/dag_runs/{dag_id}/{run_id}")
+    @app.get("/dag_runs/{dag_id}/{run_id}", dependencies=guard(None))
     def from_dag_run(dag_id: str, run_id: str, request: Request) -> Response:
         name, incident = run_target(dag_id, run_id)
         root = base(request.scope.get("root_path", ""))
@@ -187,5 +203,44 @@ def create_app(
             )
         anchor = f"#incident-{incident}" if incident and _NAME.match(incident) else ""
         return RedirectResponse(f"{root}/runs/{checked(name)}{anchor}", status_code=307)
+
+    @app.get("/nodes", response_class=HTMLResponse, dependencies=guard(NODES_DAG_ID))
+    def nodes_index(request: Request) -> str:
+        from longrun.nodes import history
+        from longrun.ui.node_page import nodes_index_html
+
+        s = store()
+        try:
+            rows = []
+            for name in history.nodes(s):
+                evs = history.events(s, name)
+                rows.append((name, history.state(evs), len(evs)))
+        except (StoreError, ValueError) as e:
+            raise HTTPException(503, f"node history unavailable: {e}") from None
+        return nodes_index_html(rows, base=base(request.scope.get("root_path", "")))
+
+    @app.get("/nodes/{node}", response_class=HTMLResponse, dependencies=guard(NODES_DAG_ID))
+    def node_view(node: str, request: Request) -> str:
+        from longrun.nodes import history
+        from longrun.nodes.policy import NodePolicy, standing
+        from longrun.slurm import validate
+        from longrun.ui.node_page import node_html
+
+        try:
+            validate.node("node", node)
+        except ValueError as e:
+            raise HTTPException(404, str(e)) from None
+        evs, error = history.safe_events(store(), node)
+        live = None
+        source = nodes()
+        if source is not None:
+            try:
+                live = next((n for n in source() if n.name == node), None)
+            except Exception as e:  # the page still shows the history without Slurm
+                error = f"{error + '; ' if error else ''}Slurm: {e}"
+        st = standing(node, evs, NodePolicy())
+        return node_html(
+            node, evs, st, base=base(request.scope.get("root_path", "")), slurm=live, error=error
+        )
 
     return app

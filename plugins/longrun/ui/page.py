@@ -77,7 +77,7 @@ def run_html(h: RunHealth, *, base: str, store: str, stale_after_s: float = 120.
         _incidents(h, base=base, run_url=run_url),
         _checks(h),
         _checkpoints(h),
-        _nodes(h),
+        _nodes(h, base=base),
     ]
     if h.problems:
         items = "".join(f"<li>{escape(p)}</li>" for p in h.problems)
@@ -181,7 +181,7 @@ def _incidents(h: RunHealth, *, base: str, run_url: str) -> str:
             f"<h3>{escape(inc.incident_id)} <span class='muted'>mode {escape(inc.mode)}, status "
             f"{escape(inc.status or '-')}</span></h3>"
             f"<p>alert: {escape(str(inc.check))} at step {inc.step}, suspect nodes "
-            f"{escape(', '.join(inc.suspect_nodes) or '-')}; diagnosis: "
+            f"{', '.join(_node_link(base, n) for n in inc.suspect_nodes) or '-'}; diagnosis: "
             f"<b>{escape(inc.verdict or 'pending')}</b>; {runbook}</p>"
             + (f"<table class='facts'>{facts}</table>" if facts else "")
             + f"<p>Timeline:</p><table class='timeline'><tr><th>time</th><th>+s</th><th>event</th><th>details</th></tr>"
@@ -245,11 +245,16 @@ def _checkpoints(h: RunHealth) -> str:
     )
 
 
-def _nodes(h: RunHealth) -> str:
+def _node_link(base: str, node: str) -> str:
+    """A node's name, linked to its history page."""
+    return f"<a class='node' href='{escape(base)}/nodes/{escape(node)}'>{escape(node)}</a>"
+
+
+def _nodes(h: RunHealth, *, base: str = "") -> str:
     if h.nodes_error:
         return f"<h2>Slurm nodes</h2><p class='warn'>{escape(h.nodes_error)}</p>"
     rows = "".join(
-        f"<tr><td>{escape(n.name)}</td><td class='{_node_class(n.state)}'>"
+        f"<tr><td>{_node_link(base, n.name)}</td><td class='{_node_class(n.state)}'>"
         f"{escape(n.state)}</td><td>{escape(n.reason or '')}</td>"
         f"<td>{'this run' if n.this_run else ('longrun' if n.ours else '')}</td></tr>"
         for n in h.nodes

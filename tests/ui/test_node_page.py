@@ -1,0 +1,102 @@
+"""The node page (same history as `longrun nodes show`) and the per-route permission checks of the app."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.routing import APIRoute
+from longrun.cli import main as longrun_main
+from longrun.nodes import history as h
+from longrun.slurm.client import NodeState
+from longrun.ui.app import NODES_DAG_ID, create_app
+
+from training.store import LocalDirStore
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("LONGRUN_STORE_DIR", str(tmp_path / "store"))
+    for k in ("AWS_ENDPOINT_URL", "LONGRUN_BUCKET", "LONGRUN_ORCH_STORE_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    s = LocalDirStore(tmp_path / "store")
+    h.record(
+        s, "n2", h.SUSPECTED, "inc-1", run="drill-1", incident_id="inc-1", evidence={"check": "recompute"}
+    )
+    h.record(
+        s, "n2", h.DIAGNOSED, "inc-1", run="drill-1", incident_id="inc-1", verdict="fail",
+        reason="longrun:diag-fail:drill-1:25", evidence={"fingerprint": "<b>ab</b>", "expected": "cd"},
+    )  # fmt: skip
+    h.record(s, "n2", h.REPLACE, "inc-1", run="drill-1", incident_id="inc-1", reason="a diagnostic failed")
+    return s
+
+
+def build(store, auth=None) -> FastAPI:
+    nodes = [
+        NodeState(name="n2", state="idle", flags=frozenset({"DRAIN"}), reason="longrun:diag-fail:drill-1:25")
+    ]
+    app = create_app(store=lambda: store, nodes=lambda: lambda: nodes, auth=auth)
+    outer = FastAPI()
+    outer.mount("/longrun", app)
+    return outer
+
+
+def get(app, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return await c.get(path, headers=headers)
+
+    return asyncio.run(go())
+
+
+def test_node_page_shows_the_cli_history(store, capsys):
+    r = get(build(store), "/longrun/nodes/n2")
+    assert r.status_code == 200
+    html = r.text
+    assert "repeat offender" in html and "longrun:diag-fail:drill-1:25" in html
+    assert "&lt;b&gt;ab&lt;/b&gt;" in html and "<b>ab</b>" not in html  # evidence is escaped
+    assert "href='/longrun/runs/drill-1#incident-inc-1'" in html
+    assert longrun_main(["nodes", "show", "n2"]) == 0
+    cli_kinds = [line.split("  ")[1] for line in capsys.readouterr().out.splitlines()[1:]]
+    page_kinds = [row.split("</td><td>")[1] for row in html.split("<tr class='event'>")[1:]]
+    assert page_kinds == cli_kinds == ["suspected", "diagnosed", "marked_for_replacement"]
+    assert get(build(store), "/longrun/nodes").status_code == 200
+    assert get(build(store), "/longrun/nodes/n%5B1-4%5D").status_code == 404
+
+
+def test_every_route_checks_the_permission_of_its_dag(store):
+    """With an auth that admits only a token per DAG, each route answers 403 without it and names the
+    DAG it reads; a route without a check would answer 200 here."""
+    asked: list[str | None] = []
+
+    def auth(dag_id: str | None) -> list:
+        async def check(request: Request) -> None:
+            target = dag_id or request.path_params.get("dag_id")
+            asked.append(target)
+            if request.headers.get("x-dag") != target:
+                raise HTTPException(403, f"no read on {target}")
+
+        return [Depends(check)]
+
+    app = build(store, auth=auth)
+    inner = create_app(store=lambda: store, auth=auth)
+    paths = {r.path for r in inner.routes if isinstance(r, APIRoute)}
+    expect = {
+        "/": "training_run",
+        "/runs/drill-1": "training_run",
+        "/runs/drill-1/health.json": "training_run",
+        "/runs/drill-1/loss.png": "training_run",
+        "/runs/drill-1/incidents/x/y.png": "training_run",
+        "/runbooks/x": "training_run",
+        "/dag_runs/sdc_incident/r1": "sdc_incident",
+        "/nodes": NODES_DAG_ID,
+        "/nodes/n2": NODES_DAG_ID,
+    }
+    assert len(paths) == len(expect), paths  # a new route needs a line here
+    for path, dag in expect.items():
+        assert get(app, f"/longrun{path}").status_code == 403, path
+        assert get(app, f"/longrun{path}", headers={"x-dag": "other"}).status_code == 403, path
+        assert asked[-1] == dag, path
