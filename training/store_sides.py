@@ -28,7 +28,16 @@ JOB: Side = "job"
 ORCHESTRATOR: Side = "orchestrator"
 
 #: Folders (or files) under `runs/<run>/` that the job writes. Everything else is the orchestrator's.
-JOB_PATHS = ("alerts/", "checks/", "progress/", "checkpoints/", "saves/", "report.json")
+JOB_PATHS = (
+    "alerts/",
+    "checks/",
+    "progress/",
+    "checkpoints/",
+    "saves/",
+    "report.json",
+    "segments/",  # where each trainer incarnation started and ended (training.segment)
+    "faults/",  # a drill's fault, fired (training.segment)
+)
 #: Folders under `runs/<run>/` that the orchestrator writes and the job may read (its own directives).
 JOB_READABLE = ("directives/",)
 

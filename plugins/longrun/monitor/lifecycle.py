@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from longrun import drillcheck
 from longrun.launch import job_spec_for_run, run_dir_for
 from longrun.runspec import RunSpec
 from longrun.slurm.client import SlurmClient
@@ -74,6 +75,8 @@ def preflight(store: ObjectStore, client: SlurmClient, params: Mapping[str, Any]
             f"run {spec.run_name} needs {spec.nodes} node(s) in partition {spec.partition}; usable: {usable}"
             f" (drained/down: {drained}; excluded: {list(spec.exclude)})"
         )
+    if attach is None and (why := drillcheck.refusal(spec, nodes)):
+        raise RuntimeError(f"drill {spec.drill.flag() if spec.drill else None} refused: {why}")
     return {
         "spec": spec.to_params(),
         "attach_job_id": attach,
@@ -89,6 +92,7 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
     The trainer's report.json (with `final_fingerprint`) is kept; longrun adds an `orchestrator` block:
     attempts, incidents, promotions, the Slurm job."""
     from longrun.checkpoints import catalog
+    from longrun.incident import recovery
     from longrun.monitor.gate import gate_checkpoint
 
     spec = spec_from_params(params)
@@ -104,7 +108,10 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
     gate = None
     if final_step not in promoted and final_step in catalog.checkpoints(store, run).by_step():
         gate = gate_checkpoint(store, run, final_step, log=log)
+    if params.get("incident_id"):  # a relaunch: its first healthy step closes the time to recover
+        recovery.record(store, run, str(params["incident_id"]))
     incidents = catalog.incidents(store, run)
+    drill = recovery.drill_outcome(spec.drill.flag() if spec.drill else None, recovery.faults(store, run))
     report["orchestrator"] = {
         "attempt": spec.attempt,
         "job_id": monitor.get("job_id"),
@@ -119,10 +126,19 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
                 "node": (i.get("attribution") or {}).get("node"),
                 "lost_steps": i.get("lost_steps"),
                 "time_to_recover_s": i.get("time_to_recover_s"),
+                "recovery": i.get("recovery"),
             }
             for i in incidents
         ],
+        # every incarnation of the trainer, in order: where it started, how it ended
+        "segments": recovery.segment_table(recovery.segments(store, run)),
+        "drill": drill,
         "finished_at": time.time(),
     }
     put_json(store, key, report)
+    if drill is not None and not drill["fired"]:
+        raise recovery.DrillNotFired(
+            f"run {run} trained to the end but its drill {drill['drill']} never fired (its target was not"
+            " in the run, or the step was never trained): the drill proved nothing"
+        )
     return report

@@ -1,0 +1,180 @@
+"""Time to recover, measured to training again, and the proof that a relaunch resumed where it should.
+
+Everything here is read from records, never computed from the plan: the trainer's segment records
+(where each incarnation started, its first healthy step, where it ended) and fault records (when a
+drill's fault fired), the alert record and the incident's timeline. The headline figure is
+alert written -> first healthy step of the relaunch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from training import schema
+from training.segment import FAULTS_DIR, SEGMENTS_DIR, FaultFired, Segment, lost_steps, ordered
+from training.store import ObjectStore, StoreError
+
+log = logging.getLogger("longrun.incident.recovery")
+
+#: The milestones of one recovery, in order (timeline event names where the incident records them).
+MILESTONES = (
+    "fault_injected",
+    "alert_written",
+    "alert_seen",
+    "drained",
+    "relaunch_submitted",
+    "relaunched_running",
+    "first_healthy_step",
+)
+
+
+def _read_all(store: ObjectStore, run: str, folder: str) -> list[bytes]:
+    out = []
+    for info in store.list(schema.store_key(run, folder)):
+        if info.key.endswith(".json"):
+            try:
+                out.append(store.get_bytes(info.key))
+            except StoreError as e:
+                log.warning("record %s unreadable: %s", info.key, e)
+    return out
+
+
+def segments(store: ObjectStore, run: str) -> list[Segment]:
+    """The run's segments in the order they ran; a malformed record is logged and left out."""
+    found = []
+    for raw in _read_all(store, run, SEGMENTS_DIR):
+        try:
+            found.append(Segment.from_json(raw))
+        except ValueError as e:
+            log.warning("segment record of run %s refused: %s", run, e)
+    return ordered([s for s in found if s.run == run])
+
+
+def faults(store: ObjectStore, run: str) -> list[FaultFired]:
+    found = []
+    for raw in _read_all(store, run, FAULTS_DIR):
+        try:
+            found.append(FaultFired.from_json(raw))
+        except ValueError as e:
+            log.warning("fault record of run %s refused: %s", run, e)
+    return sorted((f for f in found if f.run == run), key=lambda f: f.time)
+
+
+def segment_table(segs: list[Segment]) -> list[dict[str, Any]]:
+    """One row per segment for the run report: where it started, what it trained, how it ended."""
+    rows = []
+    for i, s in enumerate(segs):
+        rows.append(
+            {
+                "segment": s.segment_id,
+                "job_id": s.job_id,
+                "restart_count": s.restart_count,
+                "start_step": s.start_step,
+                "resumed_from": s.resumed_from,
+                "first_step": s.first_step,
+                "first_healthy_step": s.first_healthy_step,
+                "last_step": s.last_step,
+                "exit": s.exit,
+                "nodes": sorted(set(s.nodes)),
+                "lost_steps_before": lost_steps(segs[i - 1], s) if i else None,
+            }
+        )
+    return rows
+
+
+def relaunch_segment(segs: list[Segment], incident: Mapping[str, Any]) -> Segment | None:
+    """The first segment of the relaunch after `incident`: of the relaunched job if known, else the first
+    segment that started after the alert."""
+    alert_time = float(incident["alert"]["time"])
+    job_id = (incident.get("relaunch") or {}).get("job_id")
+    after = [s for s in segs if s.started_at > alert_time]
+    if job_id is not None:
+        after = [s for s in after if s.job_id == str(job_id)]
+    return after[0] if after else None
+
+
+def measure(incident: Mapping[str, Any], segs: list[Segment], fired: list[FaultFired]) -> dict[str, Any]:
+    """The recovery of one incident from the records: milestone times (s after the alert record), the
+    resume proof (first step after the relaunch vs the pick) and lost steps read from the segments."""
+    alert = incident["alert"]
+    alert_time = float(alert["time"])
+    times: dict[str, float | None] = dict.fromkeys(MILESTONES)
+    before_alert = [f.time for f in fired if f.time <= alert_time]
+    times["fault_injected"] = max(before_alert) if before_alert else None
+    times["alert_written"] = alert_time
+    for e in incident.get("timeline", ()):
+        if e.get("event") in times and times[e["event"]] is None:
+            times[e["event"]] = float(e["time"])
+        if e.get("event") == "directive_written" and times["relaunch_submitted"] is None:
+            times["relaunch_submitted"] = float(e["time"])
+    after = relaunch_segment(segs, incident)
+    if after is not None:
+        times["first_healthy_step"] = after.first_healthy_time
+    previous = [s for s in segs if after is not None and s.started_at < after.started_at]
+    pick_step = (incident.get("checkpoint") or {}).get("step")
+    first_step = after.first_step if after else None
+    out: dict[str, Any] = {
+        "milestones_s": {k: None if t is None else round(t - alert_time, 3) for k, t in times.items()},
+        "alert_to_first_healthy_step_s": (
+            None
+            if times["first_healthy_step"] is None
+            else round(times["first_healthy_step"] - alert_time, 3)
+        ),
+        "relaunch_segment": after.segment_id if after else None,
+        "pick_step": pick_step,
+        "start_step": after.start_step if after else None,
+        "first_step": first_step,
+        "resumed_as_picked": (
+            None if first_step is None or pick_step is None else first_step == int(pick_step) + 1
+        ),
+        "lost_steps": lost_steps(previous[-1], after) if previous and after else None,
+    }
+    return out
+
+
+def record(store: ObjectStore, run: str, incident_id: str) -> dict[str, Any] | None:
+    """Measure the recovery of an incident and put it on its record (event `first_healthy_step`, field
+    `recovery`); a rerun changes nothing once the event is there. None when the relaunch has not
+    trained a healthy step yet."""
+    from longrun.incident import record as incident_record
+
+    rec = incident_record.load(store, run=run, incident_id=incident_id)
+    if (done := rec.get("recovery")) and incident_record.has_event(rec, "first_healthy_step"):
+        return dict(done)
+    result = measure(rec, segments(store, run), faults(store, run))
+    after = relaunch_segment(segments(store, run), rec)
+    if after is None or after.first_healthy_time is None:
+        return None
+    incident_record.add_event(
+        store,
+        run=run,
+        incident_id=incident_id,
+        name="first_healthy_step",
+        fields={"recovery": result},
+        time=after.first_healthy_time,
+        step=after.first_healthy_step,
+        segment=after.segment_id,
+    )
+    log.info("incident %s: recovery %s", incident_id, json.dumps(result, sort_keys=True))
+    return result
+
+
+class DrillNotFired(RuntimeError):
+    """A drill run ended without its fault ever being injected: it proved nothing."""
+
+
+def drill_outcome(drill_flag: str | None, fired: list[FaultFired]) -> dict[str, Any] | None:
+    """Did the run's drill (`KIND:STEP:TARGET`) fire? None for a run without a drill."""
+    if not drill_flag:
+        return None
+    mine = [f for f in fired if f.spec == drill_flag]
+    return {
+        "drill": drill_flag,
+        "fired": bool(mine),
+        "step": mine[0].step if mine else None,
+        "nodes": sorted({f.node for f in mine}),
+        "time": mine[0].time if mine else None,
+    }
