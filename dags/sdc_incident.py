@@ -20,10 +20,12 @@ from typing import Any
 import pendulum
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param, dag, task
+from longrun.incident.approval import safe_text
 from longrun.monitor.handover import ReenterOperator
 
 ALERT, RUN = "Alert", "Run"
-SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') }}"
+# Alert-derived values reach the approval text only through `longrun_safe` (escaped, inert Markdown).
+SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') | longrun_safe }}"
 
 
 @dag(
@@ -34,6 +36,7 @@ SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') }}"
     catchup=False,
     max_active_runs=4,
     render_template_as_native_obj=True,
+    user_defined_filters={"longrun_safe": safe_text},
     tags=["longrun", "incident"],
     doc_md=__doc__,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=3)},
@@ -125,7 +128,7 @@ def sdc_incident() -> None:
     approve_relaunch = ApprovalOperator(
         task_id="approve_relaunch",
         subject="SDC incident: relaunch the run?",
-        body="Resume from: {{ ti.xcom_pull(task_ids='pick_checkpoint') }}\n\nApprove to relaunch without the node.",
+        body="Resume from: {{ ti.xcom_pull(task_ids='pick_checkpoint') | longrun_safe }}\n\nApprove to relaunch without the node.",
         response_timeout=timedelta(hours=4),
     )
 
