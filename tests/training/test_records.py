@@ -1,0 +1,163 @@
+"""Typed records: every kind reads what the writers write today, gives the same JSON back, keeps fields a
+newer writer added, and refuses a bad record with an error that names the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from training import records, schema
+from training.records import (
+    Alert,
+    Incident,
+    IncidentStatus,
+    Manifest,
+    SuspectMark,
+    TimelineEvent,
+    World,
+)
+
+T = 1764430000.5
+WORLD = {"nodes": ["n1", "n2", "n3"], "ranks": ["n1", "n2", "n3"], "world_size": 3}
+
+# One record of every kind, as its writer builds it today (schema.record with the writer's fields).
+WRITTEN: dict[str, dict[str, Any]] = {
+    "alert": schema.record(
+        "alert",
+        run="r1",
+        step=17,
+        check="recompute",
+        suspect_ranks=[1],
+        suspect_nodes=["n2"],
+        evidence={"losses": [1.0, 2.0], "world": WORLD},
+        update_applied=False,
+        exit_code=93,
+        rank_of_writer=0,
+        time=T,
+    ),
+    "check": schema.record(
+        "check", run="r1", step=5, check="finite", verdict="pass", rank=0, duration_s=0.001, loss=2.5
+    ),
+    "progress": schema.record(
+        "progress", run="r1", step=5, loss=None, step_time_s=0.2, total_steps=40, world_size=3, time=T
+    ),
+    "manifest": schema.record(
+        "manifest",
+        run="r1",
+        step=10,
+        files=[{"name": "model.pt", "sha256": "ab", "size": 1}],
+        fingerprints={"w": "cd"},
+        weight_vote={"verdict": "pass", "ranks": 3},
+        coverage={"recompute": 10},
+        loss=2.0,
+        code_version="abc",
+        world=WORLD,
+        time=T,
+    ),
+    "save": schema.record("save", run="r1", step=10, ok=False, error="boom", writer="thread", time=T),
+    "validation": schema.record(
+        "validation", run="r1", step=10, ok=True, errors=[], validation_id="v", time=T
+    ),
+    "promotion": schema.record(
+        "promotion", run="r1", step=10, manifest_key="runs/r1/x", seq=2, previous_step=5, time=T
+    ),
+    "pick": schema.record("pick", run="r1", alert={"step": 17}, step=None, why="nothing before", time=T),
+    "suspect": schema.record(
+        "suspect", run="r1", after_step=10, reason="incident x", incident_id="x", time=T
+    ),
+    "incident": schema.record(
+        "incident",
+        run="r1",
+        incident_id="00000017-recompute-r000-1",
+        alert={"step": 17, "check": "recompute"},
+        timeline=[{"event": "opened", "time": T, "alert_time": T - 1}, {"event": "drained", "time": T + 1}],
+        mode="act",
+        status="relaunched",
+        lost_steps=7,
+        runbooks=["runbooks/recompute-mismatch.md"],
+    ),
+    "report": schema.record("report", run="r1", final_step=40, final_fingerprint="ef", time=T),
+}
+
+
+def test_every_kind_has_a_class() -> None:
+    assert set(records.KINDS) == set(schema._REQUIRED)
+
+
+@pytest.mark.parametrize("kind", sorted(WRITTEN))
+def test_round_trip_gives_the_written_json_back(kind: str) -> None:
+    written = json.loads(json.dumps(WRITTEN[kind]))
+    rec = records.parse(kind, written)
+    assert rec.to_json() == written
+    assert records.loads(kind, json.dumps(written)).to_json() == written
+
+
+@pytest.mark.parametrize("kind", sorted(WRITTEN))
+def test_every_missing_required_field_is_named(kind: str) -> None:
+    for field in schema._REQUIRED[kind]:
+        obj = {k: v for k, v in WRITTEN[kind].items() if k != field}
+        with pytest.raises(ValueError, match=field):
+            records.parse(kind, obj)
+
+
+def test_wrong_types_and_values_are_named() -> None:
+    with pytest.raises(ValueError, match="suspect_ranks"):
+        Alert.from_json({**WRITTEN["alert"], "suspect_ranks": ["1"]})
+    with pytest.raises(ValueError, match="update_applied"):
+        Alert.from_json({**WRITTEN["alert"], "update_applied": "yes"})
+    with pytest.raises(ValueError, match="status"):
+        Incident.from_json({**WRITTEN["incident"], "status": "closed-ish"})
+    with pytest.raises(ValueError, match="timeline"):
+        Incident.from_json({**WRITTEN["incident"], "timeline": [{"time": T}]})
+    with pytest.raises(ValueError, match="kind"):
+        Alert.from_json({**WRITTEN["alert"], "kind": "check"})
+    with pytest.raises(ValueError, match="schema_version"):
+        Alert.from_json({**WRITTEN["alert"], "schema_version": schema.SCHEMA_VERSION + 1})
+    with pytest.raises(ValueError, match="not JSON"):
+        records.loads("alert", b"{")
+    with pytest.raises(ValueError, match="unknown record kind"):
+        records.parse("ledger", {})
+
+
+def test_attributes_instead_of_lookups() -> None:
+    alert = Alert.from_json(WRITTEN["alert"])
+    assert alert.suspect_nodes == ("n2",) and alert.update_applied is False and alert.exit_code == 93
+    assert alert.world == World(world_size=3, nodes=("n1", "n2", "n3"), ranks=("n1", "n2", "n3"))
+    assert alert.extra == {"rank_of_writer": 0}
+    incident = Incident.from_json(WRITTEN["incident"])
+    assert incident.status is IncidentStatus.RELAUNCHED and incident.status == "relaunched"
+    assert incident.event("drained") == TimelineEvent(event="drained", time=T + 1)
+    assert incident.event("opened").details == {"alert_time": T - 1}  # type: ignore[union-attr]
+    assert incident.opened_at == T and incident.lost_steps == 7
+
+
+def test_old_shapes_still_read() -> None:
+    """Version-1 records from older writers: the world as `size` or as a rank count, a timeline of bare
+    event names, an incident without status, an alert without the optional fields."""
+    assert World.from_json({"size": 4}).world_size == 4
+    assert World.from_json({"ranks": 3}).world_size == 3
+    assert World.from_json({"ranks": ["n1", "n1"]}).world_size == 2
+    assert World.from_json({}).world_size is None
+    old = {k: v for k, v in WRITTEN["manifest"].items()}
+    old["world"] = {"size": 3, "nodes": ["n1", "n2", "n3"]}
+    assert Manifest.from_json(old).world.world_size == 3
+    inc = {k: v for k, v in WRITTEN["incident"].items() if k != "status"}
+    inc["timeline"] = ["opened"]
+    parsed = Incident.from_json(inc)
+    assert parsed.status is None and parsed.timeline == (TimelineEvent(event="opened", time=None),)
+    bare = {k: v for k, v in WRITTEN["alert"].items() if k not in ("update_applied", "exit_code")}
+    assert Alert.from_json(bare).update_applied is None
+    with pytest.raises(ValueError, match="world_size"):
+        World.from_json({"world_size": 0})
+
+
+def test_the_suspect_rule() -> None:
+    mark = SuspectMark.from_json(WRITTEN["suspect"])
+    assert not mark.demotes(10, saved_at=T - 5)  # at the last known-good step
+    assert mark.demotes(20, saved_at=T - 5)  # after it, saved before the mark
+    assert not mark.demotes(20, saved_at=T + 5)  # saved again by the relaunch, after the mark
+    assert mark.demotes(20, saved_at=None)  # by step alone
+    explicit = SuspectMark.from_json({**WRITTEN["suspect"], "steps": [30]})
+    assert explicit.demotes(30, saved_at=T + 5) and not explicit.demotes(20, saved_at=T - 5)

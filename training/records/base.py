@@ -1,0 +1,139 @@
+"""What every typed record shares: the kind and version stamp, validation on the way in, unknown fields
+kept on the way through.
+
+A record class is a frozen dataclass with a `KIND`. `from_json` checks the object against the kind's
+required fields (`training.schema.validate`, one table for every reader) and the types of the optional
+fields the class declares, then builds the instance; a field it does not declare is kept in `extra`, so a
+record read and written again loses nothing a newer writer added. `to_json` gives the JSON object back,
+stamped with `schema_version` and `kind`. Every error is a `SchemaError` (a ValueError) naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+from training import schema
+from training.schema import SchemaError
+
+_STAMP = ("schema_version", "kind")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def opt_int(kind: str, obj: Mapping[str, Any], field: str) -> int | None:
+    """An optional integer field (absent or null: None)."""
+    v = obj.get(field)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not an integer")
+    return v
+
+
+def opt_float(kind: str, obj: Mapping[str, Any], field: str) -> float | None:
+    """An optional number field (absent or null: None)."""
+    v = obj.get(field)
+    if v is None:
+        return None
+    if not _is_number(v):
+        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not a number")
+    return float(v)
+
+
+def opt_str(kind: str, obj: Mapping[str, Any], field: str) -> str | None:
+    v = obj.get(field)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not a string")
+    return v
+
+
+def opt_bool(kind: str, obj: Mapping[str, Any], field: str) -> bool | None:
+    v = obj.get(field)
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not true or false")
+    return v
+
+
+def opt_dict(kind: str, obj: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """An optional object field (absent or null: empty)."""
+    v = obj.get(field)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not an object")
+    return v
+
+
+def ints(kind: str, field: str, values: Any) -> tuple[int, ...]:
+    if not isinstance(values, list | tuple) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in values
+    ):
+        raise SchemaError(f"{kind} record field {field!r} = {values!r:.80} is not a list of integers")
+    return tuple(values)
+
+
+def strs(kind: str, field: str, values: Any) -> tuple[str, ...]:
+    if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values):
+        raise SchemaError(f"{kind} record field {field!r} = {values!r:.80} is not a list of strings")
+    return tuple(values)
+
+
+class Record:
+    """Mixin of the record dataclasses: `KIND`, `from_json`, `to_json`, `extra`."""
+
+    KIND: ClassVar[str]
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor's arguments for the fields the class declares (obj is already validated)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Self:
+        """Validate a decoded JSON object and build the record; raises SchemaError naming the field."""
+        schema.validate(cls.KIND, obj)
+        if obj.get("kind", cls.KIND) != cls.KIND:
+            raise SchemaError(f"{cls.KIND} record field 'kind' = {obj.get('kind')!r}; expected {cls.KIND!r}")
+        args = cls._parse(obj)
+        declared = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        args["schema_version"] = obj["schema_version"]
+        args["extra"] = {k: v for k, v in obj.items() if k not in declared and k not in _STAMP}
+        return cls(**args)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object: the stamp, the declared fields (tuples as lists, nested records as objects),
+        then the extra fields."""
+        out: dict[str, Any] = {"schema_version": self.schema_version, "kind": self.KIND}  # type: ignore[attr-defined]
+        required = schema._REQUIRED[self.KIND]
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            if f.name in ("schema_version", "extra"):
+                continue
+            value = getattr(self, f.name)
+            if value in (None, (), {}) and f.name not in required:
+                continue  # an optional field the writer did not set stays absent, as before
+            out[f.name] = _plain(value)
+        for k, v in self.extra.items():  # type: ignore[attr-defined]
+            out.setdefault(k, v)
+        schema.validate(self.KIND, out)
+        return out
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Record) or hasattr(v, "to_json"):
+        return v.to_json()
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
+def now() -> float:
+    return time.time()

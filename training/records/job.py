@@ -1,0 +1,263 @@
+"""The records the job writes about its own run: alert, check, progress, manifest (with its world), save,
+report. Field meanings are in docs/contracts.md; `extra` keeps what a newer writer added."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from training import schema
+from training.records.base import (
+    Record,
+    ints,
+    now,
+    opt_bool,
+    opt_dict,
+    opt_float,
+    opt_int,
+    opt_str,
+    strs,
+)
+from training.schema import SchemaError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class World:
+    """Who trained: the nodes, each rank's node, and the number of replicas."""
+
+    world_size: int | None = None
+    """Replicas (ranks); None when the record does not say."""
+    nodes: tuple[str, ...] = ()
+    """Distinct node names, sorted."""
+    ranks: tuple[str, ...] = ()
+    """Node of each rank, by rank."""
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Self:
+        """Read a manifest's `world` or an alert's `evidence.world`. Older writers said `size`, or gave
+        `ranks` as a count; both still read."""
+        if not isinstance(obj, Mapping):
+            raise SchemaError(f"world = {obj!r:.80} is not an object")
+        size = obj.get("world_size", obj.get("size"))
+        ranks = obj.get("ranks")
+        if isinstance(ranks, int) and not isinstance(ranks, bool):
+            size, ranks = size if size is not None else ranks, ()
+        rank_nodes = strs("world", "ranks", ranks or ())
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise SchemaError(f"world field 'world_size' = {size!r:.80} is not a positive integer")
+        return cls(
+            world_size=size if size is not None else (len(rank_nodes) or None),
+            nodes=strs("world", "nodes", obj.get("nodes") or ()),
+            ranks=rank_nodes,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"nodes": list(self.nodes), "ranks": list(self.ranks)}
+        if self.world_size is not None:
+            out["world_size"] = self.world_size
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alert(Record):
+    """One SDC verdict: the orchestrator's trigger."""
+
+    KIND = "alert"
+    run: str
+    step: int
+    check: str
+    """`finite`, `recompute` or `weight_vote`."""
+    suspect_ranks: tuple[int, ...]
+    suspect_nodes: tuple[str, ...]
+    evidence: Mapping[str, Any]
+    """What the check saw (losses, fingerprints, `world`); its shape depends on the check."""
+    time: float
+    update_applied: bool | None = None
+    """True when the step's update was applied before the verdict (the weight vote runs after it)."""
+    exit_code: int | None = None
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(
+            run=obj["run"],
+            step=obj["step"],
+            check=obj["check"],
+            suspect_ranks=ints(cls.KIND, "suspect_ranks", obj["suspect_ranks"]),
+            suspect_nodes=strs(cls.KIND, "suspect_nodes", obj["suspect_nodes"]),
+            evidence=obj["evidence"],
+            time=float(obj["time"]),
+            update_applied=opt_bool(cls.KIND, obj, "update_applied"),
+            exit_code=opt_int(cls.KIND, obj, "exit_code"),
+        )
+
+    @property
+    def world(self) -> World | None:
+        """The world the alert's evidence names, or None when it names none."""
+        w = self.evidence.get("world")
+        return World.from_json(w) if isinstance(w, Mapping) else None
+
+    @property
+    def fingerprints_by_rank(self) -> dict[str, str]:
+        """The weight vote's fingerprint of every replica, when the evidence lists them."""
+        by_rank = self.evidence.get("fingerprints_by_rank")
+        return dict(by_rank) if isinstance(by_rank, Mapping) else {}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckRecord(Record):
+    """One check's result on one rank at one step (passes too)."""
+
+    KIND = "check"
+    run: str
+    step: int
+    check: str
+    verdict: str
+    """`pass`, `fail` or `skip`."""
+    rank: int
+    duration_s: float
+    loss: float | None = None
+    """The step's mean loss (the run-health loss curve)."""
+    suspect_ranks: tuple[int, ...] = ()
+    suspect_nodes: tuple[str, ...] = ()
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(
+            run=obj["run"],
+            step=obj["step"],
+            check=obj["check"],
+            verdict=obj["verdict"],
+            rank=obj["rank"],
+            duration_s=float(obj["duration_s"]),
+            loss=opt_float(cls.KIND, obj, "loss"),
+            suspect_ranks=ints(cls.KIND, "suspect_ranks", obj.get("suspect_ranks") or ()),
+            suspect_nodes=strs(cls.KIND, "suspect_nodes", obj.get("suspect_nodes") or ()),
+            evidence=opt_dict(cls.KIND, obj, "evidence"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress(Record):
+    """The heartbeat: the latest step, its loss and time."""
+
+    KIND = "progress"
+    run: str
+    step: int
+    loss: float | None
+    step_time_s: float
+    time: float
+    total_steps: int | None = None
+    world_size: int | None = None
+    restart_count: int | None = None
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(
+            run=obj["run"],
+            step=obj["step"],
+            loss=opt_float(cls.KIND, obj, "loss"),
+            step_time_s=float(obj["step_time_s"]),
+            time=float(obj["time"]),
+            total_steps=opt_int(cls.KIND, obj, "total_steps"),
+            world_size=opt_int(cls.KIND, obj, "world_size"),
+            restart_count=opt_int(cls.KIND, obj, "restart_count"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Manifest(Record):
+    """A checkpoint's manifest, written last: no manifest, no checkpoint."""
+
+    KIND = "manifest"
+    run: str
+    step: int
+    time: float
+    files: tuple[Mapping[str, Any], ...]
+    """One object per payload file: `name`, `sha256`, `size`."""
+    fingerprints: Mapping[str, Any]
+    weight_vote: Mapping[str, Any]
+    """The weight vote at save time (`verdict`, `ranks`, `votes`)."""
+    coverage: Mapping[str, Any]
+    """The last passing audit at or before the save."""
+    loss: float | None
+    code_version: str
+    world: World
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        files = obj["files"]
+        if not all(isinstance(f, Mapping) for f in files):
+            raise SchemaError(f"manifest record field 'files' = {files!r:.80} is not a list of objects")
+        return dict(
+            run=obj["run"],
+            step=obj["step"],
+            time=float(obj["time"]),
+            files=tuple(files),
+            fingerprints=obj["fingerprints"],
+            weight_vote=obj["weight_vote"],
+            coverage=obj["coverage"],
+            loss=opt_float(cls.KIND, obj, "loss"),
+            code_version=obj["code_version"],
+            world=World.from_json(obj["world"]),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Save(Record):
+    """The outcome of one background checkpoint save (failures too)."""
+
+    KIND = "save"
+    run: str
+    step: int
+    ok: bool
+    error: str | None
+    time: float
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(
+            run=obj["run"],
+            step=obj["step"],
+            ok=obj["ok"],
+            error=opt_str(cls.KIND, obj, "error"),
+            time=float(obj["time"]),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report(Record):
+    """The run report, written once at the end: `final_fingerprint` compares two runs."""
+
+    KIND = "report"
+    run: str
+    final_step: int
+    final_fingerprint: str
+    time: float
+    total_steps: int | None = None
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=lambda: {})
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(
+            run=obj["run"],
+            final_step=obj["final_step"],
+            final_fingerprint=obj["final_fingerprint"],
+            time=float(obj["time"]),
+            total_steps=opt_int(cls.KIND, obj, "total_steps"),
+        )
+
+
+__all__ = ["Alert", "CheckRecord", "Manifest", "Progress", "Report", "Save", "World", "now"]

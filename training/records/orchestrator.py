@@ -1,0 +1,236 @@
+"""The records the orchestrator writes (its side of the store): validation, promotion, pick, suspect mark,
+incident with its timeline and status. Field meanings are in docs/contracts.md."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Self
+
+from training import schema
+from training.records.base import Record, ints, opt_dict, opt_float, opt_int, opt_str, strs
+from training.schema import SchemaError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Validation(Record):
+    """One validation attempt of a stored checkpoint."""
+
+    KIND = "validation"
+    run: str
+    step: int
+    ok: bool
+    errors: tuple[str, ...]
+    time: float
+    manifest_key: str | None = None
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(
+            run=obj["run"],
+            step=obj["step"],
+            ok=obj["ok"],
+            errors=tuple(str(e) for e in obj["errors"]),
+            time=float(obj["time"]),
+            manifest_key=opt_str(cls.KIND, obj, "manifest_key"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Promotion(Record):
+    """A promotion: the pointer `promoted/current.json` and each entry of its history."""
+
+    KIND = "promotion"
+    run: str
+    step: int
+    manifest_key: str
+    time: float
+    seq: int
+    previous_step: int | None = None
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(
+            run=obj["run"],
+            step=obj["step"],
+            manifest_key=obj["manifest_key"],
+            time=float(obj["time"]),
+            seq=obj["seq"],
+            previous_step=opt_int(cls.KIND, obj, "previous_step"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pick(Record):
+    """A pre-incident checkpoint choice and why (`step` None: nothing provably from before the fault)."""
+
+    KIND = "pick"
+    run: str
+    alert: Mapping[str, Any]
+    step: int | None
+    why: str
+    time: float
+    bound: int | None = None
+    """The last step every check able to see this fault had passed on every rank."""
+    last_known_good: int | None = None
+    key: str | None = None
+    """Store key prefix of the chosen checkpoint."""
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(
+            run=obj["run"],
+            alert=obj["alert"],
+            step=opt_int(cls.KIND, obj, "step"),
+            why=obj["why"],
+            time=float(obj["time"]),
+            bound=opt_int(cls.KIND, obj, "bound"),
+            last_known_good=opt_int(cls.KIND, obj, "last_known_good"),
+            key=opt_str(cls.KIND, obj, "key"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SuspectMark(Record):
+    """A demotion: checkpoints after `after_step` saved before this mark are suspect."""
+
+    KIND = "suspect"
+    run: str
+    after_step: int
+    reason: str
+    time: float
+    steps: tuple[int, ...] | None = None
+    """An explicit list of suspect steps; when present it wins over `after_step`."""
+    incident_id: str | None = None
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        steps = obj.get("steps")
+        return dict(
+            run=obj["run"],
+            after_step=obj["after_step"],
+            reason=obj["reason"],
+            time=float(obj["time"]),
+            steps=ints(cls.KIND, "steps", steps) if steps is not None else None,
+            incident_id=opt_str(cls.KIND, obj, "incident_id"),
+        )
+
+    def demotes(self, step: int, saved_at: float | None) -> bool:
+        """The suspect rule. A mark demotes the checkpoints after its last known-good step that were
+        saved BEFORE the mark: the relaunch after an incident saves later steps again from a clean
+        checkpoint, and those are not suspect. `saved_at` None: by step alone."""
+        if self.steps is not None:
+            return step in self.steps
+        return step > self.after_step and (saved_at is None or saved_at <= self.time)
+
+
+class IncidentStatus(StrEnum):
+    """Where an incident stands, in the order an incident moves through them."""
+
+    OPEN = "open"
+    AMBIGUOUS = "ambiguous"
+    """Suspect software: nothing drained."""
+    OBSERVED = "observed"
+    """Observe mode: recorded what would be done."""
+    REJECTED = "rejected"
+    """Approve mode: an operator said no."""
+    RELAUNCHED = "relaunched"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimelineEvent:
+    """One named event of an incident (`opened`, `drained`, ...), at most once per incident."""
+
+    event: str
+    time: float | None
+    details: Mapping[str, Any] = field(default_factory=dict)
+    """The event's other fields (job id, node, verdict, ...)."""
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Self:
+        if isinstance(obj, str):  # the oldest records named events without a time
+            return cls(event=obj, time=None)
+        if not isinstance(obj, Mapping) or not isinstance(obj.get("event"), str):
+            raise SchemaError(f"incident record field 'timeline' has an entry {obj!r:.80} without an event")
+        return cls(
+            event=obj["event"],
+            time=opt_float("incident", obj, "time"),
+            details={k: v for k, v in obj.items() if k not in ("event", "time")},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"event": self.event}
+        if self.time is not None:
+            out["time"] = self.time
+        return {**out, **self.details}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Incident(Record):
+    """One incident, keyed by its alert; the timeline says what was done."""
+
+    KIND = "incident"
+    run: str
+    incident_id: str
+    alert: Mapping[str, Any]
+    timeline: tuple[TimelineEvent, ...]
+    mode: str
+    """`act`, `approve` or `observe`."""
+    status: IncidentStatus | None = None
+    alert_key: str | None = None
+    attribution: Mapping[str, Any] = field(default_factory=dict)
+    drain: Mapping[str, Any] = field(default_factory=dict)
+    diagnosis: Mapping[str, Any] = field(default_factory=dict)
+    checkpoint: Mapping[str, Any] = field(default_factory=dict)
+    """The restart checkpoint: `step`, `key`, `why`."""
+    relaunch: Mapping[str, Any] = field(default_factory=dict)
+    lost_steps: int | None = None
+    time_to_recover_s: float | None = None
+    runbooks: tuple[str, ...] = ()
+    schema_version: int = schema.SCHEMA_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        status = obj.get("status")
+        if status is not None and status not in IncidentStatus.__members__.values():
+            raise SchemaError(
+                f"incident record field 'status' = {status!r:.80}; expected one of {list(IncidentStatus)}"
+            )
+        return dict(
+            run=obj["run"],
+            incident_id=obj["incident_id"],
+            alert=obj["alert"],
+            timeline=tuple(TimelineEvent.from_json(e) for e in obj["timeline"]),
+            mode=obj["mode"],
+            status=IncidentStatus(status) if status is not None else None,
+            alert_key=opt_str(cls.KIND, obj, "alert_key"),
+            attribution=opt_dict(cls.KIND, obj, "attribution"),
+            drain=opt_dict(cls.KIND, obj, "drain"),
+            diagnosis=opt_dict(cls.KIND, obj, "diagnosis"),
+            checkpoint=opt_dict(cls.KIND, obj, "checkpoint"),
+            relaunch=opt_dict(cls.KIND, obj, "relaunch"),
+            lost_steps=opt_int(cls.KIND, obj, "lost_steps"),
+            time_to_recover_s=opt_float(cls.KIND, obj, "time_to_recover_s"),
+            runbooks=strs(cls.KIND, "runbooks", obj.get("runbooks") or ()),
+        )
+
+    def event(self, name: str) -> TimelineEvent | None:
+        """The timeline's event `name`, or None when it has not happened."""
+        return next((e for e in self.timeline if e.event == name), None)
+
+    @property
+    def opened_at(self) -> float:
+        """The earliest time on the timeline (0.0 when none has one)."""
+        times = [e.time for e in self.timeline if e.time is not None]
+        return min(times) if times else 0.0
