@@ -316,6 +316,8 @@ class Trainer:
         return code
 
     def _end_segment(self, outcome: str) -> None:
+        if self.segment.exit is not None:
+            return
         try:
             self._write_segment(last_step=self._last_step, ended_at=time.time(), exit=outcome)
         except Exception as e:  # never hide the real error of the run behind a record write
@@ -342,6 +344,8 @@ class Trainer:
                 )
                 self._record(results, mean_loss)
                 if self.cfg.checks.on_verdict == "exit":
+                    # The segment's end is recorded before NVRx may stop this process.
+                    self._end_segment("sdc_verdict")
                     # The alert is durable: ask ft_launcher not to restart in place, then exit 93.
                     self.nvrx.request_shutdown(f"SDC verdict: {failed.check} at step {step}")
                     return schema.EXIT_SDC_VERDICT

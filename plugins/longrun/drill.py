@@ -60,6 +60,8 @@ class DrillResult:
     """The incident record, when there was one."""
     promoted_steps: list[int] = field(default_factory=list)
     """Checkpoint steps ever promoted in the run (the finish report's orchestrator block)."""
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    """Every incarnation of the trainer, in order (the finish report's `segments`): the proof of resume."""
     wall_s: float = 0.0
     """Trigger to the end of the last DAG run."""
 
@@ -74,6 +76,16 @@ class DrillResult:
     @property
     def recover_s(self) -> float | None:
         return self.incident.get("time_to_recover_s") if self.incident else None
+
+    @property
+    def recovery(self) -> dict[str, Any]:
+        """The incident's recovery measured from the records (longrun.incident.recovery), {} if none."""
+        return dict((self.incident or {}).get("recovery") or {})
+
+    @property
+    def to_training_s(self) -> float | None:
+        """Alert written -> first healthy step of the relaunch: the headline time to recover."""
+        return self.recovery.get("alert_to_first_healthy_step_s")
 
     def breakdown(self) -> dict[str, float]:
         """Seconds from the alert record's time to each incident timeline event."""
@@ -93,6 +105,7 @@ class DrillResult:
                 f"  diagnosis: {(inc.get('diagnosis') or {}).get('summary')}",
                 f"  resumed from step {(inc.get('checkpoint') or {}).get('step')}; lost steps {self.lost_steps}",
                 f"  alert -> relaunched RUNNING: {self.recover_s} s; relaunch on {(inc.get('relaunch') or {}).get('nodes')}",
+                f"  alert -> first healthy step: {self.to_training_s} s; recovery {self.recovery.get('milestones_s')}",
                 f"  timeline (s after the alert): {self.breakdown()}",
             ]
         for dag_id, run_id, state in self.dag_runs:
@@ -199,6 +212,7 @@ def run_drill(
     if state != "success":
         raise DrillError(f"training_run {run_id} ended {state}: {result.summary()}")
     alerts = [o.key for o in store.list(schema.store_key(run, "alerts/"))]
+    incident_key: str | None = None
     if alerts:
         incident_run = incident_run_id(alerts[0])
         say(f"alert {alerts[0]} -> sdc_incident {incident_run}")
@@ -211,6 +225,7 @@ def run_drill(
         ]
         if incidents:
             result.incident = get_json(store, incidents[0])
+        incident_key = incidents[0] if incidents else None
         if state != "success":
             raise DrillError(f"sdc_incident {incident_run} ended {state}: {result.summary()}")
         if result.incident and result.incident.get("status") == "observed":
@@ -229,5 +244,8 @@ def run_drill(
     result.final_fingerprint = report.get("final_fingerprint")
     result.final_step = report.get("final_step")
     result.promoted_steps = list((report.get("orchestrator") or {}).get("promoted_steps") or [])
+    result.segments = list((report.get("orchestrator") or {}).get("segments") or [])
+    if incident_key:  # the relaunch's finish added the recovery to the incident record
+        result.incident = get_json(store, incident_key)
     result.wall_s = round(time.monotonic() - t0, 1)
     return result

@@ -103,6 +103,32 @@ def test_drill(rest, clean, kind):
     assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"
     # the relaunch's own checkpoints (after the demoted interval) are promoted, the final one included
     assert result.promoted_steps[-1] == DRILL_CONF["steps"], result.promoted_steps
+    assert_resumed_as_picked(result)
+
+
+def assert_resumed_as_picked(result):
+    """Proof of resume from the records: the relaunch's first step is the pick's step + 1 (a relaunch that
+    started over at step 0 ends with the same weights, so the fingerprint alone cannot tell), and lost
+    steps are read from the segments, not computed."""
+    inc = result.incident
+    pick = inc["checkpoint"]["step"]
+    segs = result.segments
+    assert len(segs) == 2, segs
+    first, relaunch = segs
+    assert (first["start_step"], first["resumed_from"], first["exit"]) == (0, None, "sdc_verdict")
+    assert first["last_step"] == result.detection_step
+    assert relaunch["job_id"] == str(inc["relaunch"]["job_id"])
+    assert relaunch["start_step"] == pick and relaunch["first_step"] == pick + 1, relaunch
+    assert relaunch["resumed_from"].rstrip("/").endswith(f"step-{pick:08d}")
+    assert relaunch["exit"] == "done" and relaunch["last_step"] == DRILL_CONF["steps"]
+    assert relaunch["lost_steps_before"] == result.detection_step - pick
+    rec = result.recovery
+    assert rec["resumed_as_picked"] is True and rec["lost_steps"] == relaunch["lost_steps_before"]
+    ms = rec["milestones_s"]
+    assert ms["fault_injected"] is not None and ms["fault_injected"] <= 0
+    order = ["alert_written", "alert_seen", "relaunch_submitted", "relaunched_running", "first_healthy_step"]
+    assert [ms[k] for k in order] == sorted(ms[k] for k in order), ms
+    print(f"RECOVERY {result.run}: alert -> first healthy step {result.to_training_s} s; milestones {ms}")
 
 
 def test_rerunning_the_incident_changes_nothing(rest, clean):
@@ -185,3 +211,4 @@ def test_approve_mode_asks_a_person_twice(rest, clean):
     states = rest.task_states("sdc_incident", result.dag_runs[1][1])
     assert states["approve_drain"] == "success" and states["approve_relaunch"] == "success"
     assert result.final_fingerprint == clean.final_fingerprint
+    assert_resumed_as_picked(result)
