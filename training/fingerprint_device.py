@@ -208,3 +208,14 @@ def reference_fingerprint(data: bytes, dtype: torch.dtype, shape: tuple[int, ...
         row = r // ROW_WORDS
         total += fmix64(s) * (2 * ((row * _ROW[0] + _ROW[1]) & ((1 << 30) - 1)) + 1)
     return fmix64(total + header(dtype, shape, n))
+
+
+def fingerprint_where_it_lives(t: torch.Tensor) -> int:
+    """One tensor's 64-bit fingerprint by where it lives: xxh3-64 in host memory (faster there), dfp64 on
+    an accelerator (8 bytes to the host instead of the tensor). Compare values only between tensors on
+    the same kind of device."""
+    if t.device.type == "cpu":
+        from training.fingerprint import fingerprint_tensor as xxh3_fingerprint
+
+        return xxh3_fingerprint(t)
+    return fingerprint_tensor(t)

@@ -181,3 +181,10 @@ def test_a_custom_row_sum_kernel_must_give_the_same_integers() -> None:
 
     t = sample(torch.float32, 5 * fd.ROW_WORDS + 9, seed=6)
     assert fd.fingerprint_tensor_device(t, row_sums=chunked).item() == fd.fingerprint_tensor_device(t).item()
+
+
+def test_where_it_lives_is_xxh3_on_cpu() -> None:
+    from training.fingerprint import fingerprint_tensor as xxh3
+
+    t = torch.randn(100)
+    assert fd.fingerprint_where_it_lives(t) == xxh3(t)

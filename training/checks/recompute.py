@@ -2,7 +2,7 @@
 
 Rank r also computes the micro-batch of rank (r + k) mod W with its own (identical, pre-update) weights,
 where k is the smallest offset that puts every rank's target on another node. It compares the loss bits
-and an xxh3 fingerprint of the local, not yet averaged gradient with what the target reported (one
+and a fingerprint (xxh3 on CPU, dfp64 on CUDA) of the local, not yet averaged gradient with what the target reported (one
 all-gather of 4 int64 per rank).
 
 One checker per target cannot say which of the two is wrong. So on a mismatch (rare) every rank
@@ -19,7 +19,8 @@ from typing import Any
 
 from training.checks.base import CheckBase, CheckResult, StepContext, bits_loss, loss_bits, majority
 from training.dist import all_gather_int64
-from training.fingerprint import fingerprint_tensor, from_int64, hex64, to_int64
+from training.fingerprint import from_int64, hex64, to_int64
+from training.fingerprint_device import fingerprint_where_it_lives as fingerprint_tensor
 
 
 def derangement_offset(nodes: list[str]) -> tuple[int, bool]:
