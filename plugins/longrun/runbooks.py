@@ -24,6 +24,8 @@ RUNBOOKS: dict[str, str] = {
     "diagnostic_failed": "runbooks/diagnostic-failed.md",
     "diagnostic_passed": "runbooks/diagnostic-passed.md",
     "relaunch_failed": "runbooks/relaunch-failed.md",
+    "node_return": "runbooks/node-return.md",
+    "repeat_offender": "runbooks/repeat-offender.md",
     # monitoring and the checkpoint gate
     "stale_heartbeat": "runbooks/stale-heartbeat.md",
     "checkpoint_validation_failed": "runbooks/checkpoint-validation-failed.md",

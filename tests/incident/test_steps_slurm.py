@@ -10,7 +10,6 @@ import pytest
 from longrun.incident import record, steps
 from longrun.incident.ratelimit import DrainPolicy, entries
 from longrun.slurm.client import make_client
-from longrun.slurm.errors import ForeignDrainError
 
 from training import schema
 from training.faults import sick_marker
@@ -66,9 +65,10 @@ def test_drain_once_and_leave_foreign_drains(tmp_path, client):
     client._run(["scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=admin: fan"])  # type: ignore[attr-defined]
     other = incident(tmp_path, node="n3", run="it2", step=5)
     steps.open_record(store, other)
-    with pytest.raises(ForeignDrainError, match="someone else"):
+    with pytest.raises(steps.IncidentStop, match="someone else"):
         steps.drain(store, client, other, node="n3", policy=DrainPolicy(max_drains=5))
     assert client.node("n3").reason == "admin: fan"
+    assert len(entries(store)) == 1  # someone else's drain uses no slot
 
 
 def test_diagnosis_convicts_a_sick_node(tmp_path, client):

@@ -33,6 +33,8 @@ EXPECTED = (
     "checkpoint-validation-failed",
     "audit-failed",
     "relaunch-failed",
+    "node-return",
+    "repeat-offender",
     "run-a-drill",
     "dag-paused",
 )

@@ -175,6 +175,8 @@ def diagnose(
     timeout_s: float = 600.0,
     python: str | None = None,
     state_dir: str | None = None,
+    reservation: str | None = None,
+    hold_min: int | None = None,
 ) -> Diagnosis:
     """Run node_check on the drained `node` in a MAINT reservation; the node ends drained with the verdict."""
     argv = node_check_argv(
@@ -198,7 +200,8 @@ def diagnose(
         argv,
         verdict=verdict,
         timeout_s=timeout_s,
-        reservation=f"longrun_diag_{node}_{int(time.time())}",
+        reservation=reservation or f"longrun_diag_{node}_{int(time.time())}",
+        hold_min=hold_min,
     )
     if not seen:  # run_on_drained_node calls verdict() only when the command ran
         seen.update(_details(result))
@@ -246,10 +249,11 @@ def reference(
     timeout_s: float = 300.0,
     python: str | None = None,
     state_dir: str | None = None,
+    reservation: str | None = None,
 ) -> dict[str, Any]:
     """The probe's fingerprint on a healthy `node`, through a short MAINT reservation (so nothing else
     lands on the node meanwhile). Returns the probe's JSON verdict (with `fingerprint`)."""
-    name = f"longrun_ref_{node}_{int(time.time())}"
+    name = reservation or f"longrun_ref_{node}_{int(time.time())}"
     client.create_maint_reservation(name, (node,), duration_min=int(timeout_s // 60) + 5)
     try:
         argv: tuple[str, ...] = (python or sys.executable, "-m", "training.probe", "--node", node)

@@ -147,3 +147,24 @@ def reserve_drain(
             incident_id=incident_id, node=node, time=t, already=False, in_window=len(window) + 1
         )
     raise DrainRefused(f"drain ledger {LEDGER_KEY} kept changing under us ({MAX_ATTEMPTS} attempts); retry")
+
+
+def release_drain(store: ObjectStore, *, incident_id: str, node: str) -> bool:
+    """Take back the grant of (incident, node) when the drain did not happen (someone else drained the
+    node first): a drain that longrun did not do uses no slot. True when an entry was removed."""
+    for _ in range(MAX_ATTEMPTS):
+        ledger, etag = _read(store)
+        kept = [
+            e
+            for e in ledger["entries"]
+            if not (e.get("incident_id") == incident_id and e.get("node") == node)
+        ]
+        if etag is None or len(kept) == len(ledger["entries"]):
+            return False
+        ledger["entries"] = kept
+        try:
+            store.put_bytes(LEDGER_KEY, json.dumps(ledger, sort_keys=True, indent=1).encode(), if_match=etag)
+        except PreconditionFailed:
+            continue
+        return True
+    raise DrainRefused(f"drain ledger {LEDGER_KEY} kept changing under us ({MAX_ATTEMPTS} attempts); retry")

@@ -23,12 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from longrun.incident import attribution, dcgm, diagnose, modes, node_check, record, runbooks
-from longrun.incident.ratelimit import DrainPolicy, DrainRefused, reserve_drain
+from longrun.incident import attribution, dcgm, diagnose, keep_drained, modes, node_check, record, runbooks
+from longrun.incident.ratelimit import DrainPolicy, DrainRefused, release_drain, reserve_drain
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, SlurmClient
-from longrun.slurm.errors import JobNotFoundError, SlurmError
+from longrun.slurm.errors import ForeignDrainError, JobNotFoundError, SlurmError
 from longrun.slurm.spec import JobSpec, JobTag
 from training import schema
 from training.store import ObjectStore, PreconditionFailed, StoreError, put_json
@@ -173,6 +173,7 @@ def drain(
     if not inc.plan.changes:
         inc.event(store, "would_drain", node=node, reason=reason)
         return {"node": node, "observe": True, "reason": reason}
+    _stop_on_foreign_drain(store, client, inc, node)  # before the ledger: someone else's drain uses no slot
     try:
         grant = reserve_drain(
             store,
@@ -185,7 +186,12 @@ def drain(
     except DrainRefused as e:
         inc.event(store, "drain_refused", fields={"status": record.FAILED}, why=str(e))
         raise IncidentStop(f"{e}. Runbook: {runbooks.AMBIGUOUS_EVIDENCE}") from None
-    out = diagnose.drain_suspect(client, node=node, reason=reason)
+    try:
+        out = diagnose.drain_suspect(client, node=node, reason=reason)
+    except ForeignDrainError:  # drained by someone else since the check above
+        release_drain(store, incident_id=inc.incident_id, node=node)
+        _stop_on_foreign_drain(store, client, inc, node)
+        raise
     inc.event(
         store,
         "drained",
@@ -204,6 +210,39 @@ def drain(
     return {"node": node, "reason": out.reason, "drained_now": out.drained_now, "rerun": grant.already}
 
 
+def _stop_on_foreign_drain(store: ObjectStore, client: SlurmClient, inc: Incident, node: str) -> None:
+    state = client.node(node)
+    if state.drain_flag and not state.is_ours:
+        why = (
+            f"node {node} is drained by someone else (reason {state.reason!r}): longrun leaves it alone and"
+            f" drains nothing. Runbook: {runbooks.FOREIGN_DRAIN}"
+        )
+        inc.event(store, "foreign_drain", fields={"status": record.FAILED}, node=node, reason=state.reason)
+        record.update(
+            store,
+            run=inc.run,
+            incident_id=inc.incident_id,
+            change=lambda r: record.add_runbook(r, runbooks.FOREIGN_DRAIN),
+        )
+        raise IncidentStop(why)
+
+
+def restore_drain(store: ObjectStore, client: SlurmClient, inc: Incident) -> dict[str, Any]:
+    """Drain again what the record says longrun drained and remove the incident's leftover reservations
+    (see keep_drained); a node someone else drained meanwhile stops the incident with its runbook."""
+    try:
+        return keep_drained.restore(store, client, inc).to_dict()
+    except keep_drained.ForeignDrain as e:
+        inc.event(store, "foreign_drain", fields={"status": record.FAILED}, why=str(e))
+        record.update(
+            store,
+            run=inc.run,
+            incident_id=inc.incident_id,
+            change=lambda r: record.add_runbook(r, runbooks.FOREIGN_DRAIN),
+        )
+        raise IncidentStop(str(e)) from None
+
+
 def run_diagnosis(
     store: ObjectStore,
     client: SlurmClient,
@@ -216,6 +255,8 @@ def run_diagnosis(
     timeout_s: float = 600.0,
     partition: str = "default",
 ) -> dict[str, Any]:
+    if inc.plan.changes:
+        restore_drain(store, client, inc)  # a try that died inside the reservation left the node resumed
     rec = inc.rec(store)
     if rec.get("diagnosis"):
         return dict(rec["diagnosis"])
@@ -231,7 +272,13 @@ def run_diagnosis(
                 f"no healthy idle node to compute the probe's reference on; {node} stays drained"
                 f" ({diagnose.sdc_reason(inc.run, inc.step)}). Runbook: {runbooks.DIAGNOSTIC_FAILED}"
             )
-        ref = diagnose.reference(client, node=healthy, python=python, state_dir=state_dir)
+        ref = diagnose.reference(
+            client,
+            node=healthy,
+            python=python,
+            state_dir=state_dir,
+            reservation=keep_drained.reservation_name(keep_drained.REF, inc.incident_id, healthy),
+        )
         remember_reference(store, partition, ref)
     inc.event(
         store,
@@ -251,6 +298,8 @@ def run_diagnosis(
         timeout_s=timeout_s,
         python=python,
         state_dir=state_dir,
+        reservation=keep_drained.reservation_name(keep_drained.DIAG, inc.incident_id, node),
+        hold_min=keep_drained.DIAG_HOLD_MIN,
     )
     probe = (d.details.get("probe") or {}).get("result") or {}
     if d.verdict == node_check.FAIL and probe and not reference_matches(ref, probe):

@@ -152,6 +152,12 @@ def relaunch_task(
 def summary_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
     store = store_from_env()
     inc = incident_from(params, dag_run_id, store)
+    try:  # the diagnose task is over, whatever its outcome: nothing it left may return the node
+        restored = steps.restore_drain(store, SlurmHook().client, inc)
+        if restored["removed_reservations"] or restored["redrained"]:
+            log.warning("restored what a dead task left: %s", restored)
+    except steps.IncidentStop as e:
+        log.error("%s", e)  # the record says so and links the runbook; the status check below fails the run
     rec = inc.rec(store)
     log.info("%s", record.summary(rec))
     schema.validate("incident", rec)

@@ -96,13 +96,15 @@ def run_on_drained_node(
     verdict: str | Callable[[CommandResult], str],
     timeout_s: float = 300.0,
     reservation: str | None = None,
+    hold_min: int | None = None,
 ) -> CommandResult:
     """Run a diagnostic on a node longrun drained, without letting any other job onto it.
 
     A drained node takes no job at all, so: create a MAINT reservation on it, resume it inside the
     reservation, srun the command there, drain it again with the verdict (a reason with longrun's prefix,
     or a function of the result that returns one), delete the reservation. If the command could not run,
-    the node is drained again with its old reason.
+    the node is drained again with its old reason. `hold_min`: the reservation's duration (default: the
+    timeout plus 5 minutes); longer keeps the node out of service if this process dies midway.
     """
     v.node("node", node)
     if isinstance(verdict, str):
@@ -115,7 +117,7 @@ def run_on_drained_node(
         )
     assert before.reason is not None
     name = reservation or f"longrun_diag_{node}_{int(time.time())}"
-    client.create_maint_reservation(name, (node,), duration_min=math.ceil(timeout_s / 60) + 5)
+    client.create_maint_reservation(name, (node,), duration_min=hold_min or math.ceil(timeout_s / 60) + 5)
     reason = before.reason
     try:
         client.resume(node)

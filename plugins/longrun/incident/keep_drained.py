@@ -1,0 +1,153 @@
+"""A suspect node never returns by accident: whatever died in between, what the incident record says longrun
+drained is drained again, and the incident's leftover MAINT reservations are removed.
+
+Why: the diagnosis resumes the drained node inside a MAINT reservation. A task that dies there (worker
+killed, OOM, a lost heartbeat) leaves the node resumed; once the reservation ends the suspect node takes
+jobs again, and a retry used to refuse the node as "not drained by longrun". So:
+
+- reservation names are deterministic per incident and node (`reservation_name`), so a retry or the next
+  step finds what an earlier try left;
+- the diagnose task calls `restore` before it starts (its retry is the next try), and the summary task,
+  which runs after the diagnose task whatever its outcome, calls it again;
+- a node drained by someone else (a reason without longrun's prefix) is left alone and stops the incident
+  with the foreign-drain runbook.
+
+Only the diagnose task and the summary call `restore`: the pick and the relaunch run beside the diagnosis,
+and draining the node between its resume and the diagnostic job's start would stall the diagnostic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from longrun.incident import record, runbooks
+from longrun.slurm import validate as v
+from longrun.slurm.client import SlurmClient
+from longrun.slurm.errors import SlurmCommandError
+
+if TYPE_CHECKING:
+    from longrun.incident.steps import Incident
+    from training.store import ObjectStore
+
+DIAG, REF = "diag", "ref"
+#: The diagnostic's MAINT reservation outlives any diagnose try by far: if everything dies, the suspect
+#: node stays out of service (reserved) until the next task, a rerun or an operator removes it.
+DIAG_HOLD_MIN = 24 * 60
+#: srun's job name for commands run in a reservation (the CLI backend's `run_in_reservation`).
+DIAG_JOB_NAME = "longrun-diag"
+CANCEL_WAIT_S = 30.0
+
+
+class ForeignDrain(Exception):
+    """The node is drained by someone else: longrun leaves it alone. The message names the runbook."""
+
+
+def _tag(incident_id: str) -> str:
+    return hashlib.sha256(incident_id.encode()).hexdigest()[:10]
+
+
+def reservation_prefix(kind: str, incident_id: str) -> str:
+    """Every reservation of `kind` (diag, ref) this incident creates starts with this."""
+    if kind not in (DIAG, REF):
+        raise ValueError(f"kind={kind!r}: expected {DIAG!r} or {REF!r}")
+    return f"longrun_{kind}_{_tag(incident_id)}_"
+
+
+def reservation_name(kind: str, incident_id: str, node: str) -> str:
+    """The reservation of `kind` on `node` for this incident: the same name on every try."""
+    return v.name("reservation", (reservation_prefix(kind, incident_id) + v.node("node", node))[:64])
+
+
+def _node_of(name: str, prefix: str) -> str:
+    return name[len(prefix) :]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Restored:
+    """What `restore` found and did."""
+
+    removed_reservations: tuple[str, ...] = ()
+    """Leftover reservations of this incident, deleted."""
+    redrained: str | None = None
+    """The node drained again (it had been resumed), else None."""
+    node: str | None = None
+    """The node the record says longrun drained, if any."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "removed_reservations": list(self.removed_reservations),
+            "redrained": self.redrained,
+            "node": self.node,
+        }
+
+
+def remove_leftovers(client: SlurmClient, incident_id: str) -> tuple[str, ...]:
+    """Delete this incident's reservations (both kinds), first cancelling the diagnostic jobs still in
+    them (srun runs in a session of its own, so it may outlive the task that started it)."""
+    removed = []
+    prefixes = [reservation_prefix(k, incident_id) for k in (DIAG, REF)]
+    for name in client.reservations():
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None:
+            continue
+        node = _node_of(name, prefix)
+        stuck = [
+            j.job_id for j in client.jobs() if j.is_active and j.name == DIAG_JOB_NAME and j.nodes == (node,)
+        ]
+        for job_id in stuck:
+            client.cancel(job_id)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while True:
+            try:
+                client.delete_reservation(name)
+                break
+            except SlurmCommandError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)  # the cancelled job is still completing in the reservation
+        removed.append(name)
+    return tuple(removed)
+
+
+def _reason_from(rec: dict[str, Any]) -> str | None:
+    """The reason longrun last set on the node, from the record: the verdict's, else the first drain's."""
+    for part in ("diagnosis", "drain"):
+        reason = (rec.get(part) or {}).get("reason")
+        if isinstance(reason, str) and reason.startswith(v.DRAIN_PREFIX):
+            return reason
+    return None
+
+
+def restore(store: ObjectStore, client: SlurmClient, inc: Incident) -> Restored:
+    """Remove the incident's leftover reservations; drain again the node the record says longrun drained,
+    if it no longer is. Raises ForeignDrain when someone else drained it meanwhile."""
+    rec = inc.rec(store)
+    removed = remove_leftovers(client, inc.incident_id) if inc.plan.changes else ()
+    drained = (rec.get("drain") or {}).get("node") if record.has_event(rec, "drained") else None
+    reason = _reason_from(rec)
+    if not drained or not reason or not inc.plan.changes:
+        out = Restored(removed_reservations=removed, node=drained)
+    else:
+        node = str(drained)
+        state = client.node(node)
+        if state.drain_flag and not state.is_ours:
+            raise ForeignDrain(
+                f"node {node}, which longrun drained for incident {inc.incident_id}, is now drained by someone"
+                f" else (reason {state.reason!r}); longrun leaves it. Runbook: {runbooks.FOREIGN_DRAIN}"
+            )
+        if state.drain_flag:
+            out = Restored(removed_reservations=removed, node=node)
+        else:
+            client.drain(node, reason)
+            out = Restored(removed_reservations=removed, redrained=node, node=node)
+    if out.removed_reservations or out.redrained:
+        entry = {"event": "restored", "time": time.time(), **out.to_dict()}
+
+        def change(r: dict[str, Any]) -> None:
+            r["timeline"].append(entry)  # every time: each restore is part of the story
+
+        record.update(store, run=inc.run, incident_id=inc.incident_id, change=change)
+    return out
