@@ -10,6 +10,12 @@ Two rules, both enforced before any `scontrol update state=drain`:
 The ledger is one JSON object (`LEDGER_KEY`); each reservation reads it with its ETag and writes it back
 with If-Match (If-None-Match for the first), retrying when another writer won. Reserving is idempotent:
 the same (incident, node) again returns the existing grant and counts once.
+
+The ledger lives on the orchestrator side of the store (training.store_sides), which a job's identity can
+neither write nor delete. An entry dated in the future (beyond `CLOCK_SKEW_S`) or unreadable counts for
+nothing: otherwise whoever wrote it would block every real drain, or lift the limit with a time far in the
+past. Such entries move to the ledger's `quarantined` list (kept as evidence) and each raises a security
+event (runbooks/security-event.md).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from training import schema
 from training.store import NotFound, ObjectStore, PreconditionFailed
 
 LEDGER_KEY = "ops/drain-ledger.json"
@@ -27,6 +34,9 @@ LEDGER_KEY = "ops/drain-ledger.json"
 DRAIN_POLICY_VARIABLE = "longrun_drain_policy"
 KEEP_S = 7 * 24 * 3600  # entries older than this are dropped from the ledger
 MAX_ATTEMPTS = 8
+#: Clocks of the Airflow workers may differ this much; a later entry is from the future.
+CLOCK_SKEW_S = 300.0
+QUARANTINE_KEEP = 100
 
 
 class DrainRefused(Exception):
@@ -83,6 +93,35 @@ def _read(store: ObjectStore) -> tuple[dict[str, Any], str | None]:
     return data, info.etag
 
 
+def _bad(e: Any, now: float) -> str | None:
+    """Why the entry cannot count (None when it can)."""
+    if (
+        not isinstance(e, dict)
+        or not isinstance(e.get("incident_id"), str)
+        or not isinstance(e.get("node"), str)
+    ):
+        return "ledger_bad_entry"
+    t = e.get("time")
+    if isinstance(t, bool) or not isinstance(t, int | float) or t != t:  # NaN counts for nothing too
+        return "ledger_bad_entry"
+    if t > now + CLOCK_SKEW_S:
+        return "ledger_future_entry"
+    return None
+
+
+def _report(store: ObjectStore, bad: list[tuple[str, Any]], *, run: str, now: float) -> None:
+    from longrun import security_events
+
+    for reason, e in bad:
+        who = e.get("run") if isinstance(e, dict) else None
+        try:
+            target = schema.check_run_name(who) if isinstance(who, str) else run
+        except schema.SchemaError:
+            target = run
+        details = {"entry": e, "now": now, "ledger": LEDGER_KEY, "ignored": True}
+        security_events.raise_event(store, run=target, reason=reason, details=details)
+
+
 def entries(store: ObjectStore) -> list[dict[str, Any]]:
     """Every drain in the ledger, oldest first."""
     return list(_read(store)[0]["entries"])
@@ -103,7 +142,22 @@ def reserve_drain(
     for _ in range(MAX_ATTEMPTS):
         t = time.time() if now is None else now
         ledger, etag = _read(store)
-        kept = [e for e in ledger["entries"] if t - float(e.get("time", 0)) < KEEP_S]
+        bad = [(why, e) for e in ledger["entries"] if (why := _bad(e, t))]
+        if bad and etag is not None:
+            # Out of the count first, whatever this call decides; reported once, after the write.
+            seen = list(ledger.get("quarantined") or [])
+            moved = [{"reason": w, "entry": e, "at": t} for w, e in bad]
+            ledger["entries"] = [e for e in ledger["entries"] if not _bad(e, t)]
+            ledger["quarantined"] = [*seen, *moved][-QUARANTINE_KEEP:]
+            try:
+                store.put_bytes(
+                    LEDGER_KEY, json.dumps(ledger, sort_keys=True, indent=1).encode(), if_match=etag
+                )
+            except PreconditionFailed:
+                continue
+            _report(store, bad, run=run, now=t)
+            continue
+        kept = [e for e in ledger["entries"] if t - float(e["time"]) < KEEP_S]
         for e in kept:
             if e.get("incident_id") == incident_id and e.get("node") == node:
                 in_window = sum(1 for x in kept if t - float(x["time"]) < policy.window_s)

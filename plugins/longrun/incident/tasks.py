@@ -14,7 +14,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from longrun.hooks.slurm import SlurmHook
-from longrun.incident import record, steps
+from longrun.incident import approver, record, steps
 from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE, DrainPolicy
 from longrun.monitor import lifecycle
 from training import schema
@@ -96,14 +96,35 @@ def drain_policy() -> DrainPolicy:
         raise AirflowFailException(f"Variable {DRAIN_POLICY_VARIABLE}: {e}") from None
 
 
+def override_decision(approved: bool) -> approver.OverrideDecision:
+    """In approve mode: may this drain exceed the rate limit? Read from Airflow only (who responded to
+    `approve_drain`, who triggered the run, the operators' Variable), never from the conf."""
+    if not approved:
+        return approver.OverrideDecision(allowed=False, why="not approve mode: the rate limit holds")
+    from airflow.sdk import Variable, get_current_context
+
+    ctx = get_current_context()
+    response = ctx["ti"].xcom_pull(task_ids="approve_drain")
+    triggered_by = getattr(ctx["dag_run"], "triggering_user_name", None)
+    approvers = Variable.get(approver.APPROVERS_VARIABLE, default=[], deserialize_json=True)
+    decision = approver.decide(
+        response=response,
+        triggered_by=triggered_by,
+        approvers=approvers if isinstance(approvers, list) else [],
+    )
+    log.info("drain override: %s", decision.why)
+    return decision
+
+
 def drain_task(params: Mapping[str, Any], dag_run_id: str, node: str, approved: bool) -> dict[str, Any]:
     policy = drain_policy()
+    override = override_decision(approved).allowed
     from longrun.nodes import incident_hooks
     from longrun.nodes import tasks as node_tasks
 
     def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
         out = steps.drain(
-            store, SlurmHook().client, inc, node=node, policy=policy, operator_override=approved
+            store, SlurmHook().client, inc, node=node, policy=policy, operator_override=override
         )
         incident_hooks.after_drain(node_tasks.history_store(), inc, out)
         return out

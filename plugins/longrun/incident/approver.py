@@ -1,0 +1,80 @@
+"""Who may lift the drain rate limit: an operator who approved the drain and did not trigger the run.
+
+In `approve` mode a person approves the drain (Airflow human-in-the-loop, task `approve_drain`). The
+approval always lets the drain go ahead within the limits; it lifts the cluster-wide limit and the
+per-incident limit (`operator_override`) only when all of these hold:
+
+- the response is an approval and Airflow recorded who gave it (`responded_by_user`);
+- the responder is listed in the Airflow Variable `longrun_drain_approvers` (a JSON list of Airflow user
+  ids or names: the cluster's operators, a setting no run parameter can change);
+- the responder is not the user who triggered the run (`dag_run.triggering_user_name`, which Airflow sets,
+  and which a run triggered by another DAG's task inherits from that task's run).
+
+Without the Variable nobody lifts the limit. Everything here comes from Airflow, never from the DAG-run
+conf, which whoever triggers the run writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+APPROVERS_VARIABLE = "longrun_drain_approvers"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OverrideDecision:
+    """Whether the drain may exceed the rate limit, and why (for the log and the record)."""
+
+    allowed: bool
+    """True: `operator_override` for the drain."""
+    why: str
+    """One line for people."""
+    approver: str | None = None
+    """The responder's name (or id) when known."""
+
+
+def _names(user: Any) -> set[str]:
+    if not isinstance(user, Mapping):
+        return set()
+    return {str(user[k]) for k in ("id", "name") if isinstance(user.get(k), str | int) and str(user[k])}
+
+
+def decide(
+    *, response: Mapping[str, Any] | None, triggered_by: str | None, approvers: Collection[Any]
+) -> OverrideDecision:
+    """Decide from the approval task's result (`chosen_options`, `responded_by_user`), the run's
+    triggering user and the configured approvers."""
+    if not isinstance(response, Mapping) or "Approve" not in (response.get("chosen_options") or ()):
+        return OverrideDecision(allowed=False, why="no approval recorded: the rate limit holds")
+    who = _names(response.get("responded_by_user"))
+    label = next(iter(sorted(who)), None)
+    if not who:
+        return OverrideDecision(
+            allowed=False, why="Airflow did not record who approved: the rate limit holds"
+        )
+    if triggered_by and triggered_by in who:
+        return OverrideDecision(
+            allowed=False,
+            why=f"{triggered_by} triggered the run and approved it: the rate limit holds (another operator must approve)",
+            approver=label,
+        )
+    listed = {str(a) for a in approvers if isinstance(a, str | int)}
+    if not listed:
+        return OverrideDecision(
+            allowed=False,
+            why=f"Variable {APPROVERS_VARIABLE} lists no operator: the rate limit holds",
+            approver=label,
+        )
+    if not who & listed:
+        return OverrideDecision(
+            allowed=False,
+            why=f"{label} is not an operator in Variable {APPROVERS_VARIABLE}: the rate limit holds",
+            approver=label,
+        )
+    return OverrideDecision(
+        allowed=True,
+        why=f"operator {label} (not the run's trigger {triggered_by!r}) lifted the rate limit",
+        approver=label,
+    )
