@@ -123,7 +123,15 @@ def fill_drill(store: ObjectStore, run: str = "drill-1", *, finished: bool = Tru
                 seq=seq,
             ),
         )
-    _put(store, run, schema.PROMOTED_POINTER_PATH, {"step": 30, "manifest_key": schema.manifest_path(30)})
+    # The pointer is the newest promotion record, as `longrun.checkpoints.promote` writes it.
+    _put(
+        store,
+        run,
+        schema.PROMOTED_POINTER_PATH,
+        schema.record(
+            "promotion", run=run, step=30, manifest_key=schema.manifest_path(30), time=T0 + 32, seq=2
+        ),
+    )
     # A checkpoint saved between the last good step and the alert would be suspect; this drill has a
     # separate one at 24 (saved by an extra save) to show it.
     _put(

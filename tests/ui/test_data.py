@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from longrun import runview
 from longrun.slurm.client import NodeState
 from longrun.ui import data
 from longrun.ui.model import CheckEvent, VotePoint
 
 from training import schema
+from training.records import CheckRecord
 from training.store import LocalDirStore, put_json
 from ui.drill_records import ALERT_STEP, T0, fill_drill, loss_at
 
@@ -101,33 +103,30 @@ def test_incident_view(store):
     assert "20" in facts["restart checkpoint"] and "exclude=['n2']" in facts["relaunch"]
 
 
+def _vote_check(step: int, verdict: str, evidence: dict, **extra) -> CheckRecord:
+    return CheckRecord(
+        run="r",
+        step=step,
+        check="weight_vote",
+        verdict=verdict,
+        rank=0,
+        duration_s=0.0,
+        evidence=evidence,
+        **extra,
+    )
+
+
 def test_votes_pass_and_fail():
     world = 3
-    ok = data._vote(
-        {"step": 10, "check": "weight_vote", "verdict": "pass", "evidence": {"fingerprint": "a"}}, world
-    )
+    ok = runview.vote(_vote_check(10, "pass", {"fingerprint": "a"}), world)
     assert ok == VotePoint(step=10, agreeing=3, replicas=3)
-    bad = data._vote(
-        {
-            "step": 12,
-            "check": "weight_vote",
-            "verdict": "fail",
-            "suspect_ranks": [2],
-            "evidence": {"fingerprints_by_rank": {"0": "a", "1": "a", "2": "b"}},
-        },
+    bad = runview.vote(
+        _vote_check(12, "fail", {"fingerprints_by_rank": {"0": "a", "1": "a", "2": "b"}}, suspect_ranks=(2,)),
         world,
     )
     assert bad == VotePoint(step=12, agreeing=2, replicas=3, dissenters=(2,))
-    split = data._vote(
-        {
-            "step": 14,
-            "check": "weight_vote",
-            "verdict": "fail",
-            "evidence": {"fingerprints_by_rank": {"0": "a", "1": "b"}},
-        },
-        world,
-    )
-    assert split.agreeing == 0 and split.dissenters == ()
+    split = runview.vote(_vote_check(14, "fail", {"fingerprints_by_rank": {"0": "a", "1": "b"}}), world)
+    assert split is not None and split.agreeing == 0 and split.dissenters == ()
 
 
 def test_node_states_mark_this_runs_drains(store):

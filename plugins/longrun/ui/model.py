@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-CHECKPOINT_STATES = ("saved", "validated", "invalid", "promoted", "suspect")
+from longrun.runview import STATES
+from longrun.runview import Vote as VotePoint  # the read model's weight-vote agreement, shown as is
+
+CHECKPOINT_STATES = STATES
 
 
 def _require(cond: bool, name: str, value: object, what: str) -> None:
@@ -39,24 +42,6 @@ class CheckEvent:
     def __post_init__(self) -> None:
         _require(self.step >= 0, "step", self.step, "must be >= 0")
         _require(self.verdict in ("pass", "fail", "skip", "alert"), "verdict", self.verdict, "unknown")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class VotePoint:
-    """Replica-fingerprint agreement at one weight-vote step."""
-
-    step: int
-    """The step of the vote."""
-    agreeing: int
-    """Replicas whose weight fingerprint equals the strict majority's."""
-    replicas: int
-    """Replicas that voted."""
-    dissenters: tuple[int, ...] = ()
-    """Ranks that differ from the majority."""
-
-    def __post_init__(self) -> None:
-        _require(self.replicas >= 1, "replicas", self.replicas, "must be >= 1")
-        _require(0 <= self.agreeing <= self.replicas, "agreeing", self.agreeing, "must be in [0, replicas]")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

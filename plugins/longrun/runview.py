@@ -1,0 +1,326 @@
+"""The read model of one run: what the store says the run looks like, as typed records.
+
+One place answers "what does this run look like": its heartbeat and report, check records, alerts, the
+checkpoints and the state of each (saved, validated, invalid, promoted, suspect), the weight votes, the
+incidents and the attempts (segments). The UI, `longrun records`, the audit and the drill read through it.
+
+Reads only. The store is one `ObjectStore`; with two sides configured it is the `SidedStore` that routes
+each key to the job's or the orchestrator's bucket (`training.store_sides`), so one key layout serves both.
+A record that does not read is listed in `problems` and skipped, so one bad object never hides the rest;
+a store that cannot be listed is a problem too, not an exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from training import schema, segment
+from training.records import (
+    Alert,
+    CheckRecord,
+    Incident,
+    Manifest,
+    Progress,
+    Promotion,
+    Record,
+    Report,
+    SuspectMark,
+    Validation,
+)
+from training.store import NotFound, ObjectStore, StoreError
+
+R = TypeVar("R", bound=Record)
+
+#: Folders and files of a run's records, by family (`longrun records --kind`).
+FAMILIES: Mapping[str, str] = {
+    "alerts": "alerts/",
+    "checks": "checks/",
+    "incidents": "incidents/",
+    "validations": "validations/",
+    "suspect": "suspect/",
+    "promotions": "promoted/",
+    "checkpoints": "checkpoints/",
+    "picks": "picks/",
+    "saves": "saves/",
+    "segments": segment.SEGMENTS_DIR,
+    "progress": schema.PROGRESS_PATH,
+    "report": schema.REPORT_PATH,
+}
+
+#: A checkpoint's states, in the order a later one overrides an earlier one.
+STATES = ("saved", "validated", "invalid", "promoted", "suspect")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointState:
+    """One checkpoint as the gate left it."""
+
+    step: int
+    state: str
+    """One of STATES."""
+    manifest: Manifest
+    validation_errors: tuple[str, ...] = ()
+    """The latest validation's errors, when it failed."""
+    current: bool = False
+    """The promoted pointer names it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Vote:
+    """Agreement at one weight vote."""
+
+    step: int
+    agreeing: int
+    """Replicas whose weight fingerprint equals the strict majority's."""
+    replicas: int
+    """Replicas that voted."""
+    dissenters: tuple[int, ...] = ()
+    """Ranks that differ from the majority."""
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas = {self.replicas!r}: must be >= 1")
+        if not 0 <= self.agreeing <= self.replicas:
+            raise ValueError(f"agreeing = {self.agreeing!r}: must be in [0, replicas]")
+
+
+class RunView:
+    """The records of run `run` in `store`; each family is read once, on first use."""
+
+    def __init__(self, store: ObjectStore, run: str) -> None:
+        self.store, self.run = store, schema.check_run_name(run)
+        self.prefix = schema.run_prefix(run)
+        self.problems: list[str] = []
+
+    # ---- reading ------------------------------------------------------------------------------------
+
+    def keys(self, relative_prefix: str) -> list[str]:
+        """Keys relative to the run under `relative_prefix`, sorted (a failed listing is a problem)."""
+        try:
+            infos = list(self.store.list(self.prefix + relative_prefix))
+        except StoreError as e:
+            self.problems.append(f"{relative_prefix}: cannot list ({e})")
+            return []
+        return sorted(i.key[len(self.prefix) :] for i in infos)
+
+    def text(self, relative: str) -> str | None:
+        try:
+            return self.store.get_bytes(self.prefix + relative).decode()
+        except NotFound:
+            return None
+        except (StoreError, UnicodeDecodeError) as e:
+            self.problems.append(f"{relative}: cannot read ({e})")
+            return None
+
+    def record(self, cls: type[R], relative: str) -> R | None:
+        """The record at `relative`, or None (absent, or unreadable: then a problem)."""
+        body = self.text(relative)
+        return None if body is None else self._parse(cls, relative, body)
+
+    def lines(self, cls: type[R], relative: str) -> list[R]:
+        """The records of a JSON-lines object."""
+        body = self.text(relative) or ""
+        found = (
+            self._parse(cls, f"{relative}:{n}", line)
+            for n, line in enumerate(body.splitlines(), 1)
+            if line.strip()
+        )
+        return [r for r in found if r is not None]
+
+    def folder(self, cls: type[R], relative_dir: str) -> Iterator[tuple[str, R]]:
+        """(relative key, record) for every `.json` directly in `relative_dir` (attachments skipped)."""
+        for key in self.keys(relative_dir):
+            if key.endswith(".json") and "/" not in key[len(relative_dir) :]:
+                rec = self.record(cls, key)
+                if rec is not None:
+                    yield key, rec
+
+    def _parse(self, cls: type[R], where: str, body: str) -> R | None:
+        try:
+            return cls.from_json(json.loads(body))
+        except ValueError as e:
+            self.problems.append(f"{where}: not a {cls.KIND} record ({e})")
+            return None
+
+    # ---- the job's records --------------------------------------------------------------------------
+
+    @functools.cached_property
+    def progress(self) -> Progress | None:
+        return self.record(Progress, schema.PROGRESS_PATH)
+
+    @functools.cached_property
+    def progress_history(self) -> tuple[Progress, ...]:
+        """Every heartbeat the store kept under progress/ (JSON or JSON lines), the latest included."""
+        found: list[Progress] = []
+        for key in self.keys("progress/"):
+            if key.endswith(".jsonl"):
+                found += self.lines(Progress, key)
+            elif (rec := self.record(Progress, key)) is not None:
+                found.append(rec)
+        return tuple(found)
+
+    @functools.cached_property
+    def report(self) -> Report | None:
+        return self.record(Report, schema.REPORT_PATH)
+
+    @functools.cached_property
+    def checks(self) -> tuple[CheckRecord, ...]:
+        """Check records by (step, check); a batch written twice (a retried flush) counts once."""
+        seen: dict[tuple[int, str, int], CheckRecord] = {}
+        for key in self.keys("checks/"):
+            for rec in self.lines(CheckRecord, key):
+                seen[(rec.step, rec.check, rec.rank)] = rec
+        return tuple(sorted(seen.values(), key=lambda c: (c.step, c.check)))
+
+    @functools.cached_property
+    def alerts(self) -> tuple[tuple[str, Alert], ...]:
+        """(relative key, alert), oldest step first."""
+        return tuple(sorted(self.folder(Alert, "alerts/"), key=lambda ka: (ka[1].step, ka[1].time)))
+
+    @functools.cached_property
+    def manifests(self) -> dict[int, Manifest]:
+        """Checkpoints whose manifest reads and names this run and its step, by step."""
+        out = {}
+        for key in self.keys("checkpoints/"):
+            step = schema.step_of_manifest_key(key)
+            m = self.record(Manifest, key) if step is not None else None
+            if m is None:
+                continue
+            if (m.run, m.step) != (self.run, step):
+                self.problems.append(f"{key}: manifest says run {m.run!r} step {m.step}")
+                continue
+            out[m.step] = m
+        return out
+
+    @functools.cached_property
+    def attempts(self) -> tuple[segment.Segment, ...]:
+        """Every incarnation of the trainer (launch or in-job restart), in order."""
+        found = []
+        for key in self.keys(segment.SEGMENTS_DIR):
+            body = self.text(key) if key.endswith(".json") else None
+            if body is None:
+                continue
+            try:
+                found.append(segment.Segment.from_json(body))
+            except ValueError as e:
+                self.problems.append(f"{key}: not a segment record ({e})")
+        return tuple(segment.ordered(found))
+
+    @functools.cached_property
+    def world_size(self) -> int | None:
+        """Replicas, from the heartbeat, else a manifest's world, else an alert's."""
+        if self.progress and self.progress.world_size:
+            return self.progress.world_size
+        for m in self.manifests.values():
+            if m.world.world_size:
+                return m.world.world_size
+        for _key, a in self.alerts:
+            if a.world and a.world.world_size:
+                return a.world.world_size
+            if a.fingerprints_by_rank:
+                return len(a.fingerprints_by_rank)
+        return None
+
+    # ---- the orchestrator's records -----------------------------------------------------------------
+
+    @functools.cached_property
+    def validations(self) -> dict[int, tuple[Validation, ...]]:
+        """Validation records by step, oldest first."""
+        by_step: dict[int, list[Validation]] = {}
+        for _key, v in self.folder(Validation, "validations/"):
+            by_step.setdefault(v.step, []).append(v)
+        return {s: tuple(sorted(vs, key=lambda v: v.time)) for s, vs in by_step.items()}
+
+    @functools.cached_property
+    def promotions(self) -> tuple[Promotion, ...]:
+        """The promotion history, by sequence number."""
+        return tuple(
+            sorted((p for _k, p in self.folder(Promotion, "promoted/history/")), key=lambda p: p.seq)
+        )
+
+    @functools.cached_property
+    def pointer(self) -> Promotion | None:
+        """The promoted pointer (`promoted/current.json`), or None before the first promotion."""
+        return self.record(Promotion, schema.PROMOTED_POINTER_PATH)
+
+    @functools.cached_property
+    def suspect_marks(self) -> tuple[SuspectMark, ...]:
+        return tuple(
+            sorted((s for _k, s in self.folder(SuspectMark, "suspect/")), key=lambda s: s.after_step)
+        )
+
+    def demoting_mark(self, step: int, saved_at: float | None) -> SuspectMark | None:
+        """The mark that makes checkpoint `step` (saved at `saved_at`) suspect, or None."""
+        return next((m for m in self.suspect_marks if m.demotes(step, saved_at)), None)
+
+    @functools.cached_property
+    def incidents(self) -> tuple[tuple[str, Incident], ...]:
+        """(relative key, incident), oldest first (plots and other attachments are not records)."""
+        found = list(self.folder(Incident, "incidents/"))
+        return tuple(sorted(found, key=lambda ki: (ki[1].opened_at, ki[1].incident_id)))
+
+    # ---- answers ------------------------------------------------------------------------------------
+
+    def checkpoints(self) -> tuple[CheckpointState, ...]:
+        """Every checkpoint with its state: promoted beats validated; suspect beats everything."""
+        promoted = {p.step for p in self.promotions}
+        current = self.pointer.step if self.pointer else None
+        if current is not None:
+            promoted.add(current)
+        out = []
+        for step, m in sorted(self.manifests.items()):
+            state, errors = "saved", tuple[str, ...]()
+            if vs := self.validations.get(step):
+                state = "validated" if vs[-1].ok else "invalid"
+                errors = () if vs[-1].ok else vs[-1].errors
+            if step in promoted:
+                state = "promoted"
+            if self.demoting_mark(step, m.time) is not None:
+                state = "suspect"
+            out.append(
+                CheckpointState(
+                    step=step, state=state, manifest=m, validation_errors=errors, current=step == current
+                )
+            )
+        return tuple(out)
+
+    def votes(self) -> tuple[Vote, ...]:
+        """Agreement at each weight vote the check records show."""
+        world = self.world_size
+        return tuple(v for c in self.checks if c.check == "weight_vote" for v in [vote(c, world)] if v)
+
+
+def vote(c: CheckRecord, world: int | None) -> Vote | None:
+    """Agreement at one weight vote: exact when the record lists every replica's fingerprint (failures
+    do); a pass means every replica agreed; no strict majority means nobody agrees."""
+    by_rank = c.evidence.get("fingerprints_by_rank")
+    if isinstance(by_rank, Mapping) and by_rank:
+        top, n = Counter(by_rank.values()).most_common(1)[0]
+        if 2 * n <= len(by_rank):
+            return Vote(step=c.step, agreeing=0, replicas=len(by_rank))
+        dissent = tuple(sorted(int(r) for r, v in by_rank.items() if v != top))
+        return Vote(step=c.step, agreeing=n, replicas=len(by_rank), dissenters=dissent)
+    replicas = c.evidence.get("replicas")
+    replicas = (
+        replicas if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas else world or 1
+    )
+    if c.verdict == "pass":
+        return Vote(step=c.step, agreeing=replicas, replicas=replicas)
+    if c.verdict == "fail":
+        return Vote(
+            step=c.step,
+            agreeing=max(0, replicas - len(c.suspect_ranks)),
+            replicas=max(replicas, len(c.suspect_ranks)),
+            dissenters=c.suspect_ranks,
+        )
+    return None
+
+
+def list_runs(store: ObjectStore) -> list[str]:
+    """Run names that have at least one object in the store, sorted."""
+    return sorted({parts[1] for i in store.list("runs/") if len(parts := i.key.split("/")) > 2 and parts[1]})
