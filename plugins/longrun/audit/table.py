@@ -240,6 +240,7 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
         else:  # incident
             rows.append(_row(kind, run, key, time=time_, incident_id=obj["incident_id"]))
 
+    rows.extend(node_event_rows(store))
     _mark_step_order(rows)
     for row, obj in promotions:
         if not row["current"] and obj["manifest_key"] not in etags:
@@ -255,6 +256,25 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
     # NaN, not None, for absent numbers: GX's between-expectations skip nulls, and loss_finite catches them.
     table["loss"] = pd.to_numeric(table["loss"], errors="coerce").astype("float64")
     return table
+
+
+def node_event_rows(store: ObjectStore) -> list[dict[str, Any]]:
+    """One `node_event` row per node-history record (nodes/<node>/...): it must parse as a NodeEvent and
+    lie under its own node's folder; otherwise `parsable` is False with the reason."""
+    from longrun.nodes.history import PREFIX, NodeEvent
+
+    rows = []
+    for info in store.list(PREFIX):
+        folder = info.key[len(PREFIX) :].split("/", 1)[0]
+        try:
+            ev = NodeEvent.from_json(json.loads(store.get_bytes(info.key)))
+            if ev.node != folder:
+                raise ValueError(f"record names node {ev.node!r} but lies under {PREFIX}{folder}/")
+        except ValueError as e:
+            rows.append(_row("node_event", "", info.key, parsable=False, error=f"{type(e).__name__}: {e}"))
+            continue
+        rows.append(_row("node_event", ev.run or "", info.key, time=ev.time, incident_id=ev.incident_id))
+    return rows
 
 
 def _mark_step_order(rows: list[dict[str, Any]]) -> None:

@@ -1,0 +1,143 @@
+"""`node_return` through a real Airflow scheduler on the real four-node Slurm cluster and SeaweedFS.
+
+The nodes start where an incident leaves them (drained with longrun's `diag-pass` reason) and their
+history is seeded in the store, as the sdc_incident hooks write it; the sick node is the drill's real
+sick-node marker, which the real replay probe on that node reads. (The full drill before each return,
+training job included, is too slow for this tier: tests/e2e covers the incident half.)
+
+    sick n2 (marker, diag-pass)           -> probe rounds fail: run failed, n2 drained diag-fail, replace mark
+    transient n3 (one suspicion)          -> every round passes: n3 resumed, `returned` recorded
+    repeat offender n4 (two suspicions)   -> refused before any probe: run failed, n4 still drained
+    foreign drain n1 ("admin: fan")       -> refused: n1 keeps its reason
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from helpers.airflow_api import AirflowApi
+from longrun.monitor import lifecycle
+from longrun.nodes import history as h
+from longrun.slurm.client import make_client
+
+from training.faults import sick_marker
+from training.store import store_from_env
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slurm, pytest.mark.slow]
+
+DAG = "node_return"
+
+
+@pytest.fixture(scope="module")
+def api(airflow_stack) -> AirflowApi:
+    a = AirflowApi.login(airflow_stack.url, airflow_stack.user, airflow_stack.password)
+    a.wait_dag_parsed(DAG, file_hint="node_return")
+    return a
+
+
+@pytest.fixture
+def client(slurm_cluster):
+    c = make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
+    yield c
+    for name in c.reservations():  # leave the cluster as we found it
+        if name.startswith("longrun_"):
+            c.delete_reservation(name)
+    for n in c.nodes():
+        if n.drain_flag and (n.is_ours or n.reason == "admin: fan"):
+            c._run(["scontrol", "update", f"NodeName={n.name}", "State=RESUME"])  # type: ignore[attr-defined]
+
+
+def seed(hist, node: str, run: str, incidents: list[str], verdict: str = "pass") -> None:
+    for i, inc in enumerate(incidents):
+        t = time.time() - 3600 * (len(incidents) - i)
+        for kind in (h.SUSPECTED, h.DRAINED, h.DIAGNOSED):
+            h.append(
+                hist,
+                h.NodeEvent(
+                    node=node,
+                    kind=kind,
+                    time=t + {h.SUSPECTED: 0, h.DRAINED: 1, h.DIAGNOSED: 2}[kind],
+                    source=inc,
+                    run=run,
+                    incident_id=inc,
+                    verdict=verdict if kind == h.DIAGNOSED else None,
+                    evidence={"check": "weight_vote", "step": 7} if kind == h.SUSPECTED else {},
+                ),
+            )
+
+
+class Ran(dict):
+    """Task states; its repr carries the tail of each task's log, for assertion messages."""
+
+    logs: str = ""
+
+    def __repr__(self) -> str:
+        return f"{dict(self)}\n{self.logs}"
+
+
+def run_dag(api: AirflowApi, node: str) -> tuple[str, Ran]:
+    run_id = api.trigger(DAG, conf={"node": node, "mode": "act", "repeats": 2})
+    state = api.wait_run(DAG, run_id, timeout=600)
+    ran = Ran(api.task_states(DAG, run_id))
+    for task_id, st in ran.items():
+        if st in ("failed", "success"):
+            log = api.task_log(DAG, run_id, task_id)
+            at = log.find("error_detail")
+            ran.logs += f"--- {task_id}\n" + (log[at : at + 3000] if at >= 0 else log[-1500:])
+    return state, ran
+
+
+def test_node_return_on_real_slurm(api, airflow_stack, client, monkeypatch):
+    for k, v in airflow_stack.env.items():  # the store's credentials (boto3 reads them from os.environ)
+        monkeypatch.setenv(k, v)
+    hist = store_from_env()
+    tag = uuid.uuid4().hex[:6]
+    runs = {n: f"nr-{n}-{tag}" for n in ("n2", "n3", "n4")}
+    for node, run in runs.items():
+        client.drain(node, f"longrun:diag-pass:{run}:7")
+    seed(hist, "n2", runs["n2"], [f"inc-n2-{tag}"])
+    seed(hist, "n3", runs["n3"], [f"inc-n3-{tag}"])
+    seed(hist, "n4", runs["n4"], [f"inc-n4a-{tag}", f"inc-n4b-{tag}"])
+    spec = lifecycle.spec_from_params({"run_name": runs["n2"]})
+    marker = sick_marker(Path(lifecycle.fault_state_dir(spec)), "n2")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("sick-node drill: the node stays sick\n")
+    try:
+        # Sick: the repeated probe convicts it, it stays drained and is marked for replacement.
+        state, tasks = run_dag(api, "n2")
+        assert state == "failed" and tasks["resume"] == "success", tasks
+        n2 = client.node("n2")
+        assert n2.drain_flag and n2.reason == f"longrun:diag-fail:{runs['n2']}:7"
+        kinds = [e.kind for e in h.events(hist, "n2")]
+        assert h.REPLACE in kinds and h.RETURNED not in kinds
+        assert [e.verdict for e in h.events(hist, "n2") if e.kind == h.DIAGNOSED][-1] == "fail"
+
+        # Transient: every round passes, the node is resumed.
+        state, tasks = run_dag(api, "n3")
+        assert state == "success", tasks
+        n3 = client.node("n3")
+        assert not n3.drain_flag, n3
+        evs = h.events(hist, "n3")
+        assert evs[-1].kind == h.RETURNED and h.state(evs) == "returned"
+        assert len([e for e in evs if e.kind == h.DIAGNOSED and e.source.startswith("node_return")]) == 2
+
+        # Repeat offender: refused without a probe, still drained, marked for replacement.
+        state, tasks = run_dag(api, "n4")
+        assert state == "failed" and tasks["probe"] == "success", tasks
+        assert client.node("n4").reason == f"longrun:diag-pass:{runs['n4']}:7"
+        kinds = [e.kind for e in h.events(hist, "n4")]
+        assert h.REPLACE in kinds and h.RETURN_REFUSED in kinds and h.RETURNED not in kinds
+        assert not any(
+            e.source.startswith("node_return") for e in h.events(hist, "n4") if e.kind == h.DIAGNOSED
+        )
+
+        # Someone else's drain is never lifted.
+        client._run(["scontrol", "update", "NodeName=n1", "State=DRAIN", "Reason=admin: fan"])  # type: ignore[attr-defined]
+        state, _ = run_dag(api, "n1")
+        assert state == "failed"
+        assert client.node("n1").reason == "admin: fan"
+    finally:
+        marker.unlink(missing_ok=True)
