@@ -7,7 +7,7 @@ VENV_STAMP := .venv/.longrun-installed
 MYPY_TARGETS := training plugins/longrun
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv lint typecheck test test-fast demo bench stack-up stack-down stack-status clean
+.PHONY: setup system venv lint typecheck test test-fast demo bench gpu-check gpu-check-dry stack-up stack-down stack-status clean
 
 setup: system venv
 
@@ -44,6 +44,13 @@ demo: setup
 
 bench: setup
 	$(PY) bench/run_all.py
+
+# On a GPU machine (its own python3 with torch + CUDA; no set-up, no registry): docs/gpu.md.
+gpu-check:
+	bench/gpu/run.sh
+
+gpu-check-dry: setup
+	PYTHON=$(PY) bench/gpu/run.sh --dry-run
 
 stack-up: setup
 	.venv/bin/longrun stack up
