@@ -1,0 +1,123 @@
+"""The relaunch directive: the orchestrator tells a job that kept its allocation where to train next.
+
+Written by `sdc_incident` (act mode, after attribution, the drain and the pick) on the orchestrator's
+side of the store, under the run's `directives/`; read by the job's supervisor (training.supervisor).
+Its authenticity rests on the store: the job's identity may read `directives/` but not write it
+(training.store_sides), so neither the job nor another job can forge one. The per-job alert key is not
+used here: the job holds that key, so a signature made with it would prove nothing against the job.
+The supervisor still checks every field against what it knows (its run, its job id, the attempt it
+waits for, nodes inside its allocation, not the suspect's node), and refuses anything else.
+
+    directives/<job id>-a<attempt>.json      one per relaunch inside a job (written once)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+DIRECTIVE_SCHEMA_VERSION = 1
+DIRECTIVES_DIR = "directives/"
+
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+_REF = re.compile(r"^[A-Za-z0-9._/-]{1,512}$")
+
+
+def directive_path(job_id: str, attempt: int) -> str:
+    return f"{DIRECTIVES_DIR}{job_id}-a{attempt:03d}.json"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Directive:
+    """Run the next training step of job `job_id` on `nodes`, from `resume_from`."""
+
+    run: str
+    """Run name."""
+    job_id: str
+    """The Slurm job that must run it (a directive for another job is refused)."""
+    attempt: int
+    """The in-job attempt it starts (1 for the first relaunch inside the job)."""
+    nodes: tuple[str, ...]
+    """Nodes of the next step: the healthy nodes kept plus spares, never the suspect."""
+    resume_from: str
+    """The pre-incident checkpoint (a store prefix)."""
+    incident_id: str
+    """The incident that issued it."""
+    exclude: tuple[str, ...]
+    """Nodes the step must not use (the suspect's node): checked again by the supervisor."""
+    issued_at: float
+    """Wall time of the decision (the time-to-recover record reads it)."""
+    schema_version: int = DIRECTIVE_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if not self.job_id.isdigit():
+            raise ValueError(f"field 'job_id' = {self.job_id!r} must be a Slurm job id")
+        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 1:
+            raise ValueError(f"field 'attempt' = {self.attempt!r} must be an integer >= 1")
+        nodes, exclude = tuple(self.nodes), tuple(self.exclude)
+        if not nodes or len(set(nodes)) != len(nodes):
+            raise ValueError(f"field 'nodes' = {list(nodes)!r} must name distinct nodes")
+        for n in (*nodes, *exclude):
+            if not isinstance(n, str) or not _NODE.match(n):
+                raise ValueError(f"field 'nodes' has a bad node name {n!r}")
+        if clash := sorted(set(nodes) & set(exclude)):
+            raise ValueError(f"field 'nodes' includes excluded node(s) {clash}")
+        if not _REF.match(self.resume_from) or ".." in self.resume_from.split("/"):
+            raise ValueError(f"field 'resume_from' = {self.resume_from!r} is not a checkpoint reference")
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "exclude", exclude)
+
+    @property
+    def relative_path(self) -> str:
+        return directive_path(self.job_id, self.attempt)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["nodes"], out["exclude"], out["kind"] = list(self.nodes), list(self.exclude), "directive"
+        return out
+
+    @classmethod
+    def from_json(cls, raw: str | bytes | dict[str, Any]) -> Directive:
+        obj = json.loads(raw) if isinstance(raw, str | bytes) else dict(raw)
+        if not isinstance(obj, dict) or obj.get("kind") != "directive":
+            raise ValueError("field 'kind' must be 'directive'")
+        v = obj.get("schema_version")
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= DIRECTIVE_SCHEMA_VERSION:
+            raise ValueError(
+                f"field 'schema_version' = {v!r}; this reader knows 1..{DIRECTIVE_SCHEMA_VERSION}"
+            )
+        for name, typ in (("run", str), ("job_id", str), ("resume_from", str), ("incident_id", str)):
+            if not isinstance(obj.get(name), typ):
+                raise ValueError(f"field {name!r} = {obj.get(name)!r:.80} is missing or has the wrong type")
+        for name in ("nodes", "exclude"):
+            if not isinstance(obj.get(name), list):
+                raise ValueError(f"field {name!r} = {obj.get(name)!r:.80} must be a list")
+        t = obj.get("issued_at")
+        if isinstance(t, bool) or not isinstance(t, int | float):
+            raise ValueError(f"field 'issued_at' = {t!r} must be a number")
+        return cls(
+            run=obj["run"], job_id=obj["job_id"], attempt=obj.get("attempt"),  # type: ignore[arg-type]
+            nodes=tuple(obj["nodes"]), resume_from=obj["resume_from"], incident_id=obj["incident_id"],
+            exclude=tuple(obj["exclude"]), issued_at=float(t), schema_version=v,
+        )  # fmt: skip
+
+    def refusal(
+        self, *, run: str, job_id: str, attempt: int, allocation: Iterable[str], width: int
+    ) -> str | None:
+        """Why the supervisor of (`run`, `job_id`), waiting for `attempt`, must not follow this directive
+        on its current `allocation` with `width` nodes per step; None when it may."""
+        if self.run != run:
+            return f"directive is for run {self.run!r}, not {run!r}"
+        if self.job_id != job_id:
+            return f"directive is for job {self.job_id}, not {job_id}"
+        if self.attempt != attempt:
+            return f"directive starts attempt {self.attempt}, expected {attempt}"
+        outside = sorted(set(self.nodes) - set(allocation))
+        if outside:
+            return f"directive names node(s) {outside} outside the job's allocation {sorted(allocation)}"
+        if len(self.nodes) != width:
+            return f"directive names {len(self.nodes)} node(s); a step needs {width}"
+        return None

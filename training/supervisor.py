@@ -1,0 +1,156 @@
+"""The batch script's supervisor for a job that holds spare nodes: recover inside the allocation.
+
+    python -m training.supervisor --run R --width 3 --spares 1 --wait-s 120 --step 'srun ... ft_launcher ...'
+
+It runs the training step (`--step`, a bash script) on `width` nodes of the job's allocation. When the
+step ends with the SDC verdict (exit 93) and a node beyond the step's is still in the allocation, it
+waits, at most `--wait-s`, for the orchestrator's directive for this job and the next attempt
+(training.directive), checks it, and runs the step again on the directed nodes from the directed
+checkpoint: no new job, no queue. No spare, no directive in time, or a directive it must refuse: it exits
+93, and `sdc_incident` falls back to the full relaunch. Any other exit code ends the job with that code.
+
+The step sees LONGRUN_STEP_NODES (comma list), LONGRUN_STEP_NNODES, LONGRUN_ATTEMPT (0 first) and
+LONGRUN_RESUME_FROM (empty when starting fresh); it must not re-inject a drill when LONGRUN_ATTEMPT > 0.
+Loops are bounded: at most `spares` relaunches, each wait bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from training.directive import Directive, directive_path
+from training.schema import EXIT_SDC_VERDICT, store_key
+from training.store import NotFound, ObjectStore, StoreError, store_from_env
+
+log = logging.getLogger("training.supervisor")
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compressed node list (n[1-3],x) as names, through `scontrol show hostnames`."""
+    if not nodelist:
+        return []
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+    )
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def allocation(job_id: str) -> list[str]:
+    """The job's nodes now (the orchestrator may have released one): squeue's node list, expanded."""
+    out = subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%N"], capture_output=True, text=True, timeout=30, check=True
+    )
+    return expand_nodelist(out.stdout.strip())
+
+
+@dataclass(slots=True, kw_only=True)
+class Supervisor:
+    run: str
+    job_id: str
+    width: int
+    spares: int
+    wait_s: float
+    poll_s: float
+    step: str
+    store: ObjectStore
+    resume_from: str = ""
+    nodes_now: Callable[[], list[str]] | None = None
+
+    def _allocation(self) -> list[str]:
+        return (self.nodes_now or (lambda: allocation(self.job_id)))()
+
+    def run_step(self, nodes: Sequence[str], attempt: int, resume_from: str) -> int:
+        env = dict(os.environ)
+        env.update(
+            LONGRUN_STEP_NODES=",".join(nodes),
+            LONGRUN_STEP_NNODES=str(len(nodes)),
+            LONGRUN_ATTEMPT=str(attempt),
+            LONGRUN_RESUME_FROM=resume_from,
+        )
+        print(f"longrun-supervisor: attempt {attempt} on {','.join(nodes)} from {resume_from or 'scratch'}",
+              flush=True)  # fmt: skip
+        return subprocess.run(["bash", "-c", self.step], env=env, check=False).returncode
+
+    def wait_for_directive(self, attempt: int) -> Directive | None:
+        key = store_key(self.run, directive_path(self.job_id, attempt))
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                return Directive.from_json(self.store.get_bytes(key))
+            except NotFound:
+                pass
+            except (StoreError, ValueError) as e:  # unreadable or malformed: refused, not retried forever
+                print(f"longrun-supervisor: directive {key} unusable: {e}", flush=True)
+                return None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(self.poll_s)
+
+    def __call__(self) -> int:
+        nodes = self._allocation()[: self.width]
+        if len(nodes) < self.width:
+            print(f"longrun-supervisor: allocation {nodes} is narrower than {self.width} node(s)", flush=True)
+            return 1
+        attempt, resume = 0, self.resume_from
+        while True:
+            rc = self.run_step(nodes, attempt, resume)
+            if rc != EXIT_SDC_VERDICT:
+                return rc
+            if attempt >= self.spares:
+                print(
+                    "longrun-supervisor: SDC verdict and no relaunch left inside the job: exit 93", flush=True
+                )
+                return EXIT_SDC_VERDICT
+            t0 = time.monotonic()
+            print(f"longrun-supervisor: SDC verdict; waiting up to {self.wait_s:g} s for the directive of "
+                  f"attempt {attempt + 1}", flush=True)  # fmt: skip
+            directive = self.wait_for_directive(attempt + 1)
+            if directive is None:
+                print("longrun-supervisor: no directive in time: exit 93 (full relaunch)", flush=True)
+                return EXIT_SDC_VERDICT
+            why = directive.refusal(
+                run=self.run,
+                job_id=self.job_id,
+                attempt=attempt + 1,
+                allocation=self._allocation(),
+                width=self.width,
+            )
+            if why:
+                print(f"longrun-supervisor: directive REFUSED ({why}): exit 93", flush=True)
+                return EXIT_SDC_VERDICT
+            print(f"longrun-supervisor: directive of incident {directive.incident_id} after "
+                  f"{time.monotonic() - t0:.1f} s", flush=True)  # fmt: skip
+            attempt, nodes, resume = attempt + 1, list(directive.nodes), directive.resume_from
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m training.supervisor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-name", required=True, help="run name")
+    p.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID", ""), help="default: $SLURM_JOB_ID")
+    p.add_argument("--width", type=int, required=True, help="nodes per training step")
+    p.add_argument("--spares", type=int, required=True, help="relaunches inside the job at most")
+    p.add_argument("--wait-s", type=float, default=120.0, help="longest wait for a directive")
+    p.add_argument("--poll-s", type=float, default=0.5, help="directive poll interval")
+    p.add_argument("--resume-from", default="", help="checkpoint of the first step")
+    p.add_argument("--step", required=True, help="bash script of one training step")
+    args = p.parse_args(argv)
+    if not args.job_id.isdigit() or args.width < 1 or args.spares < 0 or not 0 < args.wait_s <= 3600:
+        print("longrun-supervisor: needs a job id, --width >= 1, --spares >= 0, 0 < --wait-s <= 3600",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    sup = Supervisor(
+        run=args.run_name, job_id=args.job_id, width=args.width, spares=args.spares, wait_s=args.wait_s,
+        poll_s=args.poll_s, step=args.step, store=store_from_env(), resume_from=args.resume_from,
+    )  # fmt: skip
+    return sup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
