@@ -30,6 +30,7 @@ from longrun.drill import Rest, prepare, return_to_service, run_drill
 from longrun.slurm.client import make_client
 from longrun.stack import Stack
 
+from training.records import Incident
 from training.store import store_from_env
 
 CONFIG = {
@@ -59,9 +60,9 @@ PHASES = (
 )
 
 
-def phases(incident: dict) -> dict[str, float]:
-    t = {e["event"]: float(e["time"]) for e in incident["timeline"]}
-    t_alert = float(incident["alert"]["time"])
+def phases(incident: Incident) -> dict[str, float]:
+    t = {e.event: e.time for e in incident.timeline if e.time is not None}
+    t_alert = float(incident.alert["time"])
     out = {}
     for name, starts, end in PHASES:
         if end not in t or any(s not in t for s in starts):

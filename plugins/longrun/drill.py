@@ -16,9 +16,11 @@ from typing import Any
 from longrun.airflow_rest import AirflowRest
 from longrun.dagrun_ids import attempt_run_id, incident_run_id
 from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE
+from longrun.runview import RunView
 from longrun.slurm.client import SlurmClient
 from training import schema
-from training.store import NotFound, ObjectStore, get_json
+from training.records import Incident, IncidentStatus
+from training.store import ObjectStore
 
 Say = Callable[[str], None]
 
@@ -56,7 +58,7 @@ class DrillResult:
     """The trainer's report `final_fingerprint` of the last attempt."""
     final_step: int | None = None
     """The report's final step."""
-    incident: dict[str, Any] | None = None
+    incident: Incident | None = None
     """The incident record, when there was one."""
     promoted_steps: list[int] = field(default_factory=list)
     """Checkpoint steps ever promoted in the run (the finish report's orchestrator block)."""
@@ -67,20 +69,21 @@ class DrillResult:
 
     @property
     def detection_step(self) -> int | None:
-        return int(self.incident["alert"]["step"]) if self.incident else None
+        return int(self.incident.alert["step"]) if self.incident else None
 
     @property
     def lost_steps(self) -> int | None:
-        return self.incident.get("lost_steps") if self.incident else None
+        return self.incident.lost_steps if self.incident else None
 
     @property
     def recover_s(self) -> float | None:
-        return self.incident.get("time_to_recover_s") if self.incident else None
+        return self.incident.time_to_recover_s if self.incident else None
 
     @property
     def recovery(self) -> dict[str, Any]:
         """The incident's recovery measured from the records (longrun.incident.recovery), {} if none."""
-        return dict((self.incident or {}).get("recovery") or {})
+        recovery = self.incident.extra.get("recovery") if self.incident else None
+        return dict(recovery) if isinstance(recovery, Mapping) else {}
 
     @property
     def to_training_s(self) -> float | None:
@@ -91,8 +94,8 @@ class DrillResult:
         """Seconds from the alert record's time to each incident timeline event."""
         if not self.incident:
             return {}
-        t_alert = float(self.incident["alert"]["time"])
-        return {e["event"]: round(float(e["time"]) - t_alert, 2) for e in self.incident["timeline"]}
+        t_alert = float(self.incident.alert["time"])
+        return {e.event: round(e.time - t_alert, 2) for e in self.incident.timeline if e.time is not None}
 
     def summary(self) -> str:
         lines = [
@@ -101,10 +104,10 @@ class DrillResult:
         if self.incident:
             inc = self.incident
             lines += [
-                f"  alert: {inc['alert']['check']} at step {self.detection_step} naming {inc['alert']['suspect_nodes']}",
-                f"  diagnosis: {(inc.get('diagnosis') or {}).get('summary')}",
-                f"  resumed from step {(inc.get('checkpoint') or {}).get('step')}; lost steps {self.lost_steps}",
-                f"  alert -> relaunched RUNNING: {self.recover_s} s; relaunch on {(inc.get('relaunch') or {}).get('nodes')}",
+                f"  alert: {inc.alert['check']} at step {self.detection_step} naming {inc.alert['suspect_nodes']}",
+                f"  diagnosis: {inc.diagnosis.get('summary')}",
+                f"  resumed from step {inc.checkpoint.get('step')}; lost steps {self.lost_steps}",
+                f"  alert -> relaunched RUNNING: {self.recover_s} s; relaunch on {inc.relaunch.get('nodes')}",
                 f"  alert -> first healthy step: {self.to_training_s} s; recovery {self.recovery.get('milestones_s')}",
                 f"  timeline (s after the alert): {self.breakdown()}",
             ]
@@ -177,17 +180,18 @@ def _follow(
 
 def _progress(store: ObjectStore, run: str) -> Callable[[], str]:
     def look() -> str:
-        try:
-            p = get_json(store, schema.store_key(run, schema.PROGRESS_PATH))
-        except (NotFound, ValueError):
+        p = RunView(store, run).progress  # a fresh view: each look reads the newest heartbeat
+        if p is None:
             return ""
-        return (
-            f"(step {p.get('step')}, loss {p.get('loss'):.4f})"
-            if isinstance(p.get("loss"), float)
-            else f"(step {p.get('step')})"
-        )
+        return f"(step {p.step}, loss {p.loss:.4f})" if p.loss is not None else f"(step {p.step})"
 
     return look
+
+
+def _incident(store: ObjectStore, run: str) -> Incident | None:
+    """The run's first incident (a drill has one), read afresh."""
+    incidents = RunView(store, run).incidents
+    return incidents[0][1] if incidents else None
 
 
 def run_drill(
@@ -211,8 +215,7 @@ def run_drill(
     result.dag_runs.append(("training_run", run_id, state))
     if state != "success":
         raise DrillError(f"training_run {run_id} ended {state}: {result.summary()}")
-    alerts = [o.key for o in store.list(schema.store_key(run, "alerts/"))]
-    incident_key: str | None = None
+    alerts = [key for key, _alert in RunView(store, run).alerts]
     if alerts:
         incident_run = incident_run_id(alerts[0])
         say(f"alert {alerts[0]} -> sdc_incident {incident_run}")
@@ -220,15 +223,10 @@ def run_drill(
             rest, "sdc_incident", incident_run, deadline=deadline, say=say, progress=None, approve=approve
         )
         result.dag_runs.append(("sdc_incident", incident_run, state))
-        incidents = [
-            o.key for o in store.list(schema.store_key(run, "incidents/")) if o.key.endswith(".json")
-        ]
-        if incidents:
-            result.incident = get_json(store, incidents[0])
-        incident_key = incidents[0] if incidents else None
+        result.incident = _incident(store, run)
         if state != "success":
             raise DrillError(f"sdc_incident {incident_run} ended {state}: {result.summary()}")
-        if result.incident and result.incident.get("status") == "observed":
+        if result.incident and result.incident.status == IncidentStatus.OBSERVED:
             say("observe mode: nothing was changed and nothing relaunched")
             result.wall_s = round(time.monotonic() - t0, 1)
             return result
@@ -240,12 +238,17 @@ def run_drill(
         result.dag_runs.append(("training_run", attempt_run, state))
         if state != "success":
             raise DrillError(f"training_run {attempt_run} ended {state}: {result.summary()}")
-    report = get_json(store, schema.store_key(run, schema.REPORT_PATH))
-    result.final_fingerprint = report.get("final_fingerprint")
-    result.final_step = report.get("final_step")
-    result.promoted_steps = list((report.get("orchestrator") or {}).get("promoted_steps") or [])
-    result.segments = list((report.get("orchestrator") or {}).get("segments") or [])
-    if incident_key:  # the relaunch's finish added the recovery to the incident record
-        result.incident = get_json(store, incident_key)
+    view = RunView(store, run)
+    report = view.report
+    if report is None:
+        raise DrillError(f"run {run} has no readable run report: {view.problems}")
+    result.final_fingerprint = report.final_fingerprint
+    result.final_step = report.final_step
+    orchestrator = report.extra.get("orchestrator")
+    orchestrator = orchestrator if isinstance(orchestrator, Mapping) else {}
+    result.promoted_steps = list(orchestrator.get("promoted_steps") or [])
+    result.segments = list(orchestrator.get("segments") or [])
+    if result.incident:  # the relaunch's finish added the recovery to the incident record
+        result.incident = _incident(store, run)
     result.wall_s = round(time.monotonic() - t0, 1)
     return result

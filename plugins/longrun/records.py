@@ -12,21 +12,12 @@ import argparse
 import json
 import sys
 
+from longrun.runview import FAMILIES, list_runs
 from training import schema
 from training.store import NotFound, StoreError, store_from_env
 
-# record family -> its folder (or file) under the run, from the schema's layout
-KINDS = {
-    "alerts": "alerts/",
-    "checks": "checks/",
-    "incidents": "incidents/",
-    "validations": "validations/",
-    "suspect": "suspect/",
-    "promotions": "promoted/",
-    "checkpoints": "checkpoints/",
-    "progress": schema.PROGRESS_PATH,
-    "report": schema.REPORT_PATH,
-}
+# record family -> its folder (or file) under the run: the read model's layout
+KINDS = FAMILIES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,21 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _runs(store: object) -> list[str]:
-    runs = set()
-    for info in store.list("runs/"):  # type: ignore[attr-defined]
-        parts = info.key.split("/")
-        if len(parts) > 2:
-            runs.add(parts[1])
-    return sorted(runs)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         store = store_from_env()
         if args.command == "runs":
-            runs = _runs(store)
+            runs = list_runs(store)
             print("\n".join(runs) if runs else "no runs in " + store.describe())
             return 0 if runs else 1
         if args.command == "list":

@@ -43,6 +43,7 @@ FAMILIES: Mapping[str, str] = {
     "incidents": "incidents/",
     "validations": "validations/",
     "suspect": "suspect/",
+    "security-events": "security-events/",
     "promotions": "promoted/",
     "checkpoints": "checkpoints/",
     "picks": "picks/",

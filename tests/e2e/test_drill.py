@@ -86,19 +86,19 @@ def test_drill(rest, clean, kind):
     )
     inc = result.incident
     assert inc is not None, "no incident record"
-    assert inc["status"] == "relaunched"
-    assert inc["alert"]["check"] in check
-    node = inc["attribution"]["node"]
-    assert inc["alert"]["suspect_nodes"] == [node]
+    assert inc.status == "relaunched"
+    assert inc.alert["check"] in check
+    node = inc.attribution["node"]
+    assert inc.alert["suspect_nodes"] == [node]
     if kind == "sick-node":
         assert node == "n2"
-    assert inc["drain"]["reason"].startswith(f"longrun:sdc:{name(kind)}:")
-    assert inc["diagnosis"]["verdict"] == verdict, inc["diagnosis"]["summary"]
+    assert inc.drain["reason"].startswith(f"longrun:sdc:{name(kind)}:")
+    assert inc.diagnosis["verdict"] == verdict, inc.diagnosis["summary"]
     state = client.node(node)
     assert state.drain_flag and state.reason == f"longrun:diag-{verdict}:{name(kind)}:{result.detection_step}"
-    relaunch = inc["relaunch"]
+    relaunch = inc.relaunch
     assert node not in relaunch["nodes"] and len(relaunch["nodes"]) == 3 and "n4" in relaunch["nodes"]
-    assert inc["checkpoint"]["step"] < result.detection_step
+    assert inc.checkpoint["step"] < result.detection_step
     assert result.final_step == DRILL_CONF["steps"]
     assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"
     # the relaunch's own checkpoints (after the demoted interval) are promoted, the final one included
@@ -111,13 +111,13 @@ def assert_resumed_as_picked(result):
     started over at step 0 ends with the same weights, so the fingerprint alone cannot tell), and lost
     steps are read from the segments, not computed."""
     inc = result.incident
-    pick = inc["checkpoint"]["step"]
+    pick = inc.checkpoint["step"]
     segs = result.segments
     assert len(segs) == 2, segs
     first, relaunch = segs
     assert (first["start_step"], first["resumed_from"], first["exit"]) == (0, None, "sdc_verdict")
     assert first["last_step"] == result.detection_step
-    assert relaunch["job_id"] == str(inc["relaunch"]["job_id"])
+    assert relaunch["job_id"] == str(inc.relaunch["job_id"])
     assert relaunch["start_step"] == pick and relaunch["first_step"] == pick + 1, relaunch
     assert relaunch["resumed_from"].rstrip("/").endswith(f"step-{pick:08d}")
     assert relaunch["exit"] == "done" and relaunch["last_step"] == DRILL_CONF["steps"]
@@ -188,8 +188,8 @@ def test_observe_mode_changes_nothing(rest, clean):
     )
     print("\n" + result.summary())
     inc = result.incident
-    assert inc is not None and inc["status"] == "observed" and inc["mode"] == "observe"
-    events = [e["event"] for e in inc["timeline"]]
+    assert inc is not None and inc.status == "observed" and inc.mode == "observe"
+    events = [e.event for e in inc.timeline]
     assert {"would_drain", "would_diagnose", "would_relaunch"} <= set(events)
     assert not {"drained", "diagnosed", "relaunched_running"} & set(events)
     assert not any(n.drain_flag for n in client.nodes()), "observe mode drained a node"
@@ -207,7 +207,7 @@ def test_approve_mode_asks_a_person_twice(rest, clean):
         approve=True,
     )
     print("\n" + result.summary())
-    assert result.incident is not None and result.incident["status"] == "relaunched"
+    assert result.incident is not None and result.incident.status == "relaunched"
     states = rest.task_states("sdc_incident", result.dag_runs[1][1])
     assert states["approve_drain"] == "success" and states["approve_relaunch"] == "success"
     assert result.final_fingerprint == clean.final_fingerprint
