@@ -67,6 +67,13 @@ SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') | longrun_safe }}"
             description="incident_mode decides act / approve / observe; the relaunch reuses the rest",
             section=RUN,
         ),
+        "alert_seen_at": Param(
+            None,
+            type=["null", "number"],
+            title="Alert seen at",
+            description="When the monitor saw the alert (epoch seconds; set by training_run)",
+            section=ALERT,
+        ),
     },
 )
 def sdc_incident() -> None:

@@ -172,6 +172,7 @@ def training_run() -> None:
         task_id="submit",
         wait_for_completion=False,
         job="{{ ti.xcom_pull(task_ids='job_spec') }}",
+        alert_signing_run="{{ params.run_name }}",
         retries=2,
         retry_delay=timedelta(seconds=5),
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from longrun.cli import main as longrun_main
+from longrun.monitor import lifecycle
 
 from training import schema
 from training.faults import Fault, parse_fault
@@ -67,8 +68,9 @@ if dag is not None:
     for name in dag.params:
         p = dag.params.get_param(name)
         params[name] = {"schema": p.schema, "default": p.value}
+inc = bag.dags.get("sdc_incident")
 out = {"dag_ids": sorted(bag.dag_ids), "import_errors": {str(k): str(v) for k, v in bag.import_errors.items()},
-       "params": params}
+       "params": params, "incident_params": sorted(inc.params) if inc is not None else []}
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)
 """
@@ -92,6 +94,10 @@ def dagbag(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
+def test_sdc_incident_params_are_closed(dagbag: dict[str, Any]) -> None:
+    assert set(lifecycle.INCIDENT_PARAMS) == set(dagbag["incident_params"])
+
+
 def test_dag_ids(dagbag: dict[str, Any]) -> None:
     assert dagbag["import_errors"] == {}
     assert set(dagbag["dag_ids"]) == CONTRACT_DAG_IDS | EXTRA_DAG_IDS
@@ -100,6 +106,8 @@ def test_dag_ids(dagbag: dict[str, Any]) -> None:
 def test_training_run_params(dagbag: dict[str, Any]) -> None:
     params = dagbag["params"]
     assert set(params) == CONTRACT_PARAMS | EXTRA_PARAMS
+    # Closed conf: what preflight and an incident's run_params accept is exactly what the DAG declares.
+    assert set(lifecycle.RUN_PARAMS) == set(params)
     schemas = {name: p["schema"] for name, p in params.items()}
     assert schemas["incident_mode"]["enum"] == ["act", "approve", "observe"]
     assert params["incident_mode"]["default"] == "act"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from longrun.runspec import RunSpec
 from longrun.slurm import validate as v
 from longrun.slurm.errors import InvalidSpecError
-from longrun.slurm.spec import JobSpec, JobTag
+from longrun.slurm.spec import BASE_EXPORT, JobSpec, JobTag
 
 #: Rendezvous ports are 20000 + job id mod 20000 by default (the same rule as training.dist for plain
 #: srun), below Linux's ephemeral range (32768+).
@@ -34,6 +34,19 @@ PORT_SPAN = 20000
 #: The step time the default settings assume for CPU ranks (`gpus_per_node: 0`).
 CPU_STEP_S = 0.5
 
+#: The job's environment is an allow-list: these names (by value from the submitting environment, where
+#: set) and `env` (written into the script). Store credentials and the alert key are added by name at
+#: submit (`longrun.alert_auth.submit_env`); nothing else of the Airflow worker's environment reaches a rank.
+JOB_EXPORT = (
+    *BASE_EXPORT,
+    "LONGRUN_FAULT_STATE_DIR",
+    "LONGRUN_HANG_S",
+    "LONGRUN_FAULTS_EVERY_RESTART",
+    "LONGRUN_CODE_VERSION",
+    "LONGRUN_INPROCESS_RESTART",
+    "ATEN_CPU_CAPABILITY",
+    "OMP_NUM_THREADS",
+)
 
 def _positive(name: str, value: object, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= hi:
@@ -138,7 +151,8 @@ def job_spec_for_run(
 ) -> JobSpec:
     """The JobSpec of one launch of `run` (render it with `longrun.slurm.render.render_sbatch`).
 
-    `env` is exported by the script (store endpoint, bucket, credentials' names...); `python` is the
+    `env` is exported by the script (store endpoint, bucket: no secrets, the script is readable through
+    Slurm); the rest of the job's environment is `JOB_EXPORT` plus the secrets given at submit. `python` is the
     interpreter of the environment that has longrun and NVRx (its `ft_launcher` is used). `nvrx`
     defaults to `NvrxLaunch()` for GPU runs and `NvrxLaunch.for_step_time(CPU_STEP_S)` for CPU runs.
     """
@@ -211,3 +225,4 @@ def job_spec_for_run(
         output=f"{run_dir}.slurm-%j.out",
         env={**dict(run.extra_env), **dict(env), **nvrx.worker_env()},
     )
+        export=JOB_EXPORT,

@@ -26,6 +26,7 @@ RUNBOOKS: dict[str, str] = {
     "relaunch_failed": "runbooks/relaunch-failed.md",
     "node_return": "runbooks/node-return.md",
     "repeat_offender": "runbooks/repeat-offender.md",
+    "security_event": "runbooks/security-event.md",
     # monitoring and the checkpoint gate
     "stale_heartbeat": "runbooks/stale-heartbeat.md",
     "checkpoint_validation_failed": "runbooks/checkpoint-validation-failed.md",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from helpers.signed_job import keyed_job, sign_as_job
 from longrun.incident import record, steps
 from longrun.incident.ratelimit import DrainPolicy, entries
 from longrun.slurm.client import make_client
@@ -30,7 +31,10 @@ def client(slurm_cluster):
                 c._run(["scontrol", "update", f"NodeName={n.name}", "State=RESUME"])  # type: ignore[attr-defined]
 
 
-def incident(tmp_path, node="n2", run="it1", step=17):
+def incident(tmp_path, client, store, node="n2", run="it1", step=17, nodes=("n1", "n2", "n3")):
+    """An incident about a signed alert of a (finished) longrun job of `run` on `nodes` (an alert is
+    acted on only when signed by its job and naming a node of the job's allocation)."""
+    job_id, key = keyed_job(client, store, run=run, nodelist=nodes, workdir=tmp_path, partition="debug")
     alert = schema.record(
         "alert",
         run=run,
@@ -38,13 +42,13 @@ def incident(tmp_path, node="n2", run="it1", step=17):
         check="recompute",
         suspect_ranks=[1],
         suspect_nodes=[node],
-        evidence={"world": {"nodes": ["n1", node, "n3"]}},
+        evidence={"world": {"nodes": list(nodes)}},
     )
     return steps.Incident(
         run=run,
         alert_key=f"runs/{run}/alerts/{step:08d}-recompute-r000-1.json",
-        alert=alert,
-        job_id=None,
+        alert=sign_as_job(alert, job_id=job_id, key=key),
+        job_id=job_id,
         run_params={"run_name": run, "nodes": 3, "gpus_per_node": 0, "incident_mode": "act"},
         dag_run_id="test",
     )
@@ -52,7 +56,7 @@ def incident(tmp_path, node="n2", run="it1", step=17):
 
 def test_drain_once_and_leave_foreign_drains(tmp_path, client):
     store = LocalDirStore(tmp_path / "store")
-    inc = incident(tmp_path)
+    inc = incident(tmp_path, client, store)
     steps.open_record(store, inc)
     first = steps.drain(store, client, inc, node="n2", policy=DrainPolicy(max_drains=5))
     again = steps.drain(store, client, inc, node="n2", policy=DrainPolicy(max_drains=5))
@@ -62,8 +66,8 @@ def test_drain_once_and_leave_foreign_drains(tmp_path, client):
     rec = record.load(store, run="it1", incident_id=inc.incident_id)
     assert [e["event"] for e in rec["timeline"]] == ["opened", "drained"]
 
+    other = incident(tmp_path, client, store, node="n3", run="it2", step=5, nodes=("n1", "n3", "n4"))
     client._run(["scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=admin: fan"])  # type: ignore[attr-defined]
-    other = incident(tmp_path, node="n3", run="it2", step=5)
     steps.open_record(store, other)
     with pytest.raises(steps.IncidentStop, match="someone else"):
         steps.drain(store, client, other, node="n3", policy=DrainPolicy(max_drains=5))
@@ -77,7 +81,7 @@ def test_diagnosis_convicts_a_sick_node(tmp_path, client):
     marker = sick_marker(state_dir, "n2")
     marker.parent.mkdir(parents=True)
     marker.write_text("drill")
-    inc = incident(tmp_path)
+    inc = incident(tmp_path, client, store)
     steps.open_record(store, inc)
     steps.drain(store, client, inc, node="n2", policy=DrainPolicy(max_drains=5))
     out = steps.run_diagnosis(
@@ -90,7 +94,7 @@ def test_diagnosis_convicts_a_sick_node(tmp_path, client):
     # A rerun returns the recorded diagnosis and runs nothing.
     assert steps.run_diagnosis(store, client, inc, node="n2", state_dir=str(state_dir)) == out
     # A healthy node passes against the cached reference.
-    ok = incident(tmp_path, node="n3", run="it3", step=9)
+    ok = incident(tmp_path, client, store, node="n3", run="it3", step=9, nodes=("n1", "n3", "n4"))
     steps.open_record(store, ok)
     steps.drain(store, client, ok, node="n3", policy=DrainPolicy(max_drains=5))
     out = steps.run_diagnosis(store, client, ok, node="n3", state_dir=str(state_dir), python=sys.executable)

@@ -35,6 +35,7 @@ EXPECTED = (
     "relaunch-failed",
     "node-return",
     "repeat-offender",
+    "security-event",
     "run-a-drill",
     "dag-paused",
 )
@@ -311,6 +312,7 @@ SEEDED = {
     "runs/demo/validations/demo.json": b'{"kind": "validations"}',
     "runs/demo/suspect/demo.json": b'{"kind": "suspect"}',
     "runs/demo/promoted/current.json": b'{"kind": "promotions"}',
+    "runs/demo/security-events/demo.json": b'{"kind": "security_event"}',
     "runs/demo/checkpoints/step-00000001/manifest.json": b'{"kind": "checkpoints"}',
     "runs/demo/progress/latest.json": b'{"kind": "progress"}',
     "runs/demo/report.json": b'{"kind": "report"}',

@@ -8,6 +8,7 @@ $SLURM_CONF and `auto`, which is what the local stack exports.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
@@ -77,8 +78,8 @@ class SlurmHook(BaseHook):
         return {"slurm_conf": self.slurm_conf, "backend": self.client.backend}
 
     # -- jobs ---------------------------------------------------------------------------------------
-    def submit(self, spec: JobSpec) -> int:
-        return self.client.submit(spec)
+    def submit(self, spec: JobSpec, *, secret_env: Mapping[str, str] | None = None) -> int:
+        return self.client.submit(spec, secret_env=secret_env)
 
     def job_state(self, job_id: int) -> JobState:
         return self.client.job(job_id)

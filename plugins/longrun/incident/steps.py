@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -91,6 +92,25 @@ class Incident:
         )
 
 
+def authenticate(store: ObjectStore, client: SlurmClient, inc: Incident, *, node: str | None = None) -> Any:
+    """The gate in front of every action: the alert is signed with its job's key, is about this run and
+    this job, the job is longrun's for the run, and its suspect nodes (and `node`) are in Slurm's
+    allocation of the job. Otherwise: a security event, and IncidentStop (nothing acted on)."""
+    from longrun import alert_auth, security_events
+
+    verdict = alert_auth.verify_alert(store, client, run=inc.run, job_id=inc.job_id, alert=inc.alert)
+    if verdict.ok and node is not None and node not in verdict.allocation:
+        verdict = alert_auth.Verdict(False, "node_outside_allocation", {**verdict.details, "node": node})
+    if not verdict.ok:
+        details = {**verdict.details, "alert_key": inc.alert_key, "dag_run_id": inc.dag_run_id}
+        security_events.raise_event(store, run=inc.run, reason=verdict.reason, details=details)
+        raise IncidentStop(
+            f"alert {inc.alert_key} not acted on ({verdict.reason}): nothing drained, cancelled or rolled"
+            f" back. Runbook: {security_events.RUNBOOK}"
+        )
+    return verdict
+
+
 def open_record(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     rec = record.open_incident(store, run=inc.run, alert=inc.alert, alert_key=inc.alert_key, mode=inc.mode)
     seen_at = inc.alert_seen_at
@@ -113,6 +133,7 @@ def freeze(
     rec = inc.rec(store)
     if done := record.event(rec, "frozen"):
         return {"job_id": inc.job_id, "already": True, "state": done.get("state")}
+    authenticate(store, client, inc)  # cancel only the job the signed alert came from, and only ours
     if inc.job_id is None:
         inc.event(store, "frozen", state="no job id known")
         return {"job_id": None, "state": "no job id known"}
@@ -173,6 +194,7 @@ def drain(
     if not inc.plan.changes:
         inc.event(store, "would_drain", node=node, reason=reason)
         return {"node": node, "observe": True, "reason": reason}
+    authenticate(store, client, inc, node=node)  # drain only a node of the alerting job's allocation
     _stop_on_foreign_drain(store, client, inc, node)  # before the ledger: someone else's drain uses no slot
     try:
         grant = reserve_drain(
@@ -393,6 +415,12 @@ def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     return {**chosen, "lost_steps": lost}
 
 
+def _conf_of(spec: RunSpec) -> dict[str, Any]:
+    from longrun.monitor.lifecycle import conf_of
+
+    return conf_of(spec)
+
+
 def run_spec(inc: Incident) -> RunSpec:
     """The RunSpec of the attempt that raised the alert (its DAG run's params minus the attach fields)."""
     from longrun.monitor.lifecycle import spec_from_params
@@ -449,13 +477,18 @@ def relaunch(
     spec, note = relaunch_spec(inc, resume_from=checkpoint.get("key"), exclude=exclude, healthy=len(free))
     if not inc.plan.changes:
         inc.event(
-            store, "would_relaunch", fields={"status": record.OBSERVED}, params=spec.to_params(), note=note
+            store, "would_relaunch", fields={"status": record.OBSERVED}, params=_conf_of(spec), note=note
         )
-        return {"observe": True, "params": spec.to_params(), "note": note}
+        return {"observe": True, "params": _conf_of(spec), "note": note}
+    authenticate(store, client, inc)  # roll back only on an authentic alert
     tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
     job_id = next((s.job_id for s in client.find_jobs(tag.prefix())), None)
     if job_id is None:
-        job_id = client.submit(make_job(spec, tag))
+        from longrun import alert_auth
+
+        secrets = alert_auth.submit_env(store, run=spec.run_name, tag=tag.render(), env=os.environ)
+        job_id = client.submit(make_job(spec, tag), secret_env=secrets)
+        alert_auth.bind(store, run=spec.run_name, tag=tag.render(), job_id=job_id)
         inc.event(store, "relaunch_submitted", job_id=job_id, exclude=list(spec.exclude), note=note)
     state = ops.wait_for(
         client, job_id, lambda s: s.status is JobStatus.RUNNING or s.is_terminal, timeout_s=running_timeout_s
@@ -472,7 +505,7 @@ def relaunch(
         "resume_from": spec.resume_from,
         "attempt": spec.attempt,
         "note": note,
-        "params": spec.to_params(),
+        "params": _conf_of(spec),
     }
     inc.event(
         store,

@@ -22,8 +22,15 @@ from training.store import ObjectStore, store_from_env
 
 log = logging.getLogger("longrun.sdc_incident")
 
+INCIDENT_PARAMS = lifecycle.INCIDENT_PARAMS
+
 
 def incident_from(params: Mapping[str, Any], dag_run_id: str, store: ObjectStore) -> steps.Incident:
+    try:  # closed conf: no undeclared key here, none in run_params (they would reach the relaunch)
+        lifecycle.check_declared(params, INCIDENT_PARAMS)
+        lifecycle.check_declared(params.get("run_params") or {})
+    except lifecycle.UndeclaredParamError as e:
+        raise AirflowFailException(f"refused, nothing acted on: {e}") from None
     run = str(params["run_name"])
     key = str(params["alert_key"])
     alert = params.get("alert")
@@ -61,7 +68,12 @@ def _log_summary(store: ObjectStore, inc: steps.Incident) -> None:
 
 
 def open_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
-    return _run(params, dag_run_id, lambda store, inc: steps.open_record(store, inc))
+    def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
+        # No incident is opened for an alert that does not check out: a security event instead.
+        steps.authenticate(store, SlurmHook().client, inc)
+        return steps.open_record(store, inc)
+
+    return _run(params, dag_run_id, body)
 
 
 def freeze_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:

@@ -5,7 +5,8 @@ Where a launch puts things (the submitting environment decides, so the DAG files
                        real cluster set it to a shared filesystem)
     the interpreter    the Airflow worker's own (`sys.executable`): the same environment has longrun,
                        the trainer and NVRx's ft_launcher; on a cluster, point workers at that venv
-Store credentials reach the job through sbatch's default environment export, never in the script.
+The job's environment is an allow-list (`longrun.launch.JOB_EXPORT` plus the store's plain settings in
+the script); store credentials and the alert key reach it by name at submit, never in the script.
 """
 
 from __future__ import annotations
@@ -31,6 +32,49 @@ from training.store import ObjectStore, StoreError, put_json
 ATTACH_PARAMS = ("attach_job_id", "incident_id")
 #: Environment names a job needs to find the store (values are not secret; keys travel by export).
 STORE_ENV = ("AWS_ENDPOINT_URL", "LONGRUN_BUCKET", "LONGRUN_STORE_DIR", "AWS_DEFAULT_REGION")
+#: The keys `training_run` declares (dags/training_run.py; tests/test_contracts.py pins the two equal).
+#: A run's params are closed: any other key (RunSpec's extra_env, max_restarts, seed, ...) is refused,
+#: so neither a trigger's conf nor an incident's run_params reaches a RunSpec field the form hides.
+RUN_PARAMS = (
+    "run_name",
+    "nodes",
+    "gpus_per_node",
+    "partition",
+    "model",
+    "steps",
+    "checkpoint_every",
+    "recompute_every",
+    "vote_every",
+    "incident_mode",
+    "drill",
+    "attach_job_id",
+    "resume_from",
+    "exclude",
+    "attempt",
+    "incident_id",
+)
+
+#: The keys sdc_incident declares (dags/sdc_incident.py; pinned the same way).
+INCIDENT_PARAMS = ("run_name", "alert_key", "alert", "job_id", "run_params", "alert_seen_at")
+
+
+class UndeclaredParamError(ValueError):
+    """A run parameter the DAG does not declare. The message names the key."""
+
+
+def check_declared(params: Mapping[str, Any], declared: tuple[str, ...] = RUN_PARAMS) -> None:
+    """Refuse any key of `params` that is not in `declared`, naming it."""
+    extra = sorted(str(k) for k in params if k not in declared)
+    if extra:
+        raise UndeclaredParamError(
+            f"conf key {extra[0]!r} is not a parameter of this DAG (undeclared: {extra}); declared: {list(declared)}"
+        )
+
+
+def conf_of(spec: RunSpec) -> dict[str, Any]:
+    """The declared params of `spec` (what a relaunch hands to training_run): nothing the form hides."""
+    params = spec.to_params()
+    return {k: params[k] for k in RUN_PARAMS if k in params}
 
 
 def run_root() -> str:
@@ -38,7 +82,8 @@ def run_root() -> str:
 
 
 def spec_from_params(params: Mapping[str, Any]) -> RunSpec:
-    """The RunSpec of a training_run DAG run (its Params minus the attach fields)."""
+    """The RunSpec of a training_run DAG run (its Params minus the attach fields); undeclared keys are refused."""
+    check_declared(params)
     return RunSpec.from_params({k: v for k, v in params.items() if k not in ATTACH_PARAMS})
 
 
@@ -55,7 +100,10 @@ def make_job(spec: RunSpec, tag: JobTag) -> JobSpec:
     """The JobSpec of one launch (srun -> NVRx ft_launcher -> trainer), tagged for reattachment."""
     root = run_root()
     os.makedirs(root, exist_ok=True)
-    env = {k: os.environ[k] for k in STORE_ENV if os.environ.get(k)}
+    from longrun.alert_auth import SECRET_STORE_ENV
+    from longrun.store_sides import job_store_env
+
+    env = {k: val for k, val in job_store_env().items() if k not in SECRET_STORE_ENV}
     return job_spec_for_run(spec, tag=tag, run_dir_root=root, env=env, python=sys.executable)
 
 

@@ -146,6 +146,9 @@ class RunMonitorOperator(BaseOperator):
             raise AirflowFailException(f"{event.get('message')}; runbook: {runbook_path('stale_heartbeat')}")
         if kind == watch.ALERT:
             alert = event["alert"]
+            if not self._authentic(seen, event):
+                self._defer(watch.handled(seen, event), carry)  # keep watching the real job
+                return None
             # Checkpoints already in the store from before the alert's step may be the restart point:
             # gate them now (cheap). Ones still uploading are gated by sdc_incident's pick, after the job
             # has ended: the hand-over does not wait for the job's exit.
@@ -193,6 +196,19 @@ class RunMonitorOperator(BaseOperator):
                 "rejected": carry.get("rejected", []),
             }
         raise AirflowFailException(f"unknown monitor event type {kind!r}")
+
+    def _authentic(self, seen: watch.Seen, event: Mapping[str, Any]) -> bool:
+        """Hand over only an alert signed by this job's key, about this run and job, naming nodes of its
+        allocation; anything else is a security event and the watch goes on."""
+        from longrun import alert_auth, security_events
+
+        verdict = alert_auth.verify_alert(
+            self.store, self.hook.client, run=seen.run, job_id=seen.job_id, alert=event["alert"]
+        )
+        if not verdict.ok:
+            details = {**verdict.details, "alert_key": event.get("alert_key"), "by": "training_run.monitor"}
+            security_events.raise_event(self.store, run=seen.run, reason=verdict.reason, details=details)
+        return verdict.ok
 
     def _emit_asset_events(self, context: Any, run: str, promoted: list[dict[str, Any]]) -> None:
         """One asset event per checkpoint this DAG run promoted, read back from the store's promotion

@@ -16,6 +16,12 @@ log = logging.getLogger("longrun.training_run")
 
 
 def preflight_task(params: Mapping[str, Any], ti: Any) -> dict[str, Any]:
+    try:
+        lifecycle.check_declared(params)  # Airflow adds undeclared conf keys to params: refuse them here
+    except lifecycle.UndeclaredParamError as e:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(f"refused before anything reached Slurm: {e}") from None
     mode = params.get("incident_mode")
     if mode in MODES_NEEDING_INCIDENTS:
         require_unpaused(

@@ -19,6 +19,7 @@ the job running (Airflow calls no operator code then): cancel it with the hook o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from functools import cached_property
@@ -91,9 +92,11 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
 
     With `wait_for_completion=False` it returns the job id right after submitting (pair it with
     SlurmJobSensor). Otherwise it defers to SlurmJobTrigger and returns the final job state as a dict.
+    With `alert_signing_run` (templated: the run name), the job is a training job of that run: it gets
+    a per-job alert key and the job identity's store credentials (`longrun.alert_auth.submit_env`).
     """
 
-    template_fields: Sequence[str] = ("job",)
+    template_fields: Sequence[str] = ("job", "alert_signing_run")
     external_id_key = "slurm_job_id"
     ui_color = "#d6e9f8"
 
@@ -106,9 +109,11 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
         poll_interval: float = 1.0,
         max_poll_interval: float = 10.0,
         max_restarts: int | None = None,
+        alert_signing_run: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.alert_signing_run = alert_signing_run
         if "comment" in job:
             raise ValueError("job['comment'] is set by the operator (the dag/run/task/try tag); remove it")
         self.job = job
@@ -163,7 +168,18 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
                 # reasons of its own, e.g. apache/airflow#71580): fail with the first job's verdict.
                 self.hook.check(outcome)
             self.log.info("Earlier Slurm job ended retryably (%s): submitting again", outcome.message)
-        self._job_id = self.hook.submit(spec)
+        if self.alert_signing_run:
+            # A training job: its alert key and store credentials go to sbatch's environment by name,
+            # never into the spec (XCom), the script or this log.
+            from longrun import alert_auth
+            from training.store import store_from_env
+
+            run, store = str(self.alert_signing_run), store_from_env()
+            secrets = alert_auth.submit_env(store, run=run, tag=spec.comment, env=os.environ)
+            self._job_id = self.hook.submit(spec, secret_env=secrets)
+            alert_auth.bind(store, run=run, tag=spec.comment, job_id=self._job_id)
+        else:
+            self._job_id = self.hook.submit(spec)
         self.log.info("Submitted Slurm job %s with tag %s", self._job_id, spec.comment)
         return self._job_id
 

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import subprocess
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 
@@ -46,6 +47,16 @@ _UNAVAILABLE = (
 _GONE = ("Invalid job id specified", "Job/step already completing or completed", "Invalid job id")
 
 
+def _secret_env(secret_env: Mapping[str, str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, val in (secret_env or {}).items():
+        v.export_name("secret_env", k)
+        if not isinstance(val, str) or any(c in val for c in "\n\r\0"):
+            raise InvalidSpecError(f"secret_env[{k}]", "<hidden>", "must be a one-line string")
+        out[k] = val
+    return out
+
+
 class CliSlurmClient:
     """SlurmClient over sbatch/squeue/sinfo/scontrol/scancel/srun."""
 
@@ -67,14 +78,21 @@ class CliSlurmClient:
             env["SLURM_CONF"] = self.slurm_conf
         return env
 
-    def _run(self, argv: list[str], *, stdin: str | None = None, timeout_s: float | None = None) -> str:
+    def _run(
+        self,
+        argv: list[str],
+        *,
+        stdin: str | None = None,
+        timeout_s: float | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> str:
         try:
             proc = subprocess.run(
                 argv,
                 input=stdin,
                 capture_output=True,
                 text=True,
-                env=self._env,
+                env={**self._env, **extra_env} if extra_env else self._env,
                 timeout=timeout_s or self.timeout_s,
                 check=False,
             )
@@ -128,10 +146,16 @@ class CliSlurmClient:
         return Path(loc) if loc and loc.startswith("/") else None
 
     # -- jobs ---------------------------------------------------------------------------------------
-    def submit(self, spec: JobSpec) -> int:
+    def submit(self, spec: JobSpec, *, secret_env: Mapping[str, str] | None = None) -> int:
         script = render_sbatch(spec)
+        argv = ["sbatch", "--parsable"]
+        extra = _secret_env(secret_env)
+        if extra:
+            # Names on the command line (it overrides the script's --export), values only in sbatch's
+            # own environment: the script and `scontrol show job` never hold them.
+            argv.append(f"--export={','.join((*spec.export, *sorted(extra)))}")
         try:
-            out = self._run(["sbatch", "--parsable"], stdin=script)
+            out = self._run(argv, stdin=script, extra_env=extra)
         except SlurmCommandError as err:
             raise SubmitRejectedError(f"sbatch refused job {spec.name!r}: {err}") from err
         job_id = out.strip().split(";")[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -219,8 +220,9 @@ class SlurmClient(Protocol):
         """Slurm version of the cluster, e.g. `22.05.8`."""
         ...
 
-    def submit(self, spec: JobSpec) -> int:
-        """Submit `spec` (rendered by `render_sbatch`) and return the job id."""
+    def submit(self, spec: JobSpec, *, secret_env: Mapping[str, str] | None = None) -> int:
+        """Submit `spec` (rendered by `render_sbatch`) and return the job id. `secret_env` reaches the job
+        by name (exported from sbatch's environment), never through the script."""
         ...
 
     def job(self, job_id: int) -> JobState:

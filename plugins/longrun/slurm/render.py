@@ -34,6 +34,8 @@ def render_sbatch(spec: JobSpec) -> str:
     # Explicit either way: the cluster default (JobRequeue) differs between sites.
     d.append("--requeue" if spec.requeue else "--no-requeue")
     d.append(f"--comment={spec.comment}")
+    # An allow-list, not sbatch's default (ALL): the Airflow worker's environment stays behind.
+    d.append(f"--export={','.join(spec.export)}")
     if spec.exclude:
         d.append(f"--exclude={','.join(spec.exclude)}")
     if spec.nodelist:

@@ -25,6 +25,9 @@ MAX_GPUS_PER_NODE = 64
 MAX_TIME_LIMIT_MIN = 30 * 24 * 60
 MAX_COMMAND_LINES = 256
 MAX_LINE = 4096
+#: What every job gets from the submitting environment (`--export`): enough to run a shell, Python and
+#: Slurm's commands. Nothing else of the Airflow worker's environment reaches a job.
+BASE_EXPORT = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR", "SLURM_CONF")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -114,6 +117,9 @@ class JobSpec:
     """Variables the script exports before `command`, single-quoted."""
     requeue: bool = True
     """`--requeue` (Slurm may restart the job after a node failure) or `--no-requeue`."""
+    export: tuple[str, ...] = BASE_EXPORT
+    """Names the job takes from the submitting environment (`--export`, an allow-list; values are not in
+    the script). Secrets handed to `submit(secret_env=...)` are added by name at submit."""
 
     def __post_init__(self) -> None:
         v.name("name", self.name)
@@ -148,6 +154,12 @@ class JobSpec:
             raise InvalidSpecError("env", f"<{len(self.env)} variables>", "at most 256 variables")
         env = {v.env_name("env", k): v.env_value(f"env[{k}]", val) for k, val in self.env.items()}
         object.__setattr__(self, "env", env)
+        if isinstance(self.export, str) or not isinstance(self.export, list | tuple) or not self.export:
+            raise InvalidSpecError("export", self.export, "must be a non-empty list of variable names")
+        export = tuple(dict.fromkeys(v.export_name("export", n) for n in self.export))
+        if leaked := sorted(n for n in env if n.upper().startswith(v.FORBIDDEN_EXPORT_PREFIXES)):
+            raise InvalidSpecError("env", leaked, "Airflow's configuration and secrets never reach a job")
+        object.__setattr__(self, "export", export)
         object.__setattr__(self, "command", self._check_command(self.command))
 
     @staticmethod
@@ -175,6 +187,7 @@ class JobSpec:
         d["exclude"] = list(self.exclude)
         d["nodelist"] = list(self.nodelist)
         d["env"] = dict(self.env)
+        d["export"] = list(self.export)
         return d
 
     @classmethod
@@ -182,4 +195,7 @@ class JobSpec:
         unknown = set(data) - {f for f in cls.__dataclass_fields__}
         if unknown:
             raise InvalidSpecError("spec", sorted(unknown), "unknown field(s)")
+        data = dict(data)
+        if isinstance(data.get("export"), list):
+            data["export"] = tuple(data["export"])
         return cls(**data)

@@ -27,6 +27,11 @@ _REASON = re.compile(r"[A-Za-z0-9_.,:/@+ -]{1,256}")
 
 MAX_LIST = 4096
 
+#: Words Slurm reads as something other than one node (`scontrol update NodeName=ALL` is every node).
+NODE_KEYWORDS = frozenset({"all", "none", "any", "localhost"})
+#: Environment name prefixes that never reach a job: Airflow's configuration and secrets.
+FORBIDDEN_EXPORT_PREFIXES = ("AIRFLOW", "_AIRFLOW")
+
 
 def _match(field: str, value: object, pattern: re.Pattern[str], what: str) -> str:
     if not isinstance(value, str):
@@ -42,8 +47,13 @@ def name(field: str, value: object) -> str:
 
 
 def node(field: str, value: object) -> str:
-    """One node name (no hostlist expressions: callers pass plain names)."""
-    return _match(field, value, _NODE, "a node name: 1-64 of [A-Za-z0-9_-], starting with a letter or digit")
+    """One node name: no hostlist or node-set expression (`n[1-3]`, `n1,n2`; the pattern refuses them)
+    and no Slurm keyword (`ALL`), so an operation meant for one node never reaches many."""
+    _match(field, value, _NODE, "a node name: 1-64 of [A-Za-z0-9_-], starting with a letter or digit")
+    assert isinstance(value, str)
+    if value.lower() in NODE_KEYWORDS:
+        raise InvalidSpecError(field, value, "is a Slurm keyword, not a node name")
+    return value
 
 
 def nodes(field: str, values: Iterable[object]) -> tuple[str, ...]:
@@ -80,6 +90,15 @@ def path(field: str, value: object) -> str:
 
 def env_name(field: str, value: object) -> str:
     return _match(field, value, _ENV_NAME, "an environment variable name ([A-Za-z_][A-Za-z0-9_]*, <=128)")
+
+
+def export_name(field: str, value: object) -> str:
+    """A variable name the job receives from the submitting environment (`--export`): never Airflow's."""
+    env_name(field, value)
+    assert isinstance(value, str)
+    if value.upper().startswith(FORBIDDEN_EXPORT_PREFIXES):
+        raise InvalidSpecError(field, value, "Airflow's configuration and secrets never reach a job")
+    return value
 
 
 def env_value(field: str, value: object) -> str:

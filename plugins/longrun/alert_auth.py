@@ -1,0 +1,185 @@
+"""Per-job alert keys, and the check an alert must pass before longrun acts on it.
+
+At submit the orchestrator creates a key for the job (`issue`), keeps it on the orchestrator side of the
+store (`ops/alert-keys/`, which a job's identity can neither read nor write) and hands it to the job out
+of band: in the sbatch process's environment, named in `--export` (`submit_env`), never in the batch
+script, a log line or a record. The job signs every alert with it (`training.signing`).
+
+`verify_alert` is the gate in front of every destructive step (freeze = cancel, drain, relaunch = roll
+back) and of the monitor's hand-over. An alert is acted on only when all of these hold:
+    the job is longrun's job for this run   Slurm's job name is the run and its comment is longrun's
+                                            tag (or, once Slurm has forgotten the comment, the key
+                                            record bound to the job id names the run)
+    there is a key for the job              issued by this orchestrator at submit
+    the signature is valid                  HMAC-SHA256 over the canonical JSON
+    it is about this run and this job       `run` and `job_id` inside the signed record
+    its suspect nodes are the job's         every one is in Slurm's NodeList of the job
+Anything else is a refusal with a reason code; the caller raises a security event and acts on nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from longrun.slurm.client import JobState, SlurmClient
+from longrun.slurm.errors import JobNotFoundError
+from longrun.slurm.spec import JobTag
+from training import schema, signing
+from training.store import NotFound, ObjectStore, PreconditionFailed, StoreError, put_json
+
+KEY_FOLDER = "ops/alert-keys/"
+#: DAGs whose jobs carry longrun's tag for a run (the first launch and every relaunch).
+RUN_DAGS = ("training_run", "sdc_incident")
+#: Store-credential names a job gets by export from the sbatch process (values never in the script).
+SECRET_STORE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def _tag_key(tag: str) -> str:
+    return f"{KEY_FOLDER}tag-{hashlib.sha256(tag.encode()).hexdigest()[:40]}.json"
+
+
+def _job_key(job_id: int) -> str:
+    return f"{KEY_FOLDER}job-{int(job_id)}.json"
+
+
+def _load(store: ObjectStore, key: str) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(store.get_bytes(key))
+    except NotFound:
+        return None
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("key"), str) else None
+
+
+def issue(store: ObjectStore, *, run: str, tag: str) -> bytes:
+    """The key of the job submitted with `tag` (created now, or the one an earlier try created)."""
+    schema.check_run_name(run)
+    key = _tag_key(tag)
+    if (rec := _load(store, key)) is not None and rec.get("run") == run:
+        return signing.key_from_hex(rec["key"])
+    fresh = signing.new_key()
+    body = {
+        "schema_version": 1,
+        "kind": "alert_key",
+        "run": run,
+        "tag": tag,
+        "key": fresh.hex(),
+        "time": time.time(),
+    }
+    try:
+        put_json(store, key, body, if_none_match=True)
+    except PreconditionFailed:
+        rec = _load(store, key)
+        if rec is None or rec.get("run") != run:
+            raise RuntimeError(f"alert key for tag {tag!r} exists but belongs to another run") from None
+        return signing.key_from_hex(rec["key"])
+    return fresh
+
+
+def bind(store: ObjectStore, *, run: str, tag: str, job_id: int) -> None:
+    """Remember which job got the key of `tag` (Slurm forgets a job's comment when it forgets the job)."""
+    rec = _load(store, _tag_key(tag))
+    if rec is None:
+        return
+    try:
+        put_json(store, _job_key(job_id), {**rec, "job_id": int(job_id)}, if_none_match=True)
+    except PreconditionFailed:
+        pass  # bound before (a retry); never overwritten
+
+
+def submit_env(store: ObjectStore, *, run: str, tag: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The secret part of a job's environment, for the sbatch process only: the job's alert key and the
+    store credentials of the job identity (`longrun.store_sides.job_store_env`)."""
+    from longrun.store_sides import job_store_env
+
+    store_env = job_store_env(env)
+    out = {k: store_env[k] for k in SECRET_STORE_ENV if store_env.get(k)}
+    out[signing.KEY_ENV] = issue(store, run=run, tag=tag).hex()
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of checking an alert (never holds the key)."""
+
+    ok: bool
+    reason: str
+    """`ok`, or the refusal's code (a security event's reason)."""
+    details: dict[str, Any] = field(default_factory=dict)
+    allocation: tuple[str, ...] = ()
+    """Slurm's NodeList of the job (when it was read)."""
+
+
+def job_is_ours(state: JobState, run: str) -> str | None:
+    """None when `state` is longrun's job for `run` by Slurm's own record, else why not."""
+    if state.name and state.name != run:
+        return f"Slurm job {state.job_id} is named {state.name!r}, not the run {run!r}"
+    if state.comment:
+        tag = JobTag.parse(state.comment)
+        if tag is None or tag.dag_id not in RUN_DAGS:
+            return f"Slurm job {state.job_id} does not carry longrun's tag (comment {state.comment[:80]!r})"
+    return None
+
+
+def job_key(store: ObjectStore, state: JobState, run: str) -> bytes | None:
+    """The key this orchestrator issued for the job, found by job id or by the job's tag."""
+    rec = _load(store, _job_key(state.job_id))
+    if rec is None and state.comment:
+        rec = _load(store, _tag_key(state.comment))
+    if rec is None or rec.get("run") != run:
+        return None
+    if rec.get("job_id") is not None and rec.get("job_id") != state.job_id:
+        return None
+    if state.comment and rec.get("tag") != state.comment:
+        return None
+    return signing.key_from_hex(str(rec["key"]))
+
+
+def verify_alert(
+    store: ObjectStore, client: SlurmClient, *, run: str, job_id: int | None, alert: Mapping[str, Any]
+) -> Verdict:
+    """Check `alert` against the job `job_id` of `run` (see the module docstring)."""
+    details: dict[str, Any] = {
+        "job_id": job_id,
+        "alert_run": alert.get("run"),
+        "alert_job_id": alert.get("job_id"),
+        "suspect_nodes": list(alert.get("suspect_nodes") or []),
+        "step": alert.get("step"),
+        "check": alert.get("check"),
+    }
+    if not isinstance(alert.get(signing.SIGNATURE_FIELD), str):
+        return Verdict(False, "unsigned", details)
+    if job_id is None:
+        return Verdict(False, "no_job", details)
+    try:
+        state = client.job(int(job_id))
+    except JobNotFoundError:
+        return Verdict(False, "no_job", details)
+    details["job_name"], details["job_comment"] = state.name, state.comment
+    if why := job_is_ours(state, run):
+        return Verdict(False, "not_our_job", {**details, "why": why})
+    try:
+        key = job_key(store, state, run)
+    except (StoreError, ValueError) as e:
+        return Verdict(False, "no_key", {**details, "why": str(e)})
+    if key is None:
+        return Verdict(False, "no_key", details)
+    if not signing.verify(alert, key):
+        return Verdict(False, "bad_signature", details)
+    if alert.get("run") != run:
+        return Verdict(False, "other_run", details)
+    if alert.get("job_id") != int(job_id):
+        return Verdict(False, "other_job", details)
+    allocation = tuple(state.nodes)
+    details["allocation"] = list(allocation)
+    suspects = details["suspect_nodes"]
+    outside = [n for n in suspects if n not in allocation]
+    if outside or not allocation:
+        return Verdict(False, "node_outside_allocation", {**details, "outside": outside}, allocation)
+    return Verdict(True, "ok", details, allocation)
