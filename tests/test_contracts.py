@@ -41,6 +41,7 @@ EXTRA_DAG_IDS = {"example_slurm_job", "example_slurm_job_fails", "smoke"}
 CONTRACT_PARAMS = {
     "run_name",
     "nodes",
+    "spare_nodes",
     "gpus_per_node",
     "partition",
     "model",
@@ -217,11 +218,15 @@ def test_checkpoints_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
 # ---- longrun nodes -------------------------------------------------------------------------------------
 
 CONTRACT_NODES_COMMANDS = {"list", "show"}
+CONTRACT_INCIDENTS_COMMANDS = {"list", "close"}
 
 
 def test_nodes_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
     assert _choices(_help(capsys, "nodes")) == CONTRACT_NODES_COMMANDS
     assert "node" in _help(capsys, "nodes", "show")
+    assert _choices(_help(capsys, "incidents")) == CONTRACT_INCIDENTS_COMMANDS
+    for opt in ("--run", "--incident", "--reason", "--by"):
+        assert opt in _help(capsys, "incidents", "close")
 
 
 # ---- the trainer --------------------------------------------------------------------------------------

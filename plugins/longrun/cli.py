@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "audit": "longrun.audit.cli",
     "records": "longrun.records",
     "nodes": "longrun.nodes.cli",
+    "incidents": "longrun.incident.cli",
 }
 
 

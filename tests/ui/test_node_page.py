@@ -100,3 +100,26 @@ def test_every_route_checks_the_permission_of_its_dag(store):
         assert get(app, f"/longrun{path}").status_code == 403, path
         assert get(app, f"/longrun{path}", headers={"x-dag": "other"}).status_code == 403, path
         assert asked[-1] == dag, path
+
+
+def test_run_page_marks_incidents_open_or_closed(tmp_path):
+    from longrun.incident import closing
+
+    from ui.drill_records import fill_drill
+
+    s = LocalDirStore(tmp_path / "drill")
+    fill_drill(s)
+    app = build(s)
+    assert '<span class="badge b-open">open</span>' in get(app, "/longrun/runs/drill-1").text
+    for rec in record_ids(s):
+        closing.close(s, run="drill-1", incident_id=rec, by="ops", reason="tested")
+    html = get(app, "/longrun/runs/drill-1").text
+    assert '<span class="badge b-closed">closed</span>' in html and "b-open" not in html
+
+
+def record_ids(store) -> list[str]:
+    return [
+        i.key.rsplit("/", 1)[1][: -len(".json")]
+        for i in store.list("runs/drill-1/incidents/")
+        if i.key.count("/") == 3 and i.key.endswith(".json")
+    ]

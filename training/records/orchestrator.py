@@ -145,6 +145,8 @@ class IncidentStatus(StrEnum):
     """Approve mode: an operator said no."""
     RELAUNCHED = "relaunched"
     FAILED = "failed"
+    CLOSED = "closed"
+    """Relaunched and healthy for N steps, or closed by an operator with a reason (incident/closing.py)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,6 +34,11 @@ def audit_task(params: Mapping[str, Any], run_id: str, store: ObjectStore | None
     print(
         f"longrun audit {cfg.audit_id}: auditing {store.describe()} (re-hash sample {cfg.sample_size}, seed {cfg.seed})"
     )
+    from longrun.incident.closing import close_all_healthy
+
+    # Incidents whose relaunch stayed healthy close first, so the audit and retention see them closed.
+    for closed in close_all_healthy(store):
+        print(f"incident {closed}: closed (relaunched and healthy)")
     try:
         report = run_audit(store, cfg)
     except AuditFailed as e:

@@ -178,7 +178,8 @@ def _incidents(h: RunHealth, *, base: str, run_url: str) -> str:
         )
         out.append(
             f"<div class='incident' id='incident-{escape(inc.incident_id)}'>"
-            f"<h3>{escape(inc.incident_id)} <span class='muted'>mode {escape(inc.mode)}, status "
+            f"<h3>{escape(inc.incident_id)} {_badge('closed' if inc.status in _CLOSED else 'open')} "
+            f"<span class='muted'>mode {escape(inc.mode)}, status "
             f"{escape(inc.status or '-')}</span></h3>"
             f"<p>alert: {escape(str(inc.check))} at step {inc.step}, suspect nodes "
             f"{', '.join(_node_link(base, n) for n in inc.suspect_nodes) or '-'}; diagnosis: "
@@ -243,6 +244,10 @@ def _checkpoints(h: RunHealth) -> str:
         "<h2>Checkpoints</h2><table id='checkpoints'><tr><th>step</th><th>state</th><th>saved</th>"
         f"<th>validation errors</th></tr>{rows}</table>"
     )
+
+
+#: Incident statuses shown as closed (as retention counts them).
+_CLOSED = ("closed", "resolved", "rejected")
 
 
 def _node_link(base: str, node: str) -> str:

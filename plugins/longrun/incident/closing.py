@@ -1,0 +1,123 @@
+"""Incidents close: relaunched and healthy for N steps, or closed by an operator with a reason.
+
+A closed incident has status `closed`, a `closed` block {time, by, reason, healthy_steps} and a
+`closed` timeline event. Retention then stops holding checkpoints for it (checkpoints/retention.py); the
+run-health page shows it closed; `checkpoint_audit` closes the healthy ones before it audits.
+
+Healthy means: the incident relaunched the run, the run's progress heartbeat is newer than the relaunch
+and at least `healthy_steps` past the step it resumed from, and the run has raised no alert since the
+relaunch. Progress and alerts are written by the job: a job can make its own incident close early
+(retention may then free checkpoints that incident held); it cannot drain, cancel or return anything so.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from longrun.incident import record
+from training import schema
+from training.store import NotFound, ObjectStore
+
+CLOSED = "closed"
+#: Steps past the resume point, without an alert, after which a relaunched incident closes.
+HEALTHY_STEPS = 20
+
+
+def _set_closed(store: ObjectStore, run: str, incident_id: str, block: dict[str, Any]) -> dict[str, Any]:
+    def change(r: dict[str, Any]) -> None:
+        if r.get("status") == CLOSED:
+            return  # closed before: keep the first closing
+        r["status"] = CLOSED
+        r["closed"] = block
+        r["timeline"].append({"event": "closed", "time": block["time"], "by": block["by"]})
+
+    return record.update(store, run=run, incident_id=incident_id, change=change)
+
+
+def close(store: ObjectStore, *, run: str, incident_id: str, by: str, reason: str) -> dict[str, Any]:
+    """An operator closes an incident; `reason` is required (it goes into the record)."""
+    schema.check_run_name(run)
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("reason: an operator closes an incident with a reason")
+    if not isinstance(by, str) or not by.strip():
+        raise ValueError("by: name who closes the incident")
+    block = {
+        "time": time.time(),
+        "by": by.strip()[:128],
+        "reason": reason.strip()[:1000],
+        "healthy_steps": None,
+    }
+    return _set_closed(store, run, incident_id, block)
+
+
+def _progress(store: ObjectStore, run: str) -> Mapping[str, Any] | None:
+    try:
+        obj = json.loads(store.get_bytes(schema.store_key(run, schema.PROGRESS_PATH)))
+        schema.validate("progress", obj)
+        return obj
+    except (NotFound, ValueError, schema.SchemaError):
+        return None
+
+
+def _alert_after(store: ObjectStore, run: str, since: float) -> bool:
+    for info in store.list(schema.store_key(run, "alerts/")):
+        try:
+            alert = json.loads(store.get_bytes(info.key))
+        except (NotFound, ValueError):
+            continue
+        if isinstance(alert, dict) and isinstance(alert.get("time"), int | float) and alert["time"] > since:
+            return True
+    return False
+
+
+def healthy_why(store: ObjectStore, rec: Mapping[str, Any], healthy_steps: int) -> str | None:
+    """Why a relaunched incident may close now, or None."""
+    if rec.get("status") != record.RELAUNCHED:
+        return None
+    relaunched = next((e for e in rec.get("timeline", ()) if e.get("event") == "relaunched_running"), None)
+    if relaunched is None or not isinstance(relaunched.get("time"), int | float):
+        return None
+    resume_step = int((rec.get("checkpoint") or {}).get("step") or 0)
+    run = str(rec["run"])
+    prog = _progress(store, run)
+    if prog is None or prog["time"] <= relaunched["time"] or prog["step"] < resume_step + healthy_steps:
+        return None
+    if _alert_after(store, run, float(relaunched["time"])):
+        return None
+    return f"relaunched, step {prog['step']} reached ({healthy_steps}+ past {resume_step}), no alert since"
+
+
+def close_healthy(store: ObjectStore, run: str, *, healthy_steps: int = HEALTHY_STEPS) -> list[str]:
+    """Close every incident of `run` that is healthy; the ids closed now."""
+    closed = []
+    for key_info in store.list(schema.store_key(run, "incidents/")):
+        rel = key_info.key.rsplit("/incidents/", 1)[-1]
+        if "/" in rel or not rel.endswith(".json"):
+            continue  # attachments (plots) of an incident
+        try:
+            rec = record.load(store, run=run, incident_id=rel[: -len(".json")])
+        except (NotFound, ValueError, schema.SchemaError):
+            continue
+        why = healthy_why(store, rec, healthy_steps)
+        if why is None:
+            continue
+        block = {"time": time.time(), "by": "longrun", "reason": why, "healthy_steps": healthy_steps}
+        _set_closed(store, run, rec["incident_id"], block)
+        closed.append(rec["incident_id"])
+    return closed
+
+
+def close_all_healthy(store: ObjectStore, *, healthy_steps: int = HEALTHY_STEPS) -> list[str]:
+    """close_healthy over every run with incidents; `run/incident` of each closed now."""
+    runs = {i.key.split("/")[1] for i in store.list("runs/") if "/incidents/" in i.key}
+    out = []
+    for run in sorted(runs):
+        try:
+            schema.check_run_name(run)
+        except schema.SchemaError:
+            continue
+        out += [f"{run}/{i}" for i in close_healthy(store, run, healthy_steps=healthy_steps)]
+    return out

@@ -1,0 +1,106 @@
+"""Incidents close: relaunched and healthy for N steps (no alert since), or by an operator with a reason;
+retention then stops holding checkpoints for them (local-directory store)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from longrun.cli import main as longrun_main
+from longrun.incident import closing, record
+
+from training import schema
+from training.store import LocalDirStore, put_json
+
+RUN = "close-1"
+KEY = f"runs/{RUN}/alerts/00000015-weight_vote-r001-1.json"
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("LONGRUN_STORE_DIR", str(tmp_path / "store"))
+    for k in ("AWS_ENDPOINT_URL", "LONGRUN_BUCKET", "LONGRUN_ORCH_STORE_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    s = LocalDirStore(tmp_path / "store")
+    alert = schema.record(
+        "alert", run=RUN, step=15, check="weight_vote", suspect_ranks=[1], suspect_nodes=["n2"], evidence={}
+    )
+    rec = record.open_incident(s, run=RUN, alert=alert, alert_key=KEY, mode="act")
+    record.add_event(
+        s, run=RUN, incident_id=rec["incident_id"], name="picked", fields={"checkpoint": {"step": 10}}
+    )
+    record.add_event(
+        s,
+        run=RUN,
+        incident_id=rec["incident_id"],
+        name="relaunched_running",
+        fields={"status": record.RELAUNCHED},
+    )
+    return s
+
+
+def progress(store, step: int, t: float) -> None:
+    rec = schema.record("progress", run=RUN, step=step, loss=1.0, step_time_s=0.1, time=t)
+    put_json(store, schema.store_key(RUN, schema.PROGRESS_PATH), rec)
+
+
+def test_relaunched_and_healthy_for_n_steps_closes(store):
+    iid = record.incident_id_for(KEY)
+    progress(store, 25, time.time() + 1)
+    assert closing.close_healthy(store, RUN, healthy_steps=20) == []  # 15 steps past the resume point
+    progress(store, 30, time.time() + 2)
+    assert closing.close_all_healthy(store, healthy_steps=20) == [f"{RUN}/{iid}"]
+    rec = record.load(store, run=RUN, incident_id=iid)
+    assert (
+        rec["status"] == "closed"
+        and rec["closed"]["by"] == "longrun"
+        and rec["closed"]["healthy_steps"] == 20
+    )
+    assert closing.close_healthy(store, RUN, healthy_steps=20) == []  # once
+
+
+def test_an_alert_after_the_relaunch_keeps_it_open(store):
+    progress(store, 60, time.time() + 1)
+    later = schema.record(
+        "alert", run=RUN, step=40, check="finite", suspect_ranks=[0], suspect_nodes=["n1"], evidence={}
+    )
+    later["time"] = time.time() + 1
+    put_json(store, f"runs/{RUN}/alerts/00000040-finite-r000-2.json", later)
+    assert closing.close_healthy(store, RUN, healthy_steps=20) == []
+
+
+def test_operator_closes_with_a_reason(store, capsys):
+    iid = record.incident_id_for(KEY)
+    assert longrun_main(["incidents", "list", "--run", RUN]) == 0
+    assert f"{iid}  open" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="reason"):
+        closing.close(store, run=RUN, incident_id=iid, by="ops", reason="  ")
+    assert (
+        longrun_main(
+            [
+                "incidents",
+                "close",
+                "--run",
+                RUN,
+                "--incident",
+                iid,
+                "--reason",
+                "vendor swapped GPU",
+                "--by",
+                "ops",
+            ]
+        )
+        == 0
+    )
+    rec = json.loads(store.get_bytes(record.record_key(RUN, iid)))
+    assert (
+        rec["status"] == "closed"
+        and rec["closed"]["reason"] == "vendor swapped GPU"
+        and rec["closed"]["by"] == "ops"
+    )
+    assert rec["timeline"][-1]["event"] == "closed"
+    capsys.readouterr()
+    assert longrun_main(["incidents", "list", "--run", RUN]) == 0
+    assert f"{iid}  closed" in capsys.readouterr().out
+    assert longrun_main(["incidents", "close", "--run", RUN, "--incident", "nope", "--reason", "x"]) == 1
