@@ -15,6 +15,7 @@ from typing import Any
 
 from training import schema
 from training.manifest import CheckpointError, read_manifest
+from training.records import SuspectMark
 from training.store import NotFound, ObjectStore
 
 _STEP_DIR = re.compile(r"checkpoints/step-(\d{8})/([^/]+)$")
@@ -194,14 +195,8 @@ def suspect_mark_for(
 
 
 def demoting_mark(marks: list[dict[str, Any]], step: int, saved_at: float | None) -> dict[str, Any] | None:
-    """Pure form of `suspect_mark_for` over marks already read. A mark's explicit `steps` list wins."""
-    for m in marks:
-        if isinstance(m.get("steps"), list):
-            if step in m["steps"]:
-                return m
-        elif step > m["after_step"] and (saved_at is None or saved_at <= float(m["time"])):
-            return m
-    return None
+    """Pure form of `suspect_mark_for` over marks already read (the rule is `SuspectMark.demotes`)."""
+    return next((m for m in marks if SuspectMark.from_json(m).demotes(step, saved_at)), None)
 
 
 def saved_at(store: ObjectStore, run: str, step: int) -> float | None:
