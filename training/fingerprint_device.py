@@ -36,6 +36,9 @@ ROW_WORDS = 4096
 """Words per row: long enough that the per-row stage is a small fraction, short enough that the column
 multipliers stay in cache."""
 
+CHUNK_ROWS = 1 << 14
+"""Rows per row-sum call: 256 MiB of words, so the eager int64 product needs at most 512 MiB extra."""
+
 _MASK64 = (1 << 64) - 1
 _M1 = 0xBF58476D1CE4E5B9  # splitmix64's finalizer constants
 _M2 = 0x94D049BB133111EB
@@ -136,8 +139,10 @@ def body(t: torch.Tensor, *, row_sums: RowSums | None = None) -> torch.Tensor:
             f"tensor of {words.numel() * 4} bytes: over the {_MAX_ROWS} rows dfp64 distinguishes"
         )
     parts = []
-    if full:
-        parts.append((row_sums or _eager_row_sums)(words[: full * ROW_WORDS].view(full, ROW_WORDS), mc))
+    rs = row_sums or _eager_row_sums
+    for r0 in range(0, full, CHUNK_ROWS):  # bounded temporaries: the eager product is 2x its chunk
+        r1 = min(full, r0 + CHUNK_ROWS)
+        parts.append(rs(words[r0 * ROW_WORDS : r1 * ROW_WORDS].view(r1 - r0, ROW_WORDS), mc))
     if rest.numel():
         parts.append((rest * mc[: rest.numel()]).sum().reshape(1))
     if not parts:

@@ -281,6 +281,17 @@ def checks_section(dev: torch.device, cfg: Any, model: Any, optim: Any, step: Ca
     goal = f"<= {allowed:.3f} (1% + 1/cadence)" if dev.type == "cuda" else None
     emit("checks.overhead_at_default_cadence", round(overhead, 4), goal=goal,
          ok=(overhead <= allowed) if goal else None, cadence=cadence, params=n)  # fmt: skip
+    if dev.type == "cuda":  # the same vote with the compiled row sums (the vote uses eager today)
+        try:
+            rs = dfp.compiled_row_sums()
+            state = model.state_dict()
+            eager_fp = dfp.fingerprint_state_device(state)[2].item()
+            same = dfp.fingerprint_state_device(state, row_sums=rs)[2].item() == eager_fp
+            t_vc = timer(dev, lambda: dfp.fingerprint_state_device(state, row_sums=rs)[2].item())
+            emit("checks.vote_compiled_vs_step", round(t_vc / t_step, 4), equal_to_eager=same,
+                 ok=same, goal="true")  # fmt: skip
+        except Exception as e:
+            emit("checks.vote_compiled_vs_step", None, skipped=f"torch.compile failed: {e!r}"[:300])
 
 
 # ---- 4. NVRx ----------------------------------------------------------------------------------------------

@@ -188,3 +188,10 @@ def test_where_it_lives_is_xxh3_on_cpu() -> None:
 
     t = torch.randn(100)
     assert fd.fingerprint_where_it_lives(t) == xxh3(t)
+
+
+def test_chunking_does_not_change_the_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = sample(torch.float32, 7 * fd.ROW_WORDS + 3, seed=8)
+    whole = fd.fingerprint_tensor(t)
+    monkeypatch.setattr(fd, "CHUNK_ROWS", 2)  # our own constant: 4 chunks instead of 1
+    assert fd.fingerprint_tensor(t) == whole
