@@ -425,6 +425,9 @@ def test_docs_name_every_record_kind_and_its_required_fields() -> None:
     documented = {kind: set(_ticked(fields)) for kind, fields in rows.items()}
     in_code = {kind: set(fields) for kind, fields in schema._REQUIRED.items()}
     assert documented == in_code
+    from training import records
+
+    assert set(records.KINDS) == set(documented), "one typed record class per documented kind"
     assert set(CONTRACT_ALERT_FIELDS) - {"schema_version"} <= documented["alert"]
     layout = _section("Store layout")
     for path in (schema.PROGRESS_PATH, schema.PROMOTED_POINTER_PATH, schema.REPORT_PATH):
