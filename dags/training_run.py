@@ -42,6 +42,16 @@ PARAMS = {
     "nodes": Param(
         3, type="integer", minimum=1, maximum=4096, title="Nodes", description="Slurm nodes", section=RUN
     ),
+    "spare_nodes": Param(
+        0,
+        type="integer",
+        minimum=0,
+        maximum=64,
+        title="Hot spare nodes",
+        description="Nodes the job holds beyond `nodes`. After an SDC verdict the run continues inside the same "
+        "job on a spare (act mode; no new job, no queue). 0 = today's path: cancel and resubmit.",
+        section=RUN,
+    ),
     "gpus_per_node": Param(
         0,
         type="integer",

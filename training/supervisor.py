@@ -115,19 +115,18 @@ class Supervisor:
             if directive is None:
                 print("longrun-supervisor: no directive in time: exit 93 (full relaunch)", flush=True)
                 return EXIT_SDC_VERDICT
+            held = self._allocation()
             why = directive.refusal(
-                run=self.run,
-                job_id=self.job_id,
-                attempt=attempt + 1,
-                allocation=self._allocation(),
-                width=self.width,
+                run=self.run, job_id=self.job_id, attempt=attempt + 1, allocation=held, width=self.width
             )
             if why:
                 print(f"longrun-supervisor: directive REFUSED ({why}): exit 93", flush=True)
                 return EXIT_SDC_VERDICT
             print(f"longrun-supervisor: directive of incident {directive.incident_id} after "
                   f"{time.monotonic() - t0:.1f} s", flush=True)  # fmt: skip
-            attempt, nodes, resume = attempt + 1, list(directive.nodes), directive.resume_from
+            # in the allocation's order: srun numbers a step's nodes that way (node 0 hosts the rendezvous)
+            nodes = [n for n in held if n in directive.nodes]
+            attempt, resume = attempt + 1, directive.resume_from
 
 
 def main(argv: list[str] | None = None) -> int:

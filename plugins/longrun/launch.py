@@ -22,6 +22,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from longrun import hotspare
 from longrun.runspec import RunSpec
 from longrun.slurm import validate as v
 from longrun.slurm.errors import InvalidSpecError
@@ -33,7 +34,6 @@ PORT_BASE = 20000
 PORT_SPAN = 20000
 #: The step time the default settings assume for CPU ranks (`gpus_per_node: 0`).
 CPU_STEP_S = 0.5
-
 #: The job's environment is an allow-list: these names (by value from the submitting environment, where
 #: set) and `env` (written into the script). Store credentials and the alert key are added by name at
 #: submit (`longrun.alert_auth.submit_env`); nothing else of the Airflow worker's environment reaches a rank.
@@ -47,6 +47,7 @@ JOB_EXPORT = (
     "ATEN_CPU_CAPABILITY",
     "OMP_NUM_THREADS",
 )
+
 
 def _positive(name: str, value: object, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= hi:
@@ -205,13 +206,17 @@ def job_spec_for_run(
         'echo "longrun: ft_launcher exit $rc"',
         'exit "$rc"',
     ]
+    if run.spare_nodes:  # the job keeps its allocation after an SDC verdict (longrun.hotspare)
+        command = hotspare.supervised_command(
+            run, run_dir=run_dir, python=python, launcher=launcher, nvrx=nvrx, store_flag=store
+        )
     gpu = run.gpus_per_node > 0
     return JobSpec(
         name=run.run_name,
         partition=run.partition,
         command=tuple(command),
         comment=tag.render(),
-        nodes=run.nodes,
+        nodes=run.nodes + run.spare_nodes,
         ntasks_per_node=1,
         gpus_per_node=run.gpus_per_node,
         # CPU ranks share nodes with diagnostics; GPU jobs own their nodes.
@@ -224,5 +229,5 @@ def job_spec_for_run(
         workdir=run_dir_root,
         output=f"{run_dir}.slurm-%j.out",
         env={**dict(run.extra_env), **dict(env), **nvrx.worker_env()},
-    )
         export=JOB_EXPORT,
+    )

@@ -97,6 +97,9 @@ class RunSpec:
     """Checkpoint to resume from: a store key prefix (runs/<run>/checkpoints/step-N/) or a local dir."""
     attempt: int = 0
     """0 for the first launch; +1 for each relaunch after an incident."""
+    spare_nodes: int = 0
+    """Hot spares the job holds beyond `nodes` (0: none). After an SDC verdict the next attempt runs inside
+    the same job on the healthy nodes plus a spare, from sdc_incident's directive (longrun.hotspare)."""
     max_restarts: int = 3
     """In-job restarts NVRx's ft_launcher may do for crashes and hangs (not for SDC verdicts)."""
     time_limit_min: int = 60
@@ -126,6 +129,7 @@ class RunSpec:
         _int("seed", self.seed, 0, 2**31 - 1)
         _int("attempt", self.attempt, 0, 1000)
         _int("max_restarts", self.max_restarts, 0, 100)
+        _int("spare_nodes", self.spare_nodes, 0, 64)
         _int("time_limit_min", self.time_limit_min, 1, 30 * 24 * 60)
         if self.drill is not None:
             if self.drill.step > self.steps:

@@ -38,6 +38,7 @@ STORE_ENV = ("AWS_ENDPOINT_URL", "LONGRUN_BUCKET", "LONGRUN_STORE_DIR", "AWS_DEF
 RUN_PARAMS = (
     "run_name",
     "nodes",
+    "spare_nodes",
     "gpus_per_node",
     "partition",
     "model",
@@ -117,10 +118,10 @@ def preflight(store: ObjectStore, client: SlurmClient, params: Mapping[str, Any]
     attach = params.get("attach_job_id")
     nodes = client.nodes()
     usable = [n.name for n in nodes if not n.drain_flag and not n.is_down and n.name not in spec.exclude]
-    if attach is None and len(usable) < spec.nodes:
+    if attach is None and len(usable) < spec.nodes + spec.spare_nodes:
         drained = [f"{n.name} ({n.reason})" for n in nodes if n.drain_flag or n.is_down]
         raise RuntimeError(
-            f"run {spec.run_name} needs {spec.nodes} node(s) in partition {spec.partition}; usable: {usable}"
+            f"run {spec.run_name} needs {spec.nodes + spec.spare_nodes} node(s) in partition {spec.partition}; usable: {usable}"
             f" (drained/down: {drained}; excluded: {list(spec.exclude)})"
         )
     if attach is None and (why := drillcheck.refusal(spec, nodes)):

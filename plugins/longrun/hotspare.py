@@ -1,0 +1,91 @@
+"""The batch script of a run with hot spares: the job holds `nodes + spare_nodes` and a supervisor
+(training.supervisor) runs each training step on `nodes` of them.
+
+One step is what a plain launch does (srun -> one NVRx ft_launcher per node -> the trainer, then exit 93
+if the step wrote an SDC alert), on the step's own nodes (LONGRUN_STEP_NODES), with a rendezvous of
+its own (id and port per attempt), the drill only on attempt 0, and `--resume-from` from the directive.
+After exit 93 the supervisor waits (bounded: LONGRUN_DIRECTIVE_WAIT_S in the job's environment, default
+`DIRECTIVE_WAIT_S`) for `sdc_incident`'s directive and runs the next step in the same job; without one
+it exits 93, and the incident falls back to the full relaunch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from longrun.launch import NvrxLaunch
+    from longrun.runspec import RunSpec
+
+#: Longest wait for a directive after an SDC verdict: attribution, drain, the in-allocation diagnosis and
+#: the pick must fit in it; after it the job ends with 93 and the full relaunch takes over.
+DIRECTIVE_WAIT_S = 300
+#: Attempts of one job get distinct rendezvous ports: port = base + (job id * PORT_STRIDE + attempt) mod span.
+PORT_STRIDE = 7
+
+
+def step_script(
+    run: RunSpec, *, run_dir: str, python: str, launcher: str, nvrx: NvrxLaunch, store_flag: str
+) -> str:
+    """One training step as a one-line bash script (the supervisor's `--step`)."""
+    q = shlex.quote
+    plain = dataclasses.replace(run, drill=None, resume_from=None)
+    train = " ".join(q(a) for a in plain.train_args(run_dir=run_dir))
+    fault = f"FAULT=(--fault {q(run.drill.flag())})" if run.drill else "FAULT=()"
+    ft_args = [
+        f"--nnodes={run.nodes}",
+        f"--nproc-per-node={run.ranks_per_node}",
+        "--rdzv-backend=c10d",
+        '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
+        '--rdzv-id="$SLURM_JOB_ID-a$LONGRUN_ATTEMPT"',
+        f"--max-restarts={run.max_restarts}",
+        *nvrx.flags(),
+        "--module",
+        "training.train",
+    ]
+    lines = [
+        "export LONGRUN_LAUNCH_T0=$(date +%s)",
+        "FIRST_NODE=${LONGRUN_STEP_NODES%%,*}",
+        "MASTER_ADDR=$(scontrol -o show node \"$FIRST_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
+        'if [ -z "$MASTER_ADDR" ]; then echo "longrun: no NodeAddr for $FIRST_NODE" >&2; exit 1; fi',
+        f"MASTER_PORT=$(({nvrx.port_base} + (SLURM_JOB_ID * {PORT_STRIDE} + LONGRUN_ATTEMPT) % {nvrx.port_span}))",
+        "export MASTER_ADDR MASTER_PORT",
+        # the drill fires in the first attempt only; a relaunch resumes from the directed checkpoint
+        f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then {fault}; else FAULT=(); fi',
+        'RESUME=(); if [ -n "$LONGRUN_RESUME_FROM" ]; then RESUME=(--resume-from "$LONGRUN_RESUME_FROM"); fi',
+        'echo "longrun: attempt $LONGRUN_ATTEMPT of job $SLURM_JOB_ID on $LONGRUN_STEP_NODES'
+        ' rendezvous $MASTER_ADDR:$MASTER_PORT"',
+        'srun --export=ALL --nodes="$LONGRUN_STEP_NNODES" --ntasks="$LONGRUN_STEP_NNODES" --nodelist="$LONGRUN_STEP_NODES"'
+        " --ntasks-per-node=1"
+        " --kill-on-bad-exit=0 bash -c"
+        ' \'PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) exec "$0" "$@"\' '
+        f'{q(launcher)} {" ".join(ft_args)} {train} "${{FAULT[@]}}" "${{RESUME[@]}}"',
+        "rc=$?",
+        f"if {q(python)} -m training.nvrx launch-verdict --run-dir {q(run_dir)} --run {q(run.run_name)}"
+        f' --since "$LONGRUN_LAUNCH_T0"{store_flag}; then'
+        ' echo "longrun: SDC verdict in attempt $LONGRUN_ATTEMPT (ft_launcher exit $rc): exit 93"; exit 93; fi',
+        'exit "$rc"',
+    ]
+    return "; ".join(lines)
+
+
+def supervised_command(
+    run: RunSpec, *, run_dir: str, python: str, launcher: str, nvrx: NvrxLaunch, store_flag: str
+) -> list[str]:
+    """The batch script's lines: the supervisor, which runs `step_script` once per attempt."""
+    q = shlex.quote
+    step = step_script(
+        run, run_dir=run_dir, python=python, launcher=launcher, nvrx=nvrx, store_flag=store_flag
+    )
+    resume = f" --resume-from {q(run.resume_from)}" if run.resume_from else ""
+    return [
+        "set -uo pipefail",
+        f"mkdir -p {q(run_dir)}",
+        f'echo "longrun: job $SLURM_JOB_ID holds $SLURM_JOB_NODELIST: {run.nodes} training + '
+        f'{run.spare_nodes} spare node(s)"',
+        f"exec {q(python)} -m training.supervisor --run-name {q(run.run_name)} --width {run.nodes}"
+        f' --spares {run.spare_nodes} --wait-s "${{LONGRUN_DIRECTIVE_WAIT_S:-{DIRECTIVE_WAIT_S}}}"{resume}'
+        f" --step {q(step)}",
+    ]

@@ -1,0 +1,145 @@
+"""Hot spares on the real four-node cluster: a 3-node run that holds a 4th node (spare_nodes=1).
+
+The test plays the orchestrator's part the way sdc_incident does in act mode (drain the suspect, shrink
+the job, write the directive with the pre-incident checkpoint) and checks that the job recovers INSIDE
+its allocation: same job id, first step after the relaunch == the pick + 1, final weights bit-identical
+to a clean run. Without a directive the job ends with 93, the full relaunch's cue.
+
+Real parts: Slurm, srun, NVRx 0.4.1's ft_launcher, gloo, the reference trainer, the supervisor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from longrun.launch import job_spec_for_run, run_dir_for
+from longrun.runspec import Drill, RunSpec
+from longrun.slurm import ops
+from longrun.slurm.client import ACTIVE, JobStatus
+from longrun.slurm.spec import JobTag
+
+from training import schema
+from training.directive import Directive
+from training.segment import Segment, ordered
+from training.store import LocalDirStore, get_json, put_json
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+REASON = "longrun:test:hot-spare"
+STEPS, ALERT_STEP, PICK = 40, 25, 20
+
+
+def tiny(name: str, **kw) -> RunSpec:
+    base = dict(run_name=name, nodes=3, gpus_per_node=0, model="tiny", steps=STEPS, checkpoint_every=10,
+                recompute_every=5, vote_every=5, max_restarts=1, time_limit_min=10)  # fmt: skip
+    return RunSpec(**{**base, **kw})
+
+
+def _submit(launcher, run: RunSpec, wait_s: int) -> int:
+    tag = JobTag(dag_id="tests_nvrx", run_id=run.run_name, task_id="launch")
+    env = {**launcher.env, "LONGRUN_DIRECTIVE_WAIT_S": str(wait_s)}
+    spec = job_spec_for_run(run, tag=tag, run_dir_root=str(launcher.root), env=env, nvrx=launcher.nvrx,
+                            python=sys.executable)  # fmt: skip
+    job_id = launcher.client.submit(spec)
+    launcher.jobs.append(job_id)
+    return job_id
+
+
+def _wait(what: str, probe, timeout_s: float = 240.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s} s")
+        time.sleep(0.5)
+
+
+def _segments(store, run: str) -> list[Segment]:
+    keys = [o.key for o in store.list(schema.store_key(run, "segments/"))]
+    return ordered([Segment.from_json(store.get_bytes(k)) for k in keys])
+
+
+def _log(launcher, run: str, job_id: int) -> str:
+    path = Path(launcher.root) / f"{run}.slurm-{job_id}.out"
+    return path.read_text() if path.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def clean_fp(launcher):
+    run = tiny("hs-clean")
+    done = launcher.launch(run)
+    assert done.outcome.label == "completed", done.log
+    return done.report()["final_fingerprint"]
+
+
+def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp, slurm_cluster):
+    run = tiny("hs-spare", spare_nodes=1, drill=Drill(kind="nan", step=ALERT_STEP, target="1"))
+    store = LocalDirStore(launcher.env["LONGRUN_STORE_DIR"])
+    job_id = _submit(launcher, run, wait_s=180)
+    client, suspect = launcher.client, None
+    try:
+        held = ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60).nodes
+        assert len(held) == 4
+        alert_key = _wait(
+            "alert", lambda: [o.key for o in store.list(schema.store_key(run.run_name, "alerts/"))]
+        )[0]
+        alert = get_json(store, alert_key)
+        (suspect,) = alert["suspect_nodes"]
+        # the orchestrator's part: drain, release the node from the job, direct the next attempt
+        client.drain(suspect, REASON)
+        keep = [n for n in held if n != suspect]
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"],
+                       env=slurm_cluster.client_env(), check=True, timeout=30)  # fmt: skip
+        ckpt = schema.store_key(run.run_name, schema.checkpoint_dir(PICK))
+        _wait(
+            "pick's manifest", lambda: store.head(schema.store_key(run.run_name, schema.manifest_path(PICK)))
+        )
+        d = Directive(run=run.run_name, job_id=str(job_id), attempt=1, nodes=tuple(keep), resume_from=ckpt,
+                      incident_id="test", exclude=(suspect,), issued_at=time.time())  # fmt: skip
+        put_json(store, schema.store_key(run.run_name, d.relative_path), d.to_json())
+        final = ops.wait_for(client, job_id, lambda s: s.status not in ACTIVE, timeout_s=420, poll_s=1.0)
+        log = _log(launcher, run.run_name, job_id)
+        assert final.status is JobStatus.COMPLETED and final.exit_code == 0, final.describe() + log[-3000:]
+        node = client.node(suspect)
+        assert node.drain_flag and node.reason == REASON
+    finally:
+        if suspect is not None and client.node(suspect).reason == REASON:
+            ops.wait_for(client, job_id, lambda s: s.status not in ACTIVE, timeout_s=60)
+            client.resume(suspect)
+    first, relaunch = _segments(store, run.run_name)
+    assert first.job_id == relaunch.job_id == str(job_id)  # no new job, no queue
+    assert (first.exit, first.last_step) == ("sdc_verdict", ALERT_STEP)
+    assert (relaunch.start_step, relaunch.first_step, relaunch.resumed_from) == (PICK, PICK + 1, ckpt)
+    assert suspect not in relaunch.nodes and relaunch.exit == "done"
+    report = get_json(store, schema.store_key(run.run_name, schema.REPORT_PATH))
+    assert report["final_fingerprint"] == clean_fp, "final weights differ from the clean run"
+    print(f"\nHOT SPARE: alert -> first healthy step {relaunch.first_healthy_time - alert['time']:.1f} s "
+          f"(the test wrote the directive; no Airflow in this path)")  # fmt: skip
+
+
+def test_no_directive_in_time_ends_the_job_with_93(launcher):
+    run = tiny("hs-fallback", spare_nodes=1, drill=Drill(kind="nan", step=ALERT_STEP, target="1"))
+    job_id = _submit(launcher, run, wait_s=5)
+    final = ops.wait_for(launcher.client, job_id, lambda s: s.status not in ACTIVE, timeout_s=420, poll_s=1.0)
+    log = _log(launcher, run.run_name, job_id)
+    assert final.exit_code == schema.EXIT_SDC_VERDICT, final.describe() + log[-3000:]
+    assert "no directive in time: exit 93" in log
+
+
+def test_the_job_holds_its_spares(launcher):
+    run = tiny("hs-spec", spare_nodes=1)
+    tag = JobTag(dag_id="t", run_id="r", task_id="x")
+    spec = job_spec_for_run(run, tag=tag, run_dir_root=str(launcher.root), env={}, python=sys.executable)
+    assert spec.nodes == 4
+    assert any("-m training.supervisor" in line and "--width 3 --spares 1" in line for line in spec.command)
+    plain = job_spec_for_run(dataclasses.replace(run, spare_nodes=0), tag=tag, run_dir_root=str(launcher.root),
+                             env={}, python=sys.executable)  # fmt: skip
+    assert plain.nodes == 3 and not any("training.supervisor" in line for line in plain.command)
+    assert run_dir_for(run, str(launcher.root)).endswith("hs-spec")
