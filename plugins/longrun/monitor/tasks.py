@@ -28,6 +28,7 @@ def preflight_task(params: Mapping[str, Any], ti: Any) -> dict[str, Any]:
             ti, INCIDENT_DAG, why=f"an SDC alert of this run (incident_mode {mode}) would never be handled"
         )
     out = lifecycle.preflight(store_from_env(), SlurmHook().client, params)
+    claim_run_name(params, ti)  # last: a run refused for another reason leaves the name free
     log.info(
         "preflight ok: run %s, %s node(s), usable %s, run dir %s, drill %s, attach %s",
         out["spec"]["run_name"],
@@ -38,6 +39,31 @@ def preflight_task(params: Mapping[str, Any], ti: Any) -> dict[str, Any]:
         out["attach_job_id"],
     )
     return out
+
+
+def claim_run_name(params: Mapping[str, Any], ti: Any) -> None:
+    """One run, one name (longrun.runclaim): refused unless this DAG run holds the name or continues it."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from longrun import runclaim
+
+    run = str(params["run_name"])
+    attach = params.get("attach_job_id")
+    continues = attach is not None and int(params.get("attempt") or 0) >= 1
+    if continues:
+        # A continuation must name this run's own job (launch names the job after the run).
+        try:
+            job = SlurmHook().client.job(int(str(attach)))
+        except Exception:  # noqa: BLE001 - gone already: the monitor sees it end; nothing to confuse
+            job = None
+        if job is not None and (job.name != run or not job.comment.startswith("longrun/")):
+            raise AirflowFailException(
+                f"refused: attach_job_id {attach} is job {job.name!r}, not a job of run {run!r}"
+            )
+    try:
+        runclaim.claim(store_from_env(), run, str(ti.run_id), continues=continues)
+    except runclaim.RunNameInUse as e:
+        raise AirflowFailException(f"refused before anything reached Slurm: {e}") from None
 
 
 def job_task(params: Mapping[str, Any]) -> dict[str, Any]:

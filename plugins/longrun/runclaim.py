@@ -1,0 +1,117 @@
+"""One run, one name: the first `training_run` with a run name claims it; another is refused.
+
+A run name is a run's identity: the store prefix `runs/<run>/`, its checkpoints, promotions and incidents.
+Two runs under one name would mix their checkpoints (a relaunch could resume from the other run's) and
+their incidents. So preflight claims the name with a conditional write (`runs/<run>/claim.json`, on the
+orchestrator's side of the store, created only if absent: of two runs racing, exactly one wins).
+
+Allowed with a claim in place: the same DAG run again (a retried or cleared preflight), and a trigger
+that says it continues the run (a relaunch attempt from `sdc_incident`: `attach_job_id` set, attempt
+>= 1). Records of the name without any claim (a run from before claims existed) also count as in use.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from training import schema
+from training.store import NotFound, ObjectStore, PreconditionFailed, put_json
+
+CLAIM_PATH = "claim.json"
+SCHEMA_VERSION = 1
+
+
+class RunNameInUse(RuntimeError):
+    """The run name belongs to another run; the message says which and what to do."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunClaim:
+    """Who owns a run name."""
+
+    run: str
+    """The run name."""
+    dag_run_id: str
+    """The training_run DAG run that claimed it."""
+    claimed_at: float
+    """Epoch seconds of the claim."""
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        schema.check_run_name(self.run)
+        if not isinstance(self.dag_run_id, str) or not self.dag_run_id:
+            raise ValueError(f"dag_run_id={self.dag_run_id!r}: must be a non-empty string")
+        if isinstance(self.claimed_at, bool) or not isinstance(self.claimed_at, int | float):
+            raise ValueError(f"claimed_at={self.claimed_at!r}: must be epoch seconds")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "kind": "run_claim",
+            "run": self.run,
+            "dag_run_id": self.dag_run_id,
+            "claimed_at": self.claimed_at,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> RunClaim:
+        if not isinstance(obj, dict):
+            raise ValueError(f"run claim: must be an object, got {type(obj).__name__}")
+        for name in ("schema_version", "run", "dag_run_id", "claimed_at"):
+            if name not in obj:
+                raise ValueError(f"run claim: field {name!r} is missing")
+        if obj["schema_version"] != SCHEMA_VERSION:
+            raise ValueError(
+                f"run claim: schema_version={obj['schema_version']!r}, expected {SCHEMA_VERSION}"
+            )
+        return cls(run=obj["run"], dag_run_id=obj["dag_run_id"], claimed_at=obj["claimed_at"])
+
+
+def claim_key(run: str) -> str:
+    return schema.store_key(run, CLAIM_PATH)
+
+
+def read_claim(store: ObjectStore, run: str) -> RunClaim | None:
+    try:
+        return RunClaim.from_json(json.loads(store.get_bytes(claim_key(run))))
+    except NotFound:
+        return None
+
+
+def _other_records(store: ObjectStore, run: str) -> list[str]:
+    keys = []
+    for info in store.list(schema.run_prefix(run)):
+        if info.key != claim_key(run):
+            keys.append(info.key)
+            if len(keys) >= 3:
+                break
+    return keys
+
+
+def claim(store: ObjectStore, run: str, dag_run_id: str, *, continues: bool) -> RunClaim:
+    """Claim `run` for `dag_run_id`, or confirm it is ours (or continued); raise RunNameInUse otherwise."""
+    for _ in range(2):  # a lost race re-reads the winner's claim once
+        held = read_claim(store, run)
+        if held is not None:
+            if held.dag_run_id == dag_run_id or continues:
+                return held
+            raise RunNameInUse(
+                f"run name {run!r} is in use: training_run run {held.dag_run_id!r} claimed it at"
+                f" {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(held.claimed_at))}. Pick another"
+                " run_name; only a relaunch of that run (attach_job_id, attempt >= 1) may continue it"
+            )
+        if not continues and (found := _other_records(store, run)):
+            raise RunNameInUse(
+                f"run name {run!r} is in use: the store already holds its records ({', '.join(found)}),"
+                " written by a run without a claim. Pick another run_name"
+            )
+        mine = RunClaim(run=run, dag_run_id=dag_run_id, claimed_at=time.time())
+        try:
+            put_json(store, claim_key(run), mine.to_json(), if_none_match=True)
+            return mine
+        except PreconditionFailed:
+            continue
+    raise RunNameInUse(f"run name {run!r}: the claim changed twice while reading it; try again")
