@@ -27,6 +27,8 @@ SECRETS = (
     "AIRFLOW_API_SECRET_KEY",
     "S3_ACCESS_KEY",
     "S3_SECRET_KEY",
+    "S3_JOB_ACCESS_KEY",
+    "S3_JOB_SECRET_KEY",
 )
 
 

@@ -126,14 +126,7 @@ class S3(Component):
     def _bucket_ready(self) -> bool:
         s3 = self.client()
         s3.head_bucket(Bucket=self.layout.bucket)
-        try:
-            s3.head_bucket(Bucket=self.orch_bucket)
-        except Exception:  # noqa: BLE001 - absent (first start): create it; a real failure shows below
-            try:
-                s3.create_bucket(Bucket=self.orch_bucket)
-            except s3.exceptions.BucketAlreadyOwnedByYou:
-                pass
-            s3.head_bucket(Bucket=self.orch_bucket)
+        s3.head_bucket(Bucket=self.orch_bucket)
         return True
 
     def _identities(self) -> str:
@@ -178,7 +171,7 @@ class S3(Component):
             f"-ip={HOST}",
             f"-ip.bind={HOST}",
             f"-s3.config={self.identities_path}",
-            f"-bucket={self.layout.bucket}",
+            f"-bucket={self.layout.bucket},{self.orch_bucket}",
             "-webdav=false",
             "-master.telemetry=false",
             # Its default lives in /tmp, shared with any other SeaweedFS on the host.
