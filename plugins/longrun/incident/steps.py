@@ -24,7 +24,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from longrun.incident import attribution, dcgm, diagnose, keep_drained, modes, node_check, record, runbooks
+from longrun.incident import (
+    attribution,
+    dcgm,
+    diagnose,
+    injob,
+    keep_drained,
+    modes,
+    node_check,
+    record,
+    runbooks,
+)
 from longrun.incident.ratelimit import DrainPolicy, DrainRefused, release_drain, reserve_drain
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
@@ -137,6 +147,8 @@ def freeze(
     if inc.job_id is None:
         inc.event(store, "frozen", state="no job id known")
         return {"job_id": None, "state": "no job id known"}
+    if (kept := injob.freeze_kept(store, client, inc)) is not None:  # hot spares: the job stays
+        return kept
     try:
         state = client.job(inc.job_id)
     except JobNotFoundError:
@@ -444,6 +456,8 @@ def relaunch_spec(
     else:
         spec = base.relaunch(resume_from=resume_from, exclude=exclude)
     note = f"world kept: {spec.nodes} node(s)"
+    # a full relaunch holds only the spares that are left (it would pend forever waiting for more)
+    spec = dataclasses.replace(spec, spare_nodes=min(spec.spare_nodes, max(0, healthy - spec.nodes)))
     if healthy < spec.nodes:
         if healthy < 1:
             raise IncidentStop(f"no healthy node left to relaunch on. Runbook: {runbooks.RELAUNCH_FAILED}")
@@ -465,6 +479,10 @@ def relaunch(
     rec = inc.rec(store)
     if (rl := rec.get("relaunch")) and record.has_event(rec, "relaunched_running"):
         return dict(rl)
+    if inc.plan.changes:  # hot spares: recover inside the kept job; else end it for the full relaunch
+        if (in_job := injob.direct(store, client, inc, node=node, checkpoint=checkpoint)) is not None:
+            return in_job
+        injob.end_kept(store, client, inc)
     exclude = (node,) if node else ()
     free = [
         n

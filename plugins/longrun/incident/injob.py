@@ -1,0 +1,187 @@
+"""sdc_incident's hot-spare path: recover inside the job's allocation instead of cancel + resubmit.
+
+Applies when the run holds spares (`spare_nodes > 0`), the mode is act, and the alerting job is still
+RUNNING (its supervisor waits for a directive; training.supervisor). Then:
+
+- freeze does not cancel the job: the training step already ended with the verdict;
+- relaunch releases the suspect node from the allocation (`scontrol update JobId=<id> NodeList=<rest>`;
+  the node stays drained with longrun's reason), writes the directive on the orchestrator's side of the
+  store (the job may read it, never write it) and waits, bounded, for the supervisor to start the
+  attempt (its segment record appears);
+- anything else (no spare left, no checkpoint, the job already gone, the supervisor not following in
+  time) returns None, and the caller cancels the kept job and does today's full relaunch.
+
+Approve and observe modes never take this path: they behave as without spares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from longrun.incident import record, recovery
+from longrun.slurm import validate as v
+from longrun.slurm.client import JobState, JobStatus, SlurmClient
+from training import schema
+from training.directive import DIRECTIVES_DIR, Directive
+from training.store import ObjectStore, PreconditionFailed
+
+if TYPE_CHECKING:
+    from longrun.incident.steps import Incident
+
+#: How long relaunch waits for the supervisor to start the directed attempt (it polls every 0.5 s).
+FOLLOW_TIMEOUT_S = 120.0
+
+
+def kept_job(client: SlurmClient, inc: Incident) -> JobState | None:
+    """The alerting job, when this incident recovers inside it; None otherwise."""
+    from longrun.incident.steps import run_spec
+
+    if inc.job_id is None or inc.mode != "act" or run_spec(inc).spare_nodes < 1:
+        return None
+    state = client.job(inc.job_id)
+    return state if state.status is JobStatus.RUNNING else None
+
+
+def freeze_kept(store: ObjectStore, client: SlurmClient, inc: Incident) -> dict[str, Any] | None:
+    """In place of freeze's cancel: keep the job (its step ended with the verdict; the supervisor waits)."""
+    state = kept_job(client, inc)
+    if state is None:
+        return None
+    inc.event(store, "frozen", state=f"kept for a hot spare: {state.describe()}", kept=True)
+    return {"job_id": inc.job_id, "state": state.describe(), "kept": True}
+
+
+def release_node(client: SlurmClient, job_id: int, keep: list[str]) -> None:
+    """Shrink the running job to `keep` (Slurm 22.05+: the released node leaves the job, its drain stays)."""
+    nodes = v.nodes("keep", tuple(keep))
+    env = dict(os.environ)
+    if conf := getattr(client, "slurm_conf", None):
+        env["SLURM_CONF"] = str(conf)
+    argv = ["scontrol", "update", f"JobId={int(job_id)}", f"NodeList={','.join(nodes)}"]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {out.stderr.strip() or out.stdout.strip()}")
+
+
+def _next_attempt(store: ObjectStore, run: str, job_id: int) -> int:
+    prefix = schema.store_key(run, f"{DIRECTIVES_DIR}{job_id}-a")
+    return 1 + sum(1 for o in store.list(prefix) if o.key.endswith(".json"))
+
+
+def _write(store: ObjectStore, d: Directive) -> Directive:
+    import json
+
+    key = schema.store_key(d.run, d.relative_path)
+    try:
+        store.put_bytes(key, json.dumps(d.to_json(), sort_keys=True).encode(), if_none_match=True)
+        return d
+    except PreconditionFailed:  # a rerun: the first write stands
+        return Directive.from_json(store.get_bytes(key))
+
+
+def _followed(store: ObjectStore, client: SlurmClient, d: Directive, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        segs = [
+            s
+            for s in recovery.segments(store, d.run)
+            if s.job_id == d.job_id and s.started_at >= d.issued_at - 1.0
+        ]
+        if segs:
+            return segs[0]
+        state = client.job(int(d.job_id))
+        if not state.is_active or time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
+
+
+def direct(
+    store: ObjectStore,
+    client: SlurmClient,
+    inc: Incident,
+    *,
+    node: str | None,
+    checkpoint: Mapping[str, Any],
+    follow_timeout_s: float = FOLLOW_TIMEOUT_S,
+) -> dict[str, Any] | None:
+    """Relaunch inside the kept job; None when this incident must fall back to the full relaunch."""
+    from longrun.incident.steps import relaunch_spec, run_spec
+
+    state = kept_job(client, inc)
+    resume = checkpoint.get("key")
+    if state is None or inc.job_id is None or not resume or node is None:
+        return None
+    spec = run_spec(inc)
+    held = list(state.nodes)
+    keep = [n for n in held if n != node]
+    if len(keep) < spec.nodes:
+        inc.event(store, "no_spare_left", held=held, node=node)
+        return None
+    if node in held:
+        release_node(client, inc.job_id, keep)
+        inc.event(store, "released", node=node, job_id=inc.job_id, kept=keep)
+    rec = inc.rec(store)
+    written = record.event(rec, "directive_written")
+    attempt = int(written["attempt"]) if written else _next_attempt(store, inc.run, inc.job_id)
+    d = _write(
+        store,
+        Directive(
+            run=inc.run,
+            job_id=str(inc.job_id),
+            attempt=attempt,
+            nodes=tuple(keep[: spec.nodes]),
+            resume_from=str(resume),
+            incident_id=inc.incident_id,
+            exclude=(node,),
+            issued_at=time.time(),
+        ),
+    )
+    inc.event(store, "directive_written", attempt=d.attempt, nodes=list(d.nodes), job_id=inc.job_id)
+    seg = _followed(store, client, d, follow_timeout_s)
+    if seg is None:
+        inc.event(store, "directive_not_followed", state=client.job(inc.job_id).describe())
+        return None
+    relaunched, _ = relaunch_spec(inc, resume_from=str(resume), exclude=(node,), healthy=len(keep))
+    params = dataclasses.replace(relaunched, spare_nodes=max(0, len(keep) - spec.nodes)).to_params()
+    result = {
+        "job_id": inc.job_id,
+        "nodes": list(d.nodes),
+        "exclude": [node],
+        "resume_from": d.resume_from,
+        "attempt": params["attempt"],
+        "note": f"in-job relaunch on a hot spare (directive {d.relative_path})",
+        "params": params,
+        "in_job": True,
+    }
+    now = time.time()
+    inc.event(
+        store,
+        "relaunched_running",
+        fields={
+            "relaunch": result,
+            "time_to_recover_s": round(now - float(inc.alert.get("time") or now), 3),
+            "status": record.RELAUNCHED,
+        },
+        job_id=inc.job_id,
+        nodes=list(d.nodes),
+        segment=seg.segment_id,
+    )
+    return result
+
+
+def end_kept(store: ObjectStore, client: SlurmClient, inc: Incident, *, timeout_s: float = 60.0) -> None:
+    """Before a full relaunch: cancel the job freeze kept, if it still runs (no spare, no directive)."""
+    frozen = record.event(inc.rec(store), "frozen")
+    if not frozen or not frozen.get("kept") or inc.job_id is None:
+        return
+    if client.job(inc.job_id).is_active:
+        client.cancel(inc.job_id)
+        from longrun.slurm import ops
+
+        ops.wait_for(client, inc.job_id, lambda s: s.is_terminal, timeout_s=timeout_s)
+        inc.event(store, "kept_job_cancelled", job_id=inc.job_id)

@@ -1,0 +1,145 @@
+"""sdc_incident's hot-spare path on the real four-node cluster (longrun.incident.injob): freeze keeps the
+job, relaunch releases the suspect node from the allocation (it stays drained with longrun's reason),
+writes the directive and sees the supervisor start the attempt inside the same job; with no spare left it
+returns None and the kept job is cancelled for the full relaunch; approve and observe modes never keep
+the job. The job's training step is a small srun script that writes the trainer's segment record (the
+trainer under the supervisor is tests/nvrx/test_hot_spare.py's business). Every job and node is
+restored, also on failure."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from longrun.incident import injob, record
+from longrun.incident.steps import Incident
+from longrun.slurm import ops
+from longrun.slurm.client import JobStatus, make_client
+from longrun.slurm.spec import JobSpec
+
+from training import schema
+from training.directive import Directive
+from training.store import LocalDirStore, get_json
+
+pytestmark = [pytest.mark.slurm]
+
+CKPT = "runs/ij/checkpoints/step-00000010/"
+REASON = "longrun:sdc:ij:12"
+SEGMENT = """
+import sys, time, os
+from training.segment import Segment, segment_id
+from training.store import LocalDirStore, put_json
+t = time.time()
+job, attempt = os.environ["SLURM_JOB_ID"], os.environ["LONGRUN_ATTEMPT"]
+s = Segment(run="ij", segment_id=segment_id(job_id=job, job_step=attempt, restart_count=0, started_at=t),
+            job_id=job, restart_count=0, start_step=10, resumed_from=os.environ["LONGRUN_RESUME_FROM"],
+            started_at=t, world_size=2, nodes=tuple(os.environ["LONGRUN_STEP_NODES"].split(",")))
+put_json(LocalDirStore(sys.argv[1]), "runs/ij/" + s.relative_path, s.to_json())
+"""
+
+
+@pytest.fixture
+def client(slurm_cluster):
+    return make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
+
+
+def _job(tmp: Path, partition: str) -> JobSpec:
+    (tmp / "segment.py").write_text(SEGMENT)
+    out, py = shlex.quote(str(tmp)), shlex.quote(sys.executable)
+    step = (
+        f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then touch {out}/verdict; exit 93; fi; '
+        f"{py} {out}/segment.py {out}/store; sleep 5"
+    )
+    command = (
+        f"{py} -m training.supervisor --run-name ij --width 2 --spares 1 --wait-s 60 --poll-s 0.2"
+        f" --step {shlex.quote(step)}"
+    )
+    return JobSpec(
+        name="ij", partition=partition, command=(command,), comment="longrun/test/ij/injob/-1/1", nodes=3,
+        gpus_per_node=0, exclusive=False, time_limit_min=5, workdir=str(tmp), output="ij-%j.out",
+        env={"LONGRUN_STORE_DIR": str(tmp / "store")},
+    )  # fmt: skip
+
+
+def _incident(store, job_id: int, mode: str = "act") -> Incident:
+    alert = schema.record("alert", run="ij", step=12, check="finite", suspect_ranks=[1], suspect_nodes=["n2"],
+                          evidence={})  # fmt: skip
+    key = schema.store_key("ij", schema.alert_path(12, "finite", "r001-1"))
+    params = {"run_name": "ij", "nodes": 2, "spare_nodes": 1, "gpus_per_node": 0, "incident_mode": mode}
+    inc = Incident(run="ij", alert_key=key, alert=alert, job_id=job_id, run_params=params, dag_run_id="t")
+    record.open_incident(store, run="ij", alert=alert, alert_key=key, mode=mode)
+    return inc
+
+
+@pytest.fixture
+def running(tmp_path, client, slurm_cluster):
+    job_id = client.submit(_job(tmp_path, slurm_cluster.partition))
+    drained: list[str] = []
+    try:
+        state = ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "verdict").exists():
+            assert time.monotonic() < deadline, "the first step never ended with the verdict"
+            time.sleep(0.2)
+        yield job_id, list(state.nodes), LocalDirStore(tmp_path / "store"), drained
+    finally:
+        client.cancel(job_id)
+        ops.wait_for(client, job_id, lambda s: s.is_terminal, timeout_s=60)
+        for n in drained:
+            if client.node(n).reason == REASON:
+                client.resume(n)
+
+
+def test_act_mode_recovers_inside_the_job(client, running):
+    job_id, held, store, drained = running
+    inc = _incident(store, job_id)
+    assert injob.freeze_kept(store, client, inc)["kept"] is True
+    suspect = held[1]
+    client.drain(suspect, REASON)
+    drained.append(suspect)
+    out = injob.direct(store, client, inc, node=suspect, checkpoint={"key": CKPT, "step": 10})
+    assert out is not None and out["in_job"] and out["job_id"] == job_id
+    assert out["nodes"] == [held[0], held[2]] and out["params"]["spare_nodes"] == 0
+    state = client.job(job_id)
+    assert state.status is JobStatus.RUNNING and list(state.nodes) == [held[0], held[2]]
+    node = client.node(suspect)
+    assert node.drain_flag and node.reason == REASON  # released from the job, still drained
+    d = Directive.from_json(get_json(store, schema.store_key("ij", f"directives/{job_id}-a001.json")))
+    assert (d.nodes, d.resume_from, d.exclude) == ((held[0], held[2]), CKPT, (suspect,))
+    rec = inc.rec(store)
+    events = [e["event"] for e in rec["timeline"]]
+    assert {"frozen", "released", "directive_written", "relaunched_running"} <= set(events)
+    assert rec["status"] == record.RELAUNCHED
+    # a rerun changes nothing: same result, no second directive, no second event
+    injob.direct(store, client, inc, node=suspect, checkpoint={"key": CKPT})
+    assert [e["event"] for e in inc.rec(store)["timeline"]] == events
+    assert [o.key for o in store.list(schema.store_key("ij", "directives/"))] == [
+        schema.store_key("ij", f"directives/{job_id}-a001.json")
+    ]
+
+
+def test_no_spare_left_falls_back_and_the_kept_job_is_cancelled(client, running, slurm_cluster):
+    job_id, held, store, drained = running
+    inc = _incident(store, job_id)
+    injob.freeze_kept(store, client, inc)
+    # someone took the spare: the job holds only two nodes
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", f"NodeList={held[0]},{held[1]}"],
+                   env=slurm_cluster.client_env(), check=True, timeout=30)  # fmt: skip
+    assert injob.direct(store, client, inc, node=held[1], checkpoint={"key": CKPT}) is None
+    assert "no_spare_left" in [e["event"] for e in inc.rec(store)["timeline"]]
+    injob.end_kept(store, client, inc)
+    assert client.job(job_id).is_terminal
+    assert list(store.list(schema.store_key("ij", "directives/"))) == []
+
+
+@pytest.mark.parametrize("mode", ["approve", "observe"])
+def test_approve_and_observe_never_keep_the_job(client, running, mode):
+    job_id, held, store, _ = running
+    inc = _incident(store, job_id, mode=mode)
+    assert injob.freeze_kept(store, client, inc) is None
+    assert injob.direct(store, client, inc, node=held[1], checkpoint={"key": CKPT}) is None
+    assert client.job(job_id).status is JobStatus.RUNNING and len(client.job(job_id).nodes) == 3
