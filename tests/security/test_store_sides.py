@@ -16,6 +16,7 @@ from longrun.checkpoints.pick import pick_pre_incident
 from longrun.incident import record
 from longrun.incident.ratelimit import LEDGER_KEY, entries, reserve_drain
 from longrun.store_sides import job_store_env
+from longrun.ui.data import load_run_health
 
 from training import schema
 from training.store import LocalDirStore, NotFound, StoreAuthError, get_json, put_json, store_from_env
@@ -143,6 +144,17 @@ def test_readers_find_orchestrator_kinds_on_the_orchestrator_side(
     assert records.main(["list", "--run", run]) == 0
     out = capsys.readouterr().out
     assert alert_key in out and "/incidents/" in out and "/picks/" in out
+
+    # The UI's run-health page: the alert from the job side, the incident from the orchestrator side, and
+    # not an incident the job forged in its own bucket.
+    forged = schema.store_key(run, schema.incident_path("forged"))
+    orch.job.put_bytes(forged, json.dumps(rec).encode())
+    try:
+        health = load_run_health(orch, run)
+        assert [i.incident_id for i in health.incidents] == [rec["incident_id"]]
+        assert any(e.verdict == "alert" and e.step == 7 for e in health.checks)
+    finally:
+        orch.job.delete(forged)
 
 
 # ---- no server needed --------------------------------------------------------------------------------
