@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
+from longrun import alert_auth
 from longrun.incident import injob, record
-from longrun.incident.steps import Incident
+from longrun.incident.steps import Incident, IncidentStop
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, make_client
-from longrun.slurm.spec import JobSpec
+from longrun.slurm.spec import JobSpec, JobTag
 
-from training import schema
+from training import schema, signing
 from training.directive import Directive
 from training.store import LocalDirStore, get_json
 
@@ -29,6 +30,7 @@ pytestmark = [pytest.mark.slurm]
 
 CKPT = "runs/ij/checkpoints/step-00000010/"
 REASON = "longrun:sdc:ij:12"
+TAG = JobTag(dag_id="training_run", run_id="ij", task_id="submit")
 SEGMENT = """
 import sys, time, os
 from training.segment import Segment, segment_id
@@ -59,15 +61,17 @@ def _job(tmp: Path, partition: str) -> JobSpec:
         f" --step {shlex.quote(step)}"
     )
     return JobSpec(
-        name="ij", partition=partition, command=(command,), comment="longrun/test/ij/injob/-1/1", nodes=3,
+        name="ij", partition=partition, command=(command,), comment=TAG.render(), nodes=3,
         gpus_per_node=0, exclusive=False, time_limit_min=5, workdir=str(tmp), output="ij-%j.out",
         env={"LONGRUN_STORE_DIR": str(tmp / "store")},
     )  # fmt: skip
 
 
-def _incident(store, job_id: int, mode: str = "act") -> Incident:
-    alert = schema.record("alert", run="ij", step=12, check="finite", suspect_ranks=[1], suspect_nodes=["n2"],
-                          evidence={})  # fmt: skip
+def _incident(store, job_id: int, node: str, mode: str = "act", *, signed: bool = True) -> Incident:
+    alert = schema.record("alert", run="ij", step=12, check="finite", suspect_ranks=[1], suspect_nodes=[node],
+                          evidence={}, job_id=job_id)  # fmt: skip
+    if signed:  # with the key the orchestrator issued for this job, as the trainer signs its alerts
+        alert = signing.sign(alert, alert_auth.issue(store, run="ij", tag=TAG.render()))
     key = schema.store_key("ij", schema.alert_path(12, "finite", "r001-1"))
     params = {"run_name": "ij", "nodes": 2, "spare_nodes": 1, "gpus_per_node": 0, "incident_mode": mode}
     inc = Incident(run="ij", alert_key=key, alert=alert, job_id=job_id, run_params=params, dag_run_id="t")
@@ -96,7 +100,7 @@ def running(tmp_path, client, slurm_cluster):
 
 def test_act_mode_recovers_inside_the_job(client, running):
     job_id, held, store, drained = running
-    inc = _incident(store, job_id)
+    inc = _incident(store, job_id, held[1])
     assert injob.freeze_kept(store, client, inc)["kept"] is True
     suspect = held[1]
     client.drain(suspect, REASON)
@@ -124,7 +128,7 @@ def test_act_mode_recovers_inside_the_job(client, running):
 
 def test_no_spare_left_falls_back_and_the_kept_job_is_cancelled(client, running, slurm_cluster):
     job_id, held, store, drained = running
-    inc = _incident(store, job_id)
+    inc = _incident(store, job_id, held[1])
     injob.freeze_kept(store, client, inc)
     # someone took the spare: the job holds only two nodes
     subprocess.run(["scontrol", "update", f"JobId={job_id}", f"NodeList={held[0]},{held[1]}"],
@@ -139,7 +143,18 @@ def test_no_spare_left_falls_back_and_the_kept_job_is_cancelled(client, running,
 @pytest.mark.parametrize("mode", ["approve", "observe"])
 def test_approve_and_observe_never_keep_the_job(client, running, mode):
     job_id, held, store, _ = running
-    inc = _incident(store, job_id, mode=mode)
+    inc = _incident(store, job_id, held[1], mode=mode)
     assert injob.freeze_kept(store, client, inc) is None
     assert injob.direct(store, client, inc, node=held[1], checkpoint={"key": CKPT}) is None
     assert client.job(job_id).status is JobStatus.RUNNING and len(client.job(job_id).nodes) == 3
+
+
+def test_a_forged_alert_releases_nothing(client, running):
+    """Attack: an unsigned alert naming a node of the job. The hot-spare path must not release the node
+    or direct anything on it."""
+    job_id, held, store, _ = running
+    inc = _incident(store, job_id, held[1], signed=False)
+    with pytest.raises(IncidentStop, match="not acted on"):
+        injob.direct(store, client, inc, node=held[1], checkpoint={"key": CKPT})
+    assert len(client.job(job_id).nodes) == 3
+    assert list(store.list(schema.store_key("ij", "directives/"))) == []

@@ -110,7 +110,7 @@ def direct(
     follow_timeout_s: float = FOLLOW_TIMEOUT_S,
 ) -> dict[str, Any] | None:
     """Relaunch inside the kept job; None when this incident must fall back to the full relaunch."""
-    from longrun.incident.steps import relaunch_spec, run_spec
+    from longrun.incident.steps import authenticate, relaunch_spec, run_spec
 
     state = kept_job(client, inc)
     resume = checkpoint.get("key")
@@ -123,6 +123,8 @@ def direct(
         inc.event(store, "no_spare_left", held=held, node=node)
         return None
     if node in held:
+        # verified against the allocation before it changes (a rerun finds the node released already)
+        authenticate(store, client, inc, node=node)
         release_node(client, inc.job_id, keep)
         inc.event(store, "released", node=node, job_id=inc.job_id, kept=keep)
     rec = inc.rec(store)
