@@ -1,6 +1,6 @@
 """A longrun-tagged job on the real test cluster that receives its alert key the way a training job does
-(`alert_auth.submit_env` + `--export`), signs an alert with the trainer's EventWriter, writes its
-environment to a file and then sleeps: the subject of the trust-boundary tests.
+(`alert_auth.submit_env` + `--export`), signs an alert with the trainer's EventWriter in a job step,
+writes a step's environment to a file and then sleeps: the subject of the trust-boundary tests.
 
 Submitted as the orchestrator does it; cancelled by the caller (by job id) at teardown.
 """
@@ -79,8 +79,10 @@ def submit_signed_job(
         env=plain,
         export=JOB_EXPORT,
         command=(
-            f"env > {shlex.quote(str(env_file))}",
-            f"{shlex.quote(sys.executable)} -c {shlex.quote(_alert_code(run, workdir / run, suspect))}",
+            # Both through a job step, as the trainer runs: what a rank sees.
+            f"srun --ntasks=1 --nodes=1 env > {shlex.quote(str(env_file))}",
+            f"srun --ntasks=1 --nodes=1 {shlex.quote(sys.executable)} -c"
+            f" {shlex.quote(_alert_code(run, workdir / run, suspect))}",
             "sleep 600",
         ),
     )

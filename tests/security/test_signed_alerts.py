@@ -132,6 +132,8 @@ def test_the_job_gets_its_key_out_of_band_and_nothing_of_airflow(world) -> None:
         assert name not in env and value not in job.env_file.read_text(), f"{name} reached the job"
     assert not [k for k in env if k.startswith("AIRFLOW")]
     assert signing.KEY_ENV in env and env["PATH"]
+    # What the script exports reaches a step too (sbatch's --export list would otherwise bind srun).
+    assert env.get("AWS_ENDPOINT_URL") and env.get("LONGRUN_BUCKET")
     assert env.get("AWS_SECRET_ACCESS_KEY") == world["job_secret"], "the job holds the job identity only"
     # The key is in neither the batch script Slurm keeps nor the job's record of it.
     script = subprocess.run(

@@ -50,5 +50,9 @@ def render_sbatch(spec: JobSpec) -> str:
     lines += [f"#SBATCH {x}" for x in d]
     # Values are already allow-listed; quoting is a second fence, not the only one.
     lines += [f"export {k}={shlex.quote(val)}" for k, val in sorted(spec.env.items())]
+    # sbatch hands its --export list to every srun in the job (SLURM_EXPORT_ENV): without this, a step
+    # would see only those names, not what the script exported. The job's environment is allow-listed
+    # already, so a step takes all of it.
+    lines.append("export SLURM_EXPORT_ENV=ALL")
     lines += list(spec.command)
     return "\n".join(lines) + "\n"
