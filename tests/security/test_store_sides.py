@@ -121,6 +121,25 @@ def test_job_writes_its_run_and_reads_its_directives_orchestrator_reads_both(sid
 
 
 @pytest.mark.s3
+def test_job_identity_uploads_a_multipart_checkpoint(sides, tmp_path, s3_store_env, monkeypatch) -> None:
+    """Large checkpoints go up in parts: the job identity's Write covers multipart uploads too."""
+    from training.s3_store import S3Store
+
+    _orch, job, run = sides
+    env = job_store_env(dict(s3_store_env))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", env["AWS_ACCESS_KEY_ID"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", env["AWS_SECRET_ACCESS_KEY"])
+    small_parts = S3Store(
+        bucket=env["LONGRUN_BUCKET"], endpoint_url=env["AWS_ENDPOINT_URL"], multipart_threshold=5 << 20
+    )
+    path = tmp_path / "model.pt"
+    path.write_bytes(bytes(range(256)) * (24 << 10))  # 6 MiB, above the threshold: a multipart upload
+    key = schema.store_key(run, schema.checkpoint_dir(20) + "model.pt")
+    info = small_parts.put_file(key, path)
+    assert info.size == 6 << 20 and job.head(key) is not None
+
+
+@pytest.mark.s3
 def test_readers_find_orchestrator_kinds_on_the_orchestrator_side(
     sides, s3_store_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
