@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +24,8 @@ from training.store import ObjectStore, store_from_env
 log = logging.getLogger("longrun.sdc_incident")
 
 INCIDENT_PARAMS = lifecycle.INCIDENT_PARAMS
+TURN_WAIT_S = 1800.0  # another incident of the run acting (its relaunch, diagnosis) takes minutes
+TURN_POLL_S = 10.0
 
 
 def incident_from(params: Mapping[str, Any], dag_run_id: str, store: ObjectStore) -> steps.Incident:
@@ -71,9 +74,37 @@ def open_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
     def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
         # No incident is opened for an alert that does not check out: a security event instead.
         steps.authenticate(store, SlurmHook().client, inc)
+        take_turn(store, inc)
         return steps.open_record(store, inc)
 
     return _run(params, dag_run_id, body)
+
+
+def take_turn(store: ObjectStore, inc: steps.Incident) -> None:
+    """One incident per run acts at a time (longrun.incident.exclusive): act, join, or wait (bounded)."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from longrun.incident import exclusive
+
+    deadline = time.monotonic() + TURN_WAIT_S
+    while True:
+        turn = exclusive.enter(store, run=inc.run, incident_id=inc.incident_id, job_id=inc.job_id)
+        if turn.action == "act":
+            return
+        if turn.action == "join":
+            exclusive.join(store, turn.holder, incident_id=inc.incident_id, alert_key=inc.alert_key)
+            raise AirflowSkipException(
+                f"alert {inc.alert_key} joins incident {turn.holder.incident_id}, which acts on the same job"
+                f" {inc.job_id}: nothing is frozen, drained or relaunched twice (its record lists this alert)"
+            )
+        if time.monotonic() > deadline:
+            raise steps.IncidentStop(
+                f"incident {turn.holder.incident_id} of run {inc.run} (job {turn.holder.job_id}) still acts"
+                f" after {TURN_WAIT_S:.0f} s; this alert (job {inc.job_id}) waited and did nothing."
+                " Runbook: runbooks/relaunch-failed.md"
+            )
+        log.info("incident %s of run %s acts now; waiting for it", turn.holder.incident_id, inc.run)
+        time.sleep(TURN_POLL_S)
 
 
 def freeze_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
@@ -183,8 +214,20 @@ def relaunch_task(
 
 
 def summary_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+    from longrun.incident import exclusive
+
     store = store_from_env()
     inc = incident_from(params, dag_run_id, store)
+    if holder := exclusive.joined_to(store, run=inc.run, incident_id=inc.incident_id):
+        log.info("alert %s joined incident %s; that incident's record tells the story", inc.alert_key, holder)
+        return {"incident_id": inc.incident_id, "joined": holder}
+    try:
+        return _summary(store, inc)
+    finally:  # whatever happened: the next incident of this run may act
+        exclusive.release(store, run=inc.run, incident_id=inc.incident_id)
+
+
+def _summary(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
     try:  # the diagnose task is over, whatever its outcome: nothing it left may return the node
         restored = steps.restore_drain(store, SlurmHook().client, inc)
         if restored["removed_reservations"] or restored["redrained"]:

@@ -1,0 +1,189 @@
+"""At most one incident per run acts at a time; a second one joins the first or waits for it.
+
+One SDC verdict can produce several alerts (two checks fire, two ranks write, a retry re-reads), and each
+alert starts its own `sdc_incident` run. Two of them acting at once would cancel, drain and relaunch
+twice. So an incident takes the run's lock (`runs/<run>/incident-lock.json`, orchestrator side, created
+only if absent) before it acts:
+
+- the lock is free, or already ours (a retried task): act;
+- another incident holds it for the *same job*: that incident freezes the job and relaunches the run;
+  this one joins it (records whom it joined) and does nothing else;
+- another incident holds it for another job of the run (an alert of the relaunched job while the first
+  incident still finishes): wait, bounded, then act.
+
+The holder releases the lock in its summary task (which runs whatever happened). A lock whose incident
+record has reached a final status, or older than LOCK_TTL_S, counts as free: a crashed incident never
+blocks the run for good.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from longrun.incident import record
+from training import schema
+from training.store import NotFound, ObjectStore, PreconditionFailed, put_json
+
+LOCK_PATH = "incident-lock.json"
+SCHEMA_VERSION = 1
+LOCK_TTL_S = 6 * 3600.0
+FINAL_STATUSES = frozenset(
+    {record.AMBIGUOUS, record.OBSERVED, record.REJECTED, record.RELAUNCHED, record.FAILED, "closed"}
+)
+JOIN_WAIT_S = 120.0  # the holder writes its record right after taking the lock
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IncidentLock:
+    """Which incident acts for a run, on which job."""
+
+    run: str
+    """Run name."""
+    incident_id: str
+    """The incident that holds the lock."""
+    job_id: int | None
+    """The Slurm job that incident acts on (None when its alert named none)."""
+    acquired_at: float
+    """Epoch seconds."""
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        schema.check_run_name(self.run)
+        if not isinstance(self.incident_id, str) or not self.incident_id:
+            raise ValueError(f"incident_id={self.incident_id!r}: must be a non-empty string")
+        if self.job_id is not None and (isinstance(self.job_id, bool) or not isinstance(self.job_id, int)):
+            raise ValueError(f"job_id={self.job_id!r}: must be a Slurm job id or null")
+        if isinstance(self.acquired_at, bool) or not isinstance(self.acquired_at, int | float):
+            raise ValueError(f"acquired_at={self.acquired_at!r}: must be epoch seconds")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "kind": "incident_lock",
+            "run": self.run,
+            "incident_id": self.incident_id,
+            "job_id": self.job_id,
+            "acquired_at": self.acquired_at,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> IncidentLock:
+        if not isinstance(obj, dict):
+            raise ValueError(f"incident lock: must be an object, got {type(obj).__name__}")
+        for name in ("schema_version", "run", "incident_id", "job_id", "acquired_at"):
+            if name not in obj:
+                raise ValueError(f"incident lock: field {name!r} is missing")
+        if obj["schema_version"] != SCHEMA_VERSION:
+            raise ValueError(
+                f"incident lock: schema_version={obj['schema_version']!r}, expected {SCHEMA_VERSION}"
+            )
+        return cls(
+            run=obj["run"],
+            incident_id=obj["incident_id"],
+            job_id=obj["job_id"],
+            acquired_at=obj["acquired_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What an incident may do: act, join the holder, or wait for it."""
+
+    action: Literal["act", "join", "wait"]
+    holder: IncidentLock
+
+
+def lock_key(run: str) -> str:
+    return schema.store_key(run, LOCK_PATH)
+
+
+def join_key(run: str, incident_id: str) -> str:
+    return schema.store_key(run, f"incident-joins/{incident_id}.json")
+
+
+def read(store: ObjectStore, run: str) -> tuple[IncidentLock, str] | None:
+    """The lock and its ETag, or None."""
+    info = store.head(lock_key(run))
+    if info is None:
+        return None
+    try:
+        return IncidentLock.from_json(json.loads(store.get_bytes(lock_key(run)))), info.etag
+    except NotFound:
+        return None
+
+
+def _expired(store: ObjectStore, lock: IncidentLock, now: float) -> bool:
+    if now - lock.acquired_at > LOCK_TTL_S:
+        return True
+    try:
+        rec = record.load(store, run=lock.run, incident_id=lock.incident_id)
+    except NotFound:
+        return False  # opened a moment ago, record not written yet
+    return rec.get("status") in FINAL_STATUSES
+
+
+def enter(store: ObjectStore, *, run: str, incident_id: str, job_id: int | None) -> Decision:
+    """Take the run's lock for `incident_id`, or say whom to join or wait for."""
+    mine = IncidentLock(run=run, incident_id=incident_id, job_id=job_id, acquired_at=time.time())
+    for _ in range(3):  # a lost race re-reads the winner once or twice
+        found = read(store, run)
+        if found is None:
+            try:
+                put_json(store, lock_key(run), mine.to_json(), if_none_match=True)
+                return Decision("act", mine)
+            except PreconditionFailed:
+                continue
+        held, etag = found
+        if held.incident_id == incident_id:
+            return Decision("act", held)
+        if _expired(store, held, time.time()):
+            try:  # replace exactly the lock we judged, never a newer one
+                put_json(store, lock_key(run), mine.to_json(), if_match=etag)
+                return Decision("act", mine)
+            except PreconditionFailed:
+                continue
+        same_job = held.job_id is not None and held.job_id == job_id
+        return Decision("join" if same_job else "wait", held)
+    raise RuntimeError(f"incident lock of run {run}: changed three times while reading it")
+
+
+def release(store: ObjectStore, *, run: str, incident_id: str) -> bool:
+    """Drop the lock if `incident_id` holds it; True when it did."""
+    found = read(store, run)
+    if found is None or found[0].incident_id != incident_id:
+        return False
+    store.delete(lock_key(run))
+    return True
+
+
+def join(store: ObjectStore, holder: IncidentLock, *, incident_id: str, alert_key: str) -> dict[str, Any]:
+    """Note on the holder's record that `alert_key` joined it (once); returns that record."""
+
+    def change(rec: dict[str, Any]) -> None:
+        joined = rec.setdefault("joined", [])
+        if not any(j.get("incident_id") == incident_id for j in joined):
+            joined.append({"incident_id": incident_id, "alert_key": alert_key, "time": time.time()})
+
+    note = {"schema_version": SCHEMA_VERSION, "kind": "incident_join", "run": holder.run}
+    note |= {"incident_id": incident_id, "alert_key": alert_key, "joined": holder.incident_id}
+    put_json(store, join_key(holder.run, incident_id), note)
+    deadline = time.monotonic() + JOIN_WAIT_S
+    while True:
+        try:
+            return record.update(store, run=holder.run, incident_id=holder.incident_id, change=change)
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2.0)
+
+
+def joined_to(store: ObjectStore, *, run: str, incident_id: str) -> str | None:
+    """The incident `incident_id` joined, if it joined one (its join note, kept after the lock is gone)."""
+    try:
+        note = json.loads(store.get_bytes(join_key(run, incident_id)))
+    except NotFound:
+        return None
+    return str(note["joined"]) if isinstance(note, dict) and note.get("joined") else None

@@ -1,0 +1,113 @@
+"""At most one incident per run acts at a time (issue 10 item 7): a second alert of the same job joins
+the first incident; an alert of another job of the run waits for it; a finished or crashed holder never
+blocks the run for good. On a local store and on SeaweedFS (whose conditional writes decide races)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from airflow.sdk.exceptions import AirflowSkipException
+from longrun.incident import exclusive, record, steps, tasks
+
+from training import schema
+from training.store import LocalDirStore, ObjectStore, store_from_env
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ObjectStore:
+    if request.param == "local":
+        return LocalDirStore(tmp_path / "store")
+    env = dict(request.getfixturevalue("s3_store_env"))
+    for k, v in env.items():  # boto3 reads the credentials from the environment
+        monkeypatch.setenv(k, v)
+    return store_from_env(env)
+
+
+def _alert(run: str, step: int) -> dict:
+    return schema.record(
+        "alert", run=run, step=step, check="recompute", suspect_ranks=[1], suspect_nodes=["n2"], evidence={}
+    )
+
+
+def _incident(run: str, step: int, job_id: int, rank: int = 0) -> steps.Incident:
+    key = schema.store_key(run, schema.alert_path(step, "recompute", f"r{rank:03d}-{1700000000 + step}"))
+    return steps.Incident(
+        run=run, alert_key=key, alert=_alert(run, step), job_id=job_id, run_params={"run_name": run}
+    )
+
+
+def _run() -> str:
+    return f"excl-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_second_alert_of_the_same_job_joins_the_first_incident(store: ObjectStore) -> None:
+    run = _run()
+    first, second = _incident(run, 17, job_id=5), _incident(run, 17, job_id=5, rank=2)
+    assert exclusive.enter(store, run=run, incident_id=first.incident_id, job_id=5).action == "act"
+    steps.open_record(store, first)
+    with pytest.raises(AirflowSkipException, match=f"joins incident {first.incident_id}"):
+        tasks.take_turn(store, second)
+    rec = record.load(store, run=run, incident_id=first.incident_id)
+    assert [j["alert_key"] for j in rec["joined"]] == [second.alert_key]
+    assert exclusive.joined_to(store, run=run, incident_id=second.incident_id) == first.incident_id
+    # The first incident's own retries still act.
+    assert exclusive.enter(store, run=run, incident_id=first.incident_id, job_id=5).action == "act"
+
+
+def test_an_alert_of_another_job_waits_until_the_holder_releases(store: ObjectStore) -> None:
+    run = _run()
+    first, later = _incident(run, 17, job_id=5), _incident(run, 30, job_id=6)
+    assert exclusive.enter(store, run=run, incident_id=first.incident_id, job_id=5).action == "act"
+    steps.open_record(store, first)
+    turn = exclusive.enter(store, run=run, incident_id=later.incident_id, job_id=6)
+    assert turn.action == "wait" and turn.holder.incident_id == first.incident_id
+    assert not exclusive.release(store, run=run, incident_id=later.incident_id), "only the holder releases"
+    assert exclusive.release(store, run=run, incident_id=first.incident_id)
+    assert exclusive.enter(store, run=run, incident_id=later.incident_id, job_id=6).action == "act"
+
+
+def test_a_finished_holder_does_not_block_the_run(store: ObjectStore) -> None:
+    run = _run()
+    first, later = _incident(run, 17, job_id=5), _incident(run, 30, job_id=6)
+    exclusive.enter(store, run=run, incident_id=first.incident_id, job_id=5)
+    steps.open_record(store, first)
+    # It relaunched but its summary never ran (the task died): the lock is still there.
+    first.event(store, "relaunched_running", fields={"status": record.RELAUNCHED})
+    assert exclusive.enter(store, run=run, incident_id=later.incident_id, job_id=6).action == "act"
+
+
+def test_of_two_incidents_racing_exactly_one_acts(store: ObjectStore) -> None:
+    run = _run()
+    incs = [_incident(run, 17, job_id=5, rank=r) for r in (0, 1)]
+    got: dict[str, str] = {}
+    start = threading.Barrier(2)
+
+    def go(inc: steps.Incident) -> None:
+        start.wait(timeout=30)
+        got[inc.incident_id] = exclusive.enter(store, run=run, incident_id=inc.incident_id, job_id=5).action
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in incs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(got.values()) == ["act", "join"], got
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"schema_version": 2}, "schema_version"),
+        ({"incident_id": ""}, "incident_id"),
+        ({"job_id": "5"}, "job_id"),
+        ({"acquired_at": None}, "acquired_at"),
+    ],
+)
+def test_lock_record_validation_names_the_field(change: dict, field: str) -> None:
+    good = exclusive.IncidentLock(run="r1", incident_id="i", job_id=5, acquired_at=1.0)
+    assert exclusive.IncidentLock.from_json(good.to_json()) == good
+    with pytest.raises(ValueError, match=field):
+        exclusive.IncidentLock.from_json({**good.to_json(), **change})
