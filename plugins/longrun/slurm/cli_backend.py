@@ -31,7 +31,7 @@ from longrun.slurm.errors import (
     SubmitRejectedError,
 )
 from longrun.slurm.render import render_sbatch
-from longrun.slurm.spec import JobSpec
+from longrun.slurm.spec import BASE_EXPORT, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,14 @@ _UNAVAILABLE = (
     "Zero Bytes were transmitted",
     "slurm_load_jobs error: Unable",
     "Slurm backup controller in standby mode",
+)
+#: What a diagnostic step takes from the worker's environment (the probe's knobs; nothing of Airflow's).
+STEP_EXPORT = (
+    *BASE_EXPORT,
+    "LONGRUN_FAULT_STATE_DIR",
+    "LONGRUN_PROBE_EXPECT",
+    "ATEN_CPU_CAPABILITY",
+    "OMP_NUM_THREADS",
 )
 _GONE = ("Invalid job id specified", "Job/step already completing or completed", "Invalid job id")
 
@@ -307,6 +315,8 @@ class CliSlurmClient:
             "--ntasks=1",
             "--job-name=longrun-diag",
             f"--time={minutes}",
+            # An allow-list, as for batch jobs: the worker's environment (Airflow's secrets) stays here.
+            f"--export={','.join(STEP_EXPORT)}",
             *cmd,
         ]
         proc = subprocess.Popen(
