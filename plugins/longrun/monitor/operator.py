@@ -108,7 +108,11 @@ class RunMonitorOperator(BaseOperator):
             resumed = params.get("resume_from")
             upto = schema.step_of_manifest_key(f"{resumed.rstrip('/')}/manifest.json") if resumed else 0
             done = [s for s in done if upto is not None and s <= upto]
-        alerts, steps = watch.ignore_existing(self.store, run, done)
+        # A retry hands over what an earlier try saw but did not hand over (only other jobs' alerts and
+        # those an incident took are passed over).
+        alerts, steps = watch.ignore_existing(
+            self.store, run, done, job_id=job_id, continuation=params.get("attach_job_id") is not None
+        )
         if alerts:
             self.log.info("ignoring %d alert(s) of earlier attempts: %s", len(alerts), list(alerts))
         seen = watch.Seen(

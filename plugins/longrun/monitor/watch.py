@@ -153,8 +153,41 @@ def seen_from_dict(d: dict[str, Any]) -> Seen:
 
 
 def ignore_existing(
-    store: ObjectStore, run: str, steps_done: Sequence[int]
+    store: ObjectStore,
+    run: str,
+    steps_done: Sequence[int],
+    *,
+    job_id: int | None = None,
+    continuation: bool = False,
 ) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """At the start of a watch: the alerts already in the store (an earlier attempt's, handled by its
-    incident) and the checkpoint steps already promoted, which this watch must not act on again."""
-    return tuple(alert_keys(store, run)), tuple(sorted(set(steps_done)))
+    """At the start of a watch (a first try or a retry): the alerts this watch must not act on again,
+    and the checkpoint steps already promoted.
+
+    An alert is passed over only when it is provably handled or not this job's: an incident exists for it
+    (handed over), it names another Slurm job (an earlier attempt's), or it names no job and this watch
+    continues a run (an attempt before alerts carried job ids). An alert of the watched job that no
+    incident took is NOT passed over: a retried monitor must hand it over, not drop it. Without
+    `job_id` (old callers): every alert in the store, as before."""
+    keys = alert_keys(store, run)
+    if job_id is None:
+        return tuple(keys), tuple(sorted(set(steps_done)))
+    from longrun.incident.record import incident_id_for
+
+    handled_ids = {
+        o.key.rsplit("/", 1)[-1].removesuffix(".json")
+        for o in store.list(schema.store_key(run, "incidents/"))
+        if o.key.endswith(".json")
+    }
+    ignored = []
+    for key in keys:
+        if incident_id_for(key) in handled_ids:
+            ignored.append(key)
+            continue
+        try:
+            alert = json.loads(store.get_bytes(key))
+        except (NotFound, ValueError):
+            continue  # unreadable now: look() reads it again and decides
+        named = alert.get("job_id") if isinstance(alert, dict) else None
+        if (named is not None and named != job_id) or (named is None and continuation):
+            ignored.append(key)
+    return tuple(ignored), tuple(sorted(set(steps_done)))
