@@ -1,0 +1,138 @@
+"""Time to recover, both paths side by side: hot spare (spare_nodes=1, recovery inside the job) and requeue
+(spare_nodes=0, cancel + new job), on an idle cluster and then with a competing job queued for the nodes
+the incident frees. The figure is alert written -> first healthy step of the relaunch, read from the
+trainer's segment records (longrun.incident.recovery), not Slurm's RUNNING.
+
+    .venv/bin/python bench/bench_recovery.py [--drills N] [--state-dir DIR] [--competitor-s S]
+
+Each drill is a full `training_run` through Airflow's REST API (sick-node on n2, 3 training nodes of the
+4-node cluster). "busy": the moment the alert appears, a competing 3-node job (another workload; a sleep)
+is submitted; it queues for the nodes the incident frees. The requeue path's relaunch then waits behind
+it; the hot-spare job never gives its nodes back. Medians and the ratio hot/requeue are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from longrun.drill import DRILL_CONF, Rest, prepare, return_to_service, run_drill
+from longrun.slurm.client import SlurmClient, make_client
+from longrun.slurm.spec import JobSpec
+
+from training import schema
+from training.store import ObjectStore, store_from_env
+
+DRILL = {"kind": "sick-node", "step": 17, "target": "n2"}
+
+
+class Competitor:
+    """Submits a competing job as soon as the run's first alert is in the store; cancels it at the end."""
+
+    def __init__(self, client: SlurmClient, store: ObjectStore, run: str, *, seconds: int, workdir: str):
+        self.client, self.store, self.run, self.seconds, self.workdir = client, store, run, seconds, workdir
+        self.job_id: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + 900
+        prefix = schema.store_key(self.run, "alerts/")
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if any(True for _ in self.store.list(prefix)):
+                spec = JobSpec(
+                    name="competitor", partition="debug", command=(f"sleep {self.seconds}",), nodes=3,
+                    gpus_per_node=0, exclusive=False, time_limit_min=10, workdir=self.workdir,
+                    output="competitor-%j.out",
+                )  # fmt: skip
+                self.job_id = self.client.submit(spec)
+                return
+            time.sleep(0.25)
+
+    def __enter__(self) -> Competitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self.job_id is not None:
+            self.client.cancel(self.job_id)
+
+
+def one(rest: Rest, client: SlurmClient, store: ObjectStore, *, spares: int, busy: bool, i: int,
+        competitor_s: int, workdir: str) -> dict[str, Any]:  # fmt: skip
+    return_to_service(client, say=lambda _line: None)
+    run = f"benchrec-{'hot' if spares else 'requeue'}-{'busy' if busy else 'idle'}-{time.strftime('%H%M%S')}-{i}"
+    conf = {**DRILL_CONF, "run_name": run, "spare_nodes": spares, "drill": DRILL}
+    if busy:
+        with Competitor(client, store, run, seconds=competitor_s, workdir=workdir):
+            r = run_drill(rest, store, conf, say=lambda _line: None)
+    else:
+        r = run_drill(rest, store, conf, say=lambda _line: None)
+    assert r.incident is not None, f"{run}: no incident"
+    rec = r.recovery
+    return {
+        "run": run,
+        "to_training_s": r.to_training_s,
+        "to_running_s": r.recover_s,
+        "in_job": bool((r.incident.get("relaunch") or {}).get("in_job")),
+        "resumed_as_picked": rec.get("resumed_as_picked"),
+        "lost_steps": rec.get("lost_steps"),
+        "milestones_s": rec.get("milestones_s"),
+    }
+
+
+def run_bench(rest: Rest, client: SlurmClient, store: ObjectStore, *, drills: int, competitor_s: int,
+              workdir: str, say: Any = print) -> dict[tuple[str, str], list[float]]:  # fmt: skip
+    out: dict[tuple[str, str], list[float]] = {}
+    for state in ("idle", "busy"):
+        for path, spares in (("hot spare", 1), ("requeue", 0)):
+            for i in range(drills):
+                r = one(rest, client, store, spares=spares, busy=state == "busy", i=i,
+                        competitor_s=competitor_s, workdir=workdir)  # fmt: skip
+                assert r["resumed_as_picked"] is True, r
+                assert r["in_job"] == (spares > 0), r
+                out.setdefault((path, state), []).append(float(r["to_training_s"]))
+                say(f"{path:>9} {state}: {r['run']}: alert -> first healthy step {r['to_training_s']} s "
+                    f"(alert -> RUNNING {r['to_running_s']} s), lost {r['lost_steps']} steps; {r['milestones_s']}")  # fmt: skip
+    return_to_service(client, say=lambda _line: None)
+    for state in ("idle", "busy"):
+        hot = statistics.median(out[("hot spare", state)])
+        req = statistics.median(out[("requeue", state)])
+        say(f"{state}: alert -> first healthy step, median of {drills}: hot spare {hot:.1f} s, requeue {req:.1f} s,"
+            f" ratio hot/requeue {hot / req:.2f}")  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--drills", type=int, default=int(os.environ.get("LONGRUN_BENCH_DRILLS", "1")))
+    p.add_argument("--state-dir", type=Path, default=None, help="the stack's state dir (default: longrun's)")
+    p.add_argument("--competitor-s", type=int, default=90, help="how long the competing job runs")
+    args = p.parse_args(argv)
+    from longrun.stack import Stack
+
+    stack = Stack(args.state_dir) if args.state_dir else Stack()
+    stack.up(say=lambda _line: None)
+    env = stack.env()
+    os.environ.update(env)
+    rest = Rest.from_env(env)
+    prepare(rest)
+    client = make_client(backend="cli", slurm_conf=env["SLURM_CONF"])
+    run_bench(rest, client, store_from_env(), drills=args.drills, competitor_s=args.competitor_s,
+              workdir=str(stack.state_dir))  # fmt: skip
+    print(
+        f"command: .venv/bin/python bench/bench_recovery.py --drills {args.drills} --competitor-s {args.competitor_s}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
