@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from longrun.slurm import ops
+from longrun.slurm.cli_backend import CliSlurmClient
 from longrun.slurm.client import JobStatus, SlurmClient
 from longrun.slurm.errors import ForeignDrainError, InvalidSpecError, JobNotFoundError, SubmitRejectedError
 
@@ -49,15 +50,13 @@ def test_cancelled(guard):
 
 
 def test_durable_record_agrees_with_the_controller(guard):
-    """After MinJobAge slurmctld forgets a job; jobcomp/filetxt then answers with the same final state."""
-    if not hasattr(guard.client, "_from_jobcomp"):
-        pytest.skip("the durable record is read by the CLI backend (pyslurm delegates to it)")
+    """After MinJobAge slurmctld forgets a job; jobcomp/filetxt then answers with the same final state as
+    this backend read live (the pyslurm backend falls back to the same record)."""
+    cli = CliSlurmClient(slurm_conf=guard.slurm_conf)
     job = guard.submit(guard.spec("durable", ["exit 3"]))
     live = ops.wait_status(guard.client, job, FINAL, timeout_s=60)
-    durable = ops.wait_for(
-        guard.client, job, lambda _s: guard.client._from_jobcomp(job) is not None, timeout_s=10
-    )
-    durable = guard.client._from_jobcomp(job)
+    ops.wait_for(cli, job, lambda _s: cli._from_jobcomp(job) is not None, timeout_s=10)
+    durable = cli._from_jobcomp(job)
     assert durable is not None and durable.source == "jobcomp"
     assert (durable.status, durable.exit_code, durable.nodes) == (live.status, live.exit_code, live.nodes)
 
@@ -107,3 +106,33 @@ def test_maint_reservation_create_delete(guard):
     assert name in guard.client.reservations()
     guard.client.delete_reservation(name)
     assert name not in guard.client.reservations()
+
+
+def _observed(s):
+    return (s.status, s.slurm_state, s.exit_code, s.signal, s.reason, s.nodes, s.restart_count, s.held)
+
+
+def test_same_states_as_the_cli_on_the_same_jobs(guard):
+    """Exit codes, signals, reasons, nodes, holds: this backend reads every job as the CLI backend does."""
+    cli = CliSlurmClient(slurm_conf=guard.slurm_conf)
+    tag = "longrun/test/same/t/-1/"
+    ok = guard.submit(guard.spec("same", ["true"], comment=f"{tag}1"))
+    failed = guard.submit(guard.spec("same", ["exit 3"], comment=f"{tag}2"))
+    killed = guard.submit(guard.spec("same", ["kill -9 $$"], comment=f"{tag}3"))
+    cancelled = guard.submit(guard.spec("same", ["sleep 120"], comment=f"{tag}4"))
+    held = guard.submit(guard.spec("same", ["sleep 120"], comment=f"{tag}5"))
+    for job in (cancelled, held):
+        ops.wait_status(guard.client, job, {JobStatus.RUNNING}, timeout_s=30)
+    guard.client.cancel(cancelled)
+    guard.client.requeue_hold(held)
+    for job in (ok, failed, killed, cancelled):
+        ops.wait_status(guard.client, job, FINAL, timeout_s=60)
+    ops.wait_for(guard.client, held, lambda s: s.held, timeout_s=30)
+    for job in (ok, failed, killed, cancelled, held):
+        assert _observed(guard.client.job(job)) == _observed(cli.job(job)), job
+    mine = {s.job_id: _observed(s) for s in guard.client.find_jobs(tag)}
+    theirs = {s.job_id: _observed(s) for s in cli.find_jobs(tag)}
+    assert mine == theirs and list(mine) == [held, cancelled, killed, failed, ok]
+    assert guard.client.job(killed).signal == 9 and guard.client.job(killed).exit_code is None
+    assert guard.client.job(failed).exit_code == 3
+    assert guard.client.job(held).status is JobStatus.REQUEUED

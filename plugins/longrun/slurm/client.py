@@ -301,7 +301,7 @@ def make_client(*, backend: str = "auto", slurm_conf: str | None = None) -> Slur
     from longrun.slurm import pyslurm_backend
 
     cli = CliSlurmClient(slurm_conf=conf)
-    reason = pyslurm_backend.unavailable_reason(cluster_version=cli.version())
+    reason = pyslurm_backend.unavailable_reason(cluster_version=cli.version(), slurm_conf=conf)
     if reason is None:
         return pyslurm_backend.PyslurmClient(slurm_conf=conf)
     if backend == "pyslurm":

@@ -1,102 +1,225 @@
 """The pyslurm backend: Slurm's C API through pyslurm, where it is installed and built for this cluster.
 
-pyslurm is imported lazily (only when this backend is chosen): PyPI has it for Slurm 25.11 only, and it
-does not build against Debian 12's Slurm 22.05, so on the local stack the CLI backend runs and
-this one is skipped with its reason. Quirks handled (pyslurm 25.11.2): `time_limit` must be an
-int or "HH:MM:SS"; the version is `pyslurm.__version__`; nodes are `Job.allocated_nodes`; right after
-RESUME a node reads IDLE+NOT_RESPONDING for ~1 s and keeps its old reason text.
+pyslurm is built per Slurm release (PyPI has it for 25.11 only; see docs/slurm.md) and is imported lazily,
+only when this backend is chosen. Two hazards shape this module:
 
-pyslurm has no call for MAINT reservations with `ignore_jobs` nor for an interactive step; those two go
-through the CLI backend, which this class holds. Written against pyslurm 25.11's documented API and NOT
-exercised here (no Slurm 25.11 on this machine).
+- libslurm aborts the whole process (it does not raise) when it initialises without a configuration
+  source, and pyslurm initialises it at import. So `unavailable_reason` never imports pyslurm here: it
+  needs a readable slurm.conf and probes the import in a child process; this process imports it with
+  auto-init off and initialises it with an explicit config path (`_bind`), once per process.
+- libslurm keeps that config for the life of the process: a second client for another cluster in the
+  same process is refused instead of silently talking to the first cluster.
+
+Quirks of pyslurm 25.11.2 handled here: `load_sbatch_options()` reads a script *path*, so the job is built
+from the typed JobSpec fields instead (the rendered script still goes along as the batch script, for the
+`export` lines and the command); `time_limit` must be an int; right after RESUME a node reads
+IDLE+NOT_RESPONDING for ~1 s and keeps its old reason text. `Reservation.create()` corrupts the heap in
+25.11.2 (fixed upstream in 26.05): MAINT reservations are created through the CLI backend, which this class
+holds; reading and deleting them goes through pyslurm. An interactive step (srun) has no pyslurm call and
+also goes through the CLI.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from longrun.slurm import parse
 from longrun.slurm import validate as v
-from longrun.slurm.cli_backend import CliSlurmClient
-from longrun.slurm.client import CommandResult, JobState, NodeState, fold_status, same_release
+from longrun.slurm.cli_backend import CliSlurmClient, _secret_env
+from longrun.slurm.client import ACTIVE, CommandResult, JobState, NodeState, fold_status, same_release
 from longrun.slurm.errors import (
     BackendUnavailableError,
     ForeignDrainError,
+    JobNotFoundError,
+    SlurmCommandError,
     SubmitRejectedError,
 )
 from longrun.slurm.render import render_sbatch
 from longrun.slurm.spec import JobSpec
 
+PROBE_TIMEOUT_S = 60.0
+# libslurm errors that mean "the job is gone or already done": cancel is then a no-op, as with scancel.
+_GONE = ("Invalid job id", "already completing or completed", "already completed")
 
-def _import() -> Any:
-    return importlib.import_module("pyslurm")
+_lock = threading.Lock()
+_bound_conf: str | None = None  # the slurm.conf libslurm was initialised with in this process
 
 
-def pyslurm_version() -> str:
+def _conf_problem(conf: str | None) -> str | None:
+    if not conf:
+        return (
+            "SLURM_CONF is not set: pyslurm is not imported without it (libslurm aborts the process when"
+            " it finds no configuration source)"
+        )
+    if not Path(conf).is_file():
+        return f"SLURM_CONF={conf!r} is not a readable file"
+    return None
+
+
+@lru_cache(maxsize=8)
+def _probe(conf: str) -> tuple[str | None, str | None]:
+    """(pyslurm version, None) or (None, why not): the import and init done in a child process."""
+    code = "import sys, pyslurm; pyslurm.slurm_init(sys.argv[1]); sys.stdout.write(str(pyslurm.__version__))"
+    env = {**os.environ, "SLURM_CONF": conf, "PYSLURM_DISABLE_AUTO_INIT": "1"}
     try:
-        return str(_import().__version__)
-    except ImportError:
-        return ""
+        proc = subprocess.run(
+            [sys.executable, "-c", code, conf],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"importing pyslurm did not finish within {PROBE_TIMEOUT_S:.0f} s"
+    if proc.returncode != 0:
+        tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"rc {proc.returncode}"
+        return None, f"importing pyslurm failed in a probe process ({how}): {tail}"
+    return proc.stdout.strip(), None
 
 
-def unavailable_reason(*, cluster_version: str | None) -> str | None:
-    """Why pyslurm cannot be used here, or None when it can."""
-    try:
-        mod = _import()
-    except ImportError as err:
-        return f"pyslurm does not import ({err}); install the pyslurm release that matches your Slurm"
-    version = str(getattr(mod, "__version__", ""))
-    if cluster_version and not same_release(version, cluster_version):
+def unavailable_reason(*, cluster_version: str | None, slurm_conf: str | None = None) -> str | None:
+    """Why pyslurm cannot be used for the cluster of `slurm_conf` (default $SLURM_CONF), or None.
+
+    Never kills the caller: pyslurm is only imported in a child process here.
+    """
+    conf = slurm_conf or os.environ.get("SLURM_CONF") or None
+    if importlib.util.find_spec("pyslurm") is None:
+        return "pyslurm is not installed; install the pyslurm release that matches your Slurm (docs/slurm.md)"
+    if problem := _conf_problem(conf):
+        return problem
+    assert conf is not None
+    if _bound_conf is not None and _bound_conf != conf:
+        return (
+            f"pyslurm in this process is bound to {_bound_conf!r}, not {conf!r} (libslurm keeps one config)"
+        )
+    version, why = _probe(conf)
+    if why:
+        return why
+    if cluster_version and not same_release(version or "", cluster_version):
         return f"pyslurm {version} is built for another Slurm release than the cluster's {cluster_version}"
     return None
 
 
+def pyslurm_version(slurm_conf: str | None = None) -> str:
+    """pyslurm's version, or "" when it cannot be imported safely here."""
+    conf = slurm_conf or os.environ.get("SLURM_CONF") or None
+    if importlib.util.find_spec("pyslurm") is None or _conf_problem(conf):
+        return ""
+    assert conf is not None
+    return _probe(conf)[0] or ""
+
+
+def _bind(conf: str) -> Any:
+    """Import pyslurm and initialise libslurm with `conf`, once per process."""
+    global _bound_conf
+    with _lock:
+        if _bound_conf is not None and _bound_conf != conf:
+            raise BackendUnavailableError(
+                f"pyslurm in this process is bound to {_bound_conf!r}, not {conf!r}: use one cluster per"
+                " process or the CLI backend"
+            )
+        if _bound_conf is None:
+            saved = os.environ.get("PYSLURM_DISABLE_AUTO_INIT")
+            os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"
+            try:
+                mod = importlib.import_module("pyslurm")
+            finally:
+                if saved is None:
+                    os.environ.pop("PYSLURM_DISABLE_AUTO_INIT", None)
+                else:
+                    os.environ["PYSLURM_DISABLE_AUTO_INIT"] = saved
+            mod.slurm_init(conf)
+            _bound_conf = conf
+        return importlib.import_module("pyslurm")
+
+
 class PyslurmClient:
-    """SlurmClient over pyslurm; reservations and srun steps delegate to the CLI backend."""
+    """SlurmClient over pyslurm; creating MAINT reservations and srun steps delegate to the CLI backend."""
 
     backend = "pyslurm"
 
     def __init__(self, *, slurm_conf: str | None = None) -> None:
-        if slurm_conf:
-            # libslurm reads SLURM_CONF when it initialises, i.e. at import: set it first.
-            os.environ.setdefault("SLURM_CONF", slurm_conf)
-        reason = unavailable_reason(cluster_version=None)
+        conf = slurm_conf or os.environ.get("SLURM_CONF") or None
+        self._cli = CliSlurmClient(slurm_conf=conf)
+        reason = unavailable_reason(cluster_version=self._cli.version(), slurm_conf=conf)
         if reason:
             raise BackendUnavailableError(reason)
-        self._ps = _import()
-        self._cli = CliSlurmClient(slurm_conf=slurm_conf)
+        assert conf is not None
+        self._ps = _bind(conf)
 
     def version(self) -> str:
         return self._cli.version()
 
-    def submit(self, spec: JobSpec) -> int:
-        desc = self._ps.JobSubmitDescription(script=render_sbatch(spec), environment=dict(os.environ))
-        desc.load_sbatch_options()  # the #SBATCH lines are the single source of the job's options
+    # -- jobs ---------------------------------------------------------------------------------------
+    def _description(self, spec: JobSpec, secret_env: Mapping[str, str] | None) -> Any:
+        # The same allow-list as the CLI's --export: the named variables of the client's environment
+        # (SLURM_CONF pointing at this cluster) and the secrets, nothing else of this process.
+        base = self._cli._env
+        env = {k: base[k] for k in spec.export if k in base}
+        env.update(_secret_env(secret_env))
+        return self._ps.JobSubmitDescription(
+            name=spec.name,
+            partitions=[spec.partition],
+            nodes=spec.nodes,
+            ntasks=spec.nodes * spec.ntasks_per_node,
+            ntasks_per_node=spec.ntasks_per_node,
+            gres_per_node=f"gpu:{spec.gpu_type}:{spec.gpus_per_node}" if spec.gpus_per_node else None,
+            resource_sharing="no" if spec.exclusive else None,
+            time_limit=int(spec.time_limit_min),
+            log_files_open_mode="append",
+            is_requeueable=spec.requeue,
+            comment=spec.comment,
+            environment=env,
+            excluded_nodes=list(spec.exclude) or None,
+            required_nodes=list(spec.nodelist) or None,
+            reservations=[spec.reservation] if spec.reservation else None,
+            working_directory=spec.workdir or os.getcwd(),
+            # sbatch's default when --output is absent; stderr goes to the same file, as with sbatch.
+            standard_output=spec.output or "slurm-%j.out",
+            script=render_sbatch(spec),
+        )
+
+    def submit(self, spec: JobSpec, *, secret_env: Mapping[str, str] | None = None) -> int:
+        desc = self._description(spec, secret_env)
         try:
             return int(desc.submit())
-        except self._ps.RPCError as err:
+        except (self._ps.RPCError, ValueError) as err:
             raise SubmitRejectedError(f"pyslurm refused job {spec.name!r}: {err}") from err
 
-    def _state(self, job: Any) -> JobState:
-        raw = str(job.state).upper()
+    @staticmethod
+    def _state(job: Any) -> JobState:
+        raw = str(job.state).upper().split("+")[0]
         restarts = int(job.requeue_count or 0)
-        exit_code = getattr(job, "exit_code", None)
-        signal = getattr(job, "exit_code_signal", None) or None
-        reason = job.state_reason
+        reason = parse._null(None if job.state_reason is None else str(job.state_reason))
+        status = fold_status(raw, restart_count=restarts)
+        exit_code, signal = job.exit_code, job.exit_code_signal or None
+        if signal:
+            exit_code = None
+        if status in ACTIVE:  # as the CLI: no exit code until the job is final
+            exit_code, signal = None, None
         return JobState(
             job_id=int(job.id),
-            status=fold_status(raw, restart_count=restarts),
+            status=status,
             slurm_state=raw,
-            exit_code=None if signal else exit_code,
+            exit_code=exit_code,
             signal=signal,
             restart_count=restarts,
-            nodes=parse.expand_hostlist(getattr(job, "allocated_nodes", None) or getattr(job, "nodes", None)),
-            reason=None if reason in (None, "None") else str(reason),
+            nodes=parse.expand_hostlist(job.allocated_nodes),
+            reason=reason,
             name=str(job.name or ""),
-            comment=str(getattr(job, "comment", "") or ""),
-            held=raw == "PENDING" and bool(reason and "held" in str(reason).lower()),
+            comment=str(job.comment or ""),
+            held=raw in ("PENDING", "REQUEUE_HOLD") and parse._held(reason),
             source="pyslurm",
         )
 
@@ -105,7 +228,12 @@ class PyslurmClient:
         try:
             return self._state(self._ps.Job.load(job_id))
         except self._ps.RPCError:
-            return self._cli.job(job_id)  # forgotten by slurmctld: the durable jobcomp record
+            pass
+        # Forgotten by slurmctld: the durable jobcomp record, as the CLI backend reads it.
+        durable = self._cli._from_jobcomp(job_id)
+        if durable is None:
+            raise JobNotFoundError(f"job {job_id}: unknown to slurmctld and not in the jobcomp record")
+        return durable
 
     def jobs(self) -> list[JobState]:
         return [self._state(j) for j in self._ps.Jobs.load().values()]
@@ -115,51 +243,77 @@ class PyslurmClient:
         hits = [j for j in self.jobs() if j.comment.startswith(tag_prefix)]
         return sorted(hits, key=lambda j: j.job_id, reverse=True)
 
+    def _call(self, what: str, fn: Any, *args: Any, **kw: Any) -> None:
+        try:
+            fn(*args, **kw)
+        except self._ps.RPCError as err:
+            raise SlurmCommandError(f"pyslurm {what}: {err}") from err
+
     def cancel(self, job_id: int) -> None:
-        self._ps.Job(job_id).cancel()
+        v.int_range("job_id", job_id, 1, 2**32)
+        try:
+            self._ps.Job(job_id).cancel()
+        except self._ps.RPCError as err:
+            if not any(s in str(err) for s in _GONE):
+                raise SlurmCommandError(f"pyslurm cancel {job_id}: {err}") from err
 
     def requeue_hold(self, job_id: int) -> None:
-        self._ps.Job(job_id).requeue(hold=True)
+        v.int_range("job_id", job_id, 1, 2**32)
+        self._call(f"requeue-hold {job_id}", self._ps.Job(job_id).requeue, hold=True)
 
     def set_excluded(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        v.int_range("job_id", job_id, 1, 2**32)
         names = v.nodes("nodes", nodes)
-        self._ps.Job(job_id).modify(
-            self._ps.JobSubmitDescription(excluded_nodes=list(names), begin_time="now")
-        )
+        changes = self._ps.JobSubmitDescription(excluded_nodes=list(names), begin_time="now")
+        self._call(f"exclude {names} from {job_id}", self._ps.Job(job_id).modify, changes)
 
     def release(self, job_id: int) -> None:
-        self._ps.Job(job_id).release()
+        v.int_range("job_id", job_id, 1, 2**32)
+        self._call(f"release {job_id}", self._ps.Job(job_id).release)
+
+    # -- nodes --------------------------------------------------------------------------------------
+    @staticmethod
+    def _node_state(n: Any) -> NodeState:
+        base, flags = parse.split_node_state(str(n.state))
+        return NodeState(name=str(n.name), state=base, flags=flags, reason=parse.strip_reason(n.reason))
 
     def node(self, name: str) -> NodeState:
         v.node("node", name)
-        n = self._ps.Node.load(name)
-        base, flags = parse.split_node_state(str(n.state))
-        return NodeState(name=name, state=base, flags=flags, reason=parse.strip_reason(n.reason))
+        try:
+            return self._node_state(self._ps.Node.load(name))
+        except self._ps.RPCError as err:
+            raise SlurmCommandError(f"node {name!r} is not in the cluster: {err}") from err
 
     def nodes(self) -> list[NodeState]:
-        return [self.node(name) for name in self._ps.Nodes.load()]
+        return [self._node_state(n) for n in self._ps.Nodes.load().values()]
 
     def drain(self, node: str, reason: str) -> None:
         v.node("node", node)
         v.reason("reason", reason, ours=True)
-        self._ps.Node.load(node).modify(self._ps.Node(state="DRAIN", reason=reason))
+        changes = self._ps.Node(state="DRAIN", reason=reason)
+        self._call(f"drain {node}", self._ps.Node(node).modify, changes)
 
     def resume(self, node: str) -> None:
         state = self.node(node)
         if not state.drain_flag and not state.is_down:
             return
         if not state.is_ours:
-            raise ForeignDrainError(f"node {node} is drained with reason {state.reason!r}, not longrun's")
-        self._ps.Node.load(node).modify(self._ps.Node(state="RESUME"))
+            raise ForeignDrainError(
+                f"node {node} is {state.state}+{'+'.join(sorted(state.flags))} with reason {state.reason!r},"
+                f" which longrun did not set (ours start with {v.DRAIN_PREFIX!r}): resume it by hand if intended"
+            )
+        self._call(f"resume {node}", self._ps.Node(node).modify, self._ps.Node(state="RESUME"))
 
+    # -- reservations -------------------------------------------------------------------------------
     def create_maint_reservation(self, name: str, nodes: tuple[str, ...], duration_min: int) -> str:
         return self._cli.create_maint_reservation(name, nodes, duration_min)
 
     def delete_reservation(self, name: str) -> None:
-        self._cli.delete_reservation(name)
+        v.name("reservation", name)
+        self._call(f"delete reservation {name}", self._ps.Reservation(name=name).delete)
 
     def reservations(self) -> list[str]:
-        return self._cli.reservations()
+        return sorted(str(r.name) for r in self._ps.Reservations.load().values())
 
     def run_in_reservation(
         self, reservation: str, node: str, argv: tuple[str, ...], *, timeout_s: float
