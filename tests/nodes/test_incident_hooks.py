@@ -75,3 +75,11 @@ def test_a_failed_diagnosis_marks_for_replacement_and_observe_records_nothing(tm
     evs = h.events(store, "n4")
     assert [e.kind for e in evs] == [h.DIAGNOSED, h.REPLACE]
     assert evs[0].evidence["fingerprint"] == "ab" and h.state(evs) == "replace"
+
+
+def test_the_drain_records_the_suspicion_when_attribute_could_not(tmp_path):
+    store = LocalDirStore(tmp_path / "store")
+    inc = incident("r1", 5, node="n1")
+    incident_hooks.after_drain(store, inc, {"node": "n1", "reason": "longrun:sdc:r1:5"})
+    evs = h.events(store, "n1")
+    assert [e.kind for e in evs] == [h.SUSPECTED, h.DRAINED] and evs[0].evidence["check"] == "weight_vote"

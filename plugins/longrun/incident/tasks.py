@@ -19,7 +19,7 @@ from longrun.incident import approver, record, steps
 from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE, DrainPolicy
 from longrun.monitor import lifecycle
 from training import schema
-from training.store import ObjectStore, store_from_env
+from training.store import ObjectStore, StoreError, store_from_env
 
 log = logging.getLogger("longrun.sdc_incident")
 
@@ -119,7 +119,13 @@ def attribute_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]
 
     def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
         out = steps.attribute(store, inc)
-        hist = incident_hooks.after_attribute(store, node_tasks.history_store(), inc, out, policy)
+        try:
+            hist = incident_hooks.after_attribute(store, node_tasks.history_store(), inc, out, policy)
+        except (StoreError, ValueError) as e:
+            # This task has no retries and the drain must not wait on a note: the drain task records
+            # the suspicion again (idempotent, with retries); only the note on the record is missing.
+            log.warning("node history not updated for %s: %s", out.get("node"), e)
+            hist = None
         return {**out, "node_history": hist} if hist else out
 
     return _run(params, dag_run_id, body)

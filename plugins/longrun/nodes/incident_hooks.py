@@ -24,6 +24,15 @@ def _common(inc: Any) -> dict[str, Any]:
     return {"run": inc.run, "incident_id": inc.incident_id}
 
 
+def _suspicion(alert: Mapping[str, Any], verdict: Any) -> dict[str, Any]:
+    return {
+        "check": alert.get("check"),
+        "step": alert.get("step"),
+        "suspect_ranks": list(alert.get("suspect_ranks") or []),
+        "verdict": verdict,
+    }
+
+
 def after_attribute(
     store: ObjectStore, hist: ObjectStore, inc: Any, out: Mapping[str, Any], policy: NodePolicy
 ) -> dict[str, Any] | None:
@@ -37,12 +46,7 @@ def after_attribute(
         h.SUSPECTED,
         inc.incident_id,
         **_common(inc),
-        evidence={
-            "check": alert.get("check"),
-            "step": alert.get("step"),
-            "suspect_ranks": list(alert.get("suspect_ranks") or []),
-            "verdict": out.get("verdict"),
-        },
+        evidence=_suspicion(alert, out.get("verdict")),
     )
     st = standing(node, h.events(hist, node), policy)
     if st.repeat_offender:
@@ -63,7 +67,10 @@ def after_attribute(
 def after_drain(hist: ObjectStore, inc: Any, out: Mapping[str, Any]) -> None:
     if out.get("observe") or not out.get("node"):
         return
-    h.record(hist, str(out["node"]), h.DRAINED, inc.incident_id, **_common(inc), reason=out.get("reason"))
+    node = str(out["node"])
+    # The suspicion, in case attribute could not write it (a no-op when it did).
+    h.record(hist, node, h.SUSPECTED, inc.incident_id, **_common(inc), evidence=_suspicion(inc.alert, None))
+    h.record(hist, node, h.DRAINED, inc.incident_id, **_common(inc), reason=out.get("reason"))
 
 
 def probe_evidence(diag: Mapping[str, Any]) -> dict[str, Any]:
