@@ -30,6 +30,11 @@ from training.store import ObjectStore, StoreError, put_json
 log = logging.getLogger("training.events")
 
 STORE_ATTEMPTS = 4
+# An alert is what the orchestrator acts on after this process is gone: it keeps trying through a store
+# outage for this long (under the verdict barrier's 60 s, so the peers wait for it), then once more at
+# close; until then it is spooled (it is in the run dir, fsynced, from the start).
+ALERT_UPLOAD_DEADLINE_S = float(os.environ.get("LONGRUN_ALERT_UPLOAD_DEADLINE_S", "45"))
+ALERT_CLOSE_DEADLINE_S = float(os.environ.get("LONGRUN_ALERT_CLOSE_DEADLINE_S", "60"))
 
 
 def write_durably(path: Path, obj: Any) -> None:
@@ -76,6 +81,7 @@ class EventWriter:
         self._last_progress_put = 0.0
         self._unsent_progress: dict[str, Any] | None = None
         self._live = None
+        self._unsent_alerts: list[tuple[str, dict[str, Any]]] = []
         # Read once: a key that does not parse fails the start-up, not the alert.
         self._key = signing.key_from_env()
         job = os.environ.get("SLURM_JOB_ID", "")
@@ -101,6 +107,29 @@ class EventWriter:
                     time.sleep(0.5 * 2**i)
         return False
 
+    def _put_until(self, relative: str, obj: Any, deadline_s: float) -> bool:
+        """Put with back-off (0.5 s doubling to 8 s) until it lands or `deadline_s` has passed."""
+        end = time.monotonic() + deadline_s
+        delay = 0.5
+        while True:
+            if self._put(relative, obj):
+                return True
+            if time.monotonic() + delay > end:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
+
+    def send_unsent_alerts(self, deadline_s: float = 0.0) -> int:
+        """Retry the spooled alerts (each until `deadline_s`); returns how many are still unsent."""
+        still = []
+        for relative, alert in self._unsent_alerts:
+            if self._put_until(relative, alert, deadline_s):
+                log.warning("spooled alert %s reached the store", relative)
+            else:
+                still.append((relative, alert))
+        self._unsent_alerts = still
+        return len(still)
+
     # ---- records -----------------------------------------------------------------------------------
 
     def alert(self, alert: dict[str, Any]) -> Path:
@@ -118,8 +147,13 @@ class EventWriter:
         relative = schema.alert_path(alert["step"], alert["check"], f"r{self.rank:03d}-{int(time.time())}")
         path = self.run_dir / relative
         write_durably(path, alert)
-        if not self._put(relative, alert, attempts=STORE_ATTEMPTS):
-            log.error("alert is in %s but NOT in the store %s", path, self.store and self.store.describe())
+        if not self._put_until(relative, alert, ALERT_UPLOAD_DEADLINE_S):
+            self._unsent_alerts.append((relative, alert))
+            log.error(
+                "alert is in %s but NOT in the store %s yet; spooled, retried at close",
+                path,
+                self.store and self.store.describe(),
+            )
         log.error("SDC ALERT written: %s", path)
         return path
 
@@ -133,6 +167,8 @@ class EventWriter:
 
     def flush(self) -> None:
         """Write the pending check records as one batch file (run dir and store)."""
+        if self._unsent_alerts:  # the store may be back: one try each, no waiting
+            self.send_unsent_alerts()
         if not self._pending:
             return
         first, last = self._pending[0]["step"], self._pending[-1]["step"]
@@ -173,6 +209,9 @@ class EventWriter:
             log.error("record %s is in the run dir but NOT in the store", relative)
 
     def close(self) -> None:
+        if self._unsent_alerts and self.send_unsent_alerts(ALERT_CLOSE_DEADLINE_S):
+            for relative, _alert in self._unsent_alerts:
+                log.error("alert %s never reached the store; it is only in %s", relative, self.run_dir)
         self.flush()
         if self._unsent_progress is not None:  # the last heartbeat reaches the store too
             self._put(schema.PROGRESS_PATH, self._unsent_progress)

@@ -4,7 +4,8 @@ It lives in the installed package (the triggerer cannot import triggers from dag
 (`watch.look`: Slurm job state, alerts/, new manifests, progress age) runs in a thread, so the event loop
 never blocks. Polling starts at `poll_s` and backs off to `max_poll_s` while nothing moves; any progress
 brings it back to `poll_s`. Failures become an `error` event (never an exception out of `run()`); Slurm
-or store hiccups are retried `max_errors` times first. `cleanup` is not overridden: it runs on every
+hiccups are retried `max_errors` times first. An unreachable store is watched through (back-off, a log
+line per look) for as long as it lasts, and the heartbeat's stale clock restarts when it answers again. `cleanup` is not overridden: it runs on every
 triggerer restart and must never touch the job.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -77,10 +79,28 @@ class RunMonitorTrigger(BaseTrigger):
             )
             return
         delay, errors, last = self.poll_s, 0, None
+        outage_since: float | None = None  # the store has not answered since then
         while True:
             try:
                 event, activity = await asyncio.to_thread(watch.look, store, client, seen)
-            except (RetryableSlurmError, StoreUnavailable) as err:
+            except StoreUnavailable as err:
+                # An unreachable store is not a dead run: the job may train on (its uploads retry and
+                # its alert waits for the store). Keep watching, back off, and say so; never count it
+                # towards max_errors.
+                now = time.time()
+                outage_since = outage_since or now
+                delay = min(self.max_poll_s, delay * 2)
+                self.log.warning(
+                    "store unreachable for %.0f s; still watching run %s, job %s (next look in %.1f s): %s",
+                    now - outage_since,
+                    seen.run,
+                    seen.job_id,
+                    delay,
+                    err,
+                )
+                await asyncio.sleep(delay)
+                continue
+            except RetryableSlurmError as err:
                 errors += 1
                 self.log.warning("monitor look failed (%d/%d): %s", errors, self.max_errors, err)
                 if errors >= self.max_errors:
@@ -96,6 +116,14 @@ class RunMonitorTrigger(BaseTrigger):
                 )
                 return
             errors = 0
+            if outage_since is not None:
+                # Heartbeats could not reach the store during the outage: the stale clock restarts now,
+                # else the first look after it would call a training job stale.
+                self.log.warning("store reachable again after %.0f s", time.time() - outage_since)
+                seen = replace(seen, since=time.time())
+                outage_since = None
+                if event is not None and event.get("type") == watch.STALE:
+                    event = None
             if event is not None:
                 yield self._event(event)
                 return

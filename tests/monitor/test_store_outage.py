@@ -1,0 +1,96 @@
+"""Outages are not hangs (issue 10 item 8), on the real SeaweedFS and Slurm.
+
+While the store is stopped, the monitor's trigger keeps watching the running job with back-off and says
+so in its log, instead of giving up after `max_errors` failed looks; when the store answers again the
+heartbeat's stale clock restarts, so a job that trained through the outage is not called stale. The job
+then ends and the trigger reports exactly that. Before: an `error` event after `max_errors` looks, or,
+with a short outage, a `stale` event on the first look after it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+import pytest
+from longrun.monitor import watch
+from longrun.monitor.trigger import RunMonitorTrigger
+from longrun.slurm.client import make_client
+from longrun.slurm.spec import JobSpec
+
+from training import schema
+from training.store import put_json, store_from_env
+
+pytestmark = [pytest.mark.slurm, pytest.mark.s3, pytest.mark.slow]
+
+OUTAGE_S = 12.0
+STALE_AFTER_S = 6.0  # shorter than the outage: the old heartbeat would be "stale" right after it
+
+
+def test_the_monitor_watches_through_a_store_outage(
+    local_stack, slurm_cluster, s3_store_env, monkeypatch, tmp_path, caplog, capfd
+) -> None:
+    for k, v in {**s3_store_env, **slurm_cluster.env}.items():
+        monkeypatch.setenv(k, v)
+    run = f"outage-{uuid.uuid4().hex[:6]}"
+    store = store_from_env()
+    client = make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
+    job = client.submit(
+        JobSpec(
+            name=run,
+            partition=slurm_cluster.partition,
+            gpus_per_node=0,
+            exclusive=False,
+            time_limit_min=5,
+            workdir=str(tmp_path),
+            output=f"{tmp_path}/slurm-%j.out",
+            comment=f"longrun/test_outage/{run}/t/-1/1",
+            command=[f"sleep {OUTAGE_S + 14:.0f}"],
+        )
+    )
+    put_json(store, schema.store_key(run, schema.PROGRESS_PATH), schema.record("progress", run=run, step=1, loss=1.0, step_time_s=0.1))  # fmt: skip
+    seen = watch.Seen(run=run, job_id=job, stale_after_s=STALE_AFTER_S, since=time.time())
+    trigger = RunMonitorTrigger(
+        seen=watch.seen_to_dict(seen),
+        slurm_conf=slurm_cluster.env["SLURM_CONF"],
+        poll_s=0.5,
+        max_poll_s=2.0,
+        max_errors=2,  # Slurm hiccups still count; store outages must not
+    )
+    say: list[str] = []
+
+    async def main() -> dict[str, Any]:
+        async def outage() -> None:
+            await asyncio.sleep(2.0)
+            await asyncio.to_thread(local_stack.s3.down, say.append)
+            await asyncio.sleep(OUTAGE_S)
+            await asyncio.to_thread(local_stack.s3.up, say.append)
+            # The trainer's heartbeat reaches the store again (it trained on through the outage).
+            for step in range(2, 200):
+                rec = schema.record("progress", run=run, step=step, loss=1.0, step_time_s=0.1)
+                await asyncio.to_thread(put_json, store, schema.store_key(run, schema.PROGRESS_PATH), rec)
+                await asyncio.sleep(1.0)
+
+        cut = asyncio.create_task(outage())
+        try:
+            async for event in trigger.run():
+                return event.payload
+            raise AssertionError("the trigger ended without an event")
+        finally:
+            cut.cancel()
+
+    caplog.set_level(logging.WARNING)
+    try:
+        payload = asyncio.run(asyncio.wait_for(main(), 180))
+    finally:
+        if not local_stack.s3.all_alive():
+            local_stack.s3.up(say.append)
+        client.cancel(job)
+    assert payload["type"] == watch.JOB_DONE, payload
+    assert payload["outcome"] == "success", payload
+    out, err = capfd.readouterr()  # the trigger logs through Airflow's structlog (stderr), not caplog
+    logged = caplog.text + out + err
+    assert "store unreachable for" in logged and "still watching" in logged, logged[-2000:]
+    assert "store reachable again" in logged, logged[-2000:]
