@@ -61,6 +61,7 @@ class Supervisor:
     step: str
     store: ObjectStore
     resume_from: str = ""
+    include: tuple[str, ...] = ()
     nodes_now: Callable[[], list[str]] | None = None
 
     def _allocation(self) -> list[str]:
@@ -94,7 +95,10 @@ class Supervisor:
             time.sleep(self.poll_s)
 
     def __call__(self) -> int:
-        nodes = self._allocation()[: self.width]
+        held = self._allocation()
+        # nodes that must train in the first attempt (a sick-node drill's target), then the rest in order
+        first = [n for n in held if n in self.include] + [n for n in held if n not in self.include]
+        nodes = [n for n in held if n in first[: self.width]]
         if len(nodes) < self.width:
             print(f"longrun-supervisor: allocation {nodes} is narrower than {self.width} node(s)", flush=True)
             return 1
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-s", type=float, default=0.5, help="directive poll interval")
     p.add_argument("--resume-from", default="", help="checkpoint of the first step")
     p.add_argument("--step", required=True, help="bash script of one training step")
+    p.add_argument("--include", action="append", default=[], help="a node the first attempt must use")
     args = p.parse_args(argv)
     if not args.job_id.isdigit() or args.width < 1 or args.spares < 0 or not 0 < args.wait_s <= 3600:
         print("longrun-supervisor: needs a job id, --width >= 1, --spares >= 0, 0 < --wait-s <= 3600",
@@ -147,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     sup = Supervisor(
         run=args.run_name, job_id=args.job_id, width=args.width, spares=args.spares, wait_s=args.wait_s,
         poll_s=args.poll_s, step=args.step, store=store_from_env(), resume_from=args.resume_from,
+        include=tuple(args.include),
     )  # fmt: skip
     return sup()
 
