@@ -123,7 +123,9 @@ def test_diagnose_retry_redrains_removes_the_leftover_and_diagnoses(tmp_path, cl
     assert not [r for r in client.reservations() if r.startswith("longrun_")]
     rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
     restored = [e for e in rec["timeline"] if e["event"] == "restored"]
-    assert restored and restored[0]["removed_reservations"] == [leftover] and restored[0]["redrained"] == "n2"
+    assert (
+        restored and restored[0]["removed_reservations"] == [leftover] and restored[0]["redrained"] == ["n2"]
+    )
     assert len(entries(store)) == 1  # the retry took no second ledger slot
 
 
@@ -162,15 +164,15 @@ def test_next_step_redrains_and_cancels_a_diagnostic_that_outlived_its_task(
             time.sleep(0.3)
 
         out = steps.restore_drain(store, client, inc)
-        assert out == {"removed_reservations": [leftover], "redrained": "n3", "node": "n3"}
+        assert out == {"removed_reservations": [leftover], "redrained": ["n3"], "nodes": ["n3"]}
         assert client.node("n3").reason == "longrun:sdc:kd2:5"
         assert leftover not in client.reservations()
         orphan.wait(timeout=60)  # srun ends with its cancelled job
         # A second call finds nothing to do and writes nothing.
         assert steps.restore_drain(store, client, inc) == {
             "removed_reservations": [],
-            "redrained": None,
-            "node": "n3",
+            "redrained": [],
+            "nodes": ["n3"],
         }
         assert _events(store, inc).count("restored") == 1
     finally:
@@ -190,3 +192,15 @@ def test_a_node_taken_over_by_someone_else_is_left_alone(tmp_path, client) -> No
     assert "foreign_drain" in _events(store, inc)
     rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
     assert rec["status"] == record.FAILED and runbooks.FOREIGN_DRAIN in rec["runbooks"]
+
+
+def test_a_grant_without_its_drained_event_is_drained_by_the_next_step(tmp_path, client) -> None:
+    """The drain task died between the ledger's grant and the `drained` event, and its retries never got
+    further (or the node was resumed after its drain): the ledger still says longrun drains it."""
+    store = LocalDirStore(tmp_path / "store")
+    inc = _incident("n4", "kd5", step=3)
+    steps.open_record(store, inc)
+    reserve_drain(store, incident_id=inc.incident_id, node="n4", run=inc.run)
+    assert not client.node("n4").drain_flag
+    out = steps.restore_drain(store, client, inc)
+    assert out["redrained"] == ["n4"] and client.node("n4").reason == "longrun:sdc:kd5:3"

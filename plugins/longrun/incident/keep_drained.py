@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from longrun.incident import record, runbooks
+from longrun.incident import diagnose, ratelimit, record, runbooks
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import SlurmCommandError
@@ -71,16 +71,16 @@ class Restored:
 
     removed_reservations: tuple[str, ...] = ()
     """Leftover reservations of this incident, deleted."""
-    redrained: str | None = None
-    """The node drained again (it had been resumed), else None."""
-    node: str | None = None
-    """The node the record says longrun drained, if any."""
+    redrained: tuple[str, ...] = ()
+    """Nodes drained again (they had been resumed)."""
+    nodes: tuple[str, ...] = ()
+    """The nodes the records say longrun drained for this incident."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "removed_reservations": list(self.removed_reservations),
-            "redrained": self.redrained,
-            "node": self.node,
+            "redrained": list(self.redrained),
+            "nodes": list(self.nodes),
         }
 
 
@@ -121,28 +121,39 @@ def _reason_from(rec: dict[str, Any]) -> str | None:
     return None
 
 
+def drained_nodes(store: ObjectStore, rec: dict[str, Any], incident_id: str) -> tuple[str, ...]:
+    """The nodes longrun drained for the incident: the record's drain, and the ledger's grants (a drain task
+    that died between its grant and its `drained` event leaves only the grant)."""
+    nodes = []
+    if record.has_event(rec, "drained") and (rec.get("drain") or {}).get("node"):
+        nodes.append(str(rec["drain"]["node"]))
+    for e in ratelimit.entries(store):
+        if isinstance(e, dict) and e.get("incident_id") == incident_id and isinstance(e.get("node"), str):
+            nodes.append(e["node"])
+    return tuple(v.node("node", n) for n in dict.fromkeys(nodes))
+
+
 def restore(store: ObjectStore, client: SlurmClient, inc: Incident) -> Restored:
-    """Remove the incident's leftover reservations; drain again the node the record says longrun drained,
-    if it no longer is. Raises ForeignDrain when someone else drained it meanwhile."""
+    """Remove the incident's leftover reservations; drain again each node the records say longrun drained,
+    if it no longer is. Raises ForeignDrain when someone else drained one meanwhile."""
+    if not inc.plan.changes:  # observe mode changed nothing, so there is nothing to restore
+        return Restored()
     rec = inc.rec(store)
-    removed = remove_leftovers(client, inc.incident_id) if inc.plan.changes else ()
-    drained = (rec.get("drain") or {}).get("node") if record.has_event(rec, "drained") else None
-    reason = _reason_from(rec)
-    if not drained or not reason or not inc.plan.changes:
-        out = Restored(removed_reservations=removed, node=drained)
-    else:
-        node = str(drained)
+    removed = remove_leftovers(client, inc.incident_id)
+    nodes = drained_nodes(store, rec, inc.incident_id)
+    reason = _reason_from(rec) or diagnose.sdc_reason(inc.run, inc.step)
+    redrained = []
+    for node in nodes:
         state = client.node(node)
         if state.drain_flag and not state.is_ours:
             raise ForeignDrain(
                 f"node {node}, which longrun drained for incident {inc.incident_id}, is now drained by someone"
                 f" else (reason {state.reason!r}); longrun leaves it. Runbook: {runbooks.FOREIGN_DRAIN}"
             )
-        if state.drain_flag:
-            out = Restored(removed_reservations=removed, node=node)
-        else:
+        if not state.drain_flag:
             client.drain(node, reason)
-            out = Restored(removed_reservations=removed, redrained=node, node=node)
+            redrained.append(node)
+    out = Restored(removed_reservations=removed, redrained=tuple(redrained), nodes=nodes)
     if out.removed_reservations or out.redrained:
         entry = {"event": "restored", "time": time.time(), **out.to_dict()}
 
