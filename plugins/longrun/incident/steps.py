@@ -223,7 +223,8 @@ def drain(
     try:
         out = diagnose.drain_suspect(client, node=node, reason=reason)
     except ForeignDrainError:  # drained by someone else since the check above
-        release_drain(store, incident_id=inc.incident_id, node=node)
+        if not grant.already:  # a grant of an earlier try stands for a drain longrun did
+            release_drain(store, incident_id=inc.incident_id, node=node)
         _stop_on_foreign_drain(store, client, inc, node)
         raise
     inc.event(
