@@ -7,7 +7,7 @@ VENV_STAMP := .venv/.longrun-installed
 MYPY_TARGETS := training plugins/longrun
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv lint typecheck test test-fast demo bench gpu-check gpu-check-dry stack-up stack-down stack-status clean
+.PHONY: setup system venv lint typecheck test test-fast test-chaos demo bench gpu-check gpu-check-dry stack-up stack-down stack-status clean
 
 setup: system venv
 
@@ -34,6 +34,11 @@ typecheck: venv
 
 test: setup lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The fault matrix (tests/chaos): a drill per cell with one component killed mid-incident; long, so not
+# part of `make test`. LONGRUN_TEST_DB=postgres runs it on PostgreSQL.
+test-chaos: setup
+	LONGRUN_CHAOS=1 $(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider $(PYTEST_ARGS)
 
 # The fast suite: everything not marked slow.
 test-fast: setup
