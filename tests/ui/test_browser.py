@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -231,6 +233,32 @@ def test_drill_from_the_form_shows_its_incident_on_run_health(airflow_stack, bro
         page.get_by_role("heading").first.wait_for()
         assert "/longrun/runbooks/recompute-mismatch" in page.url
         shots(page, "runbook", full_page=True)
+
+        # 6b. The suspect node's page, linked from the incident: the same history as `longrun nodes show`.
+        page.goto(health)
+        page.locator(".incident").first.get_by_role("link", name=suspect, exact=True).first.click()
+        page.locator("#node-timeline").wait_for()
+        assert f"/longrun/nodes/{suspect}" in page.url
+        timeline = page.locator("#node-timeline tr.event").all()
+        # Only this run's events: the node may have a history from earlier tests of the session.
+        shown = [
+            r.locator("td").nth(1).inner_text()
+            for r in timeline
+            if run in r.locator("td").nth(3).inner_text()
+        ]
+        assert shown[:2] == ["suspected", "drained"], shown
+        cli = subprocess.run(
+            [str(Path(sys.executable).parent / "longrun"), "nodes", "show", suspect, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **airflow_stack.env},
+        )
+        assert cli.returncode == 0, cli.stderr
+        events = [json.loads(line) for line in cli.stdout.splitlines()]
+        kinds = [e["kind"] for e in events if e["run"] == run]
+        assert kinds[: len(shown)] == shown, (kinds, shown)  # the diagnosis may have landed since
+        shots(page, "node-page", full_page=True)
 
         # 7. The incident's own DAG run links to the same page, at the incident.
         (incident_run,) = _incident_runs(api, run)
