@@ -57,6 +57,7 @@ def test_node_page_shows_the_cli_history(store, capsys):
     assert r.status_code == 200
     html = r.text
     assert "repeat offender" in html and "longrun:diag-fail:drill-1:25" in html
+    assert "<td class='bad'>idle+DRAIN</td>" in html  # as the run page's nodes table shows it
     assert "&lt;b&gt;ab&lt;/b&gt;" in html and "<b>ab</b>" not in html  # evidence is escaped
     assert "href='/longrun/runs/drill-1#incident-inc-1'" in html
     assert longrun_main(["nodes", "show", "n2"]) == 0

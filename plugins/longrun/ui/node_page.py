@@ -38,8 +38,10 @@ def node_html(
     slurm: Any | None,
     error: str | None = None,
 ) -> str:
+    flags = "+".join(sorted(getattr(slurm, "flags", ()) or ())) if slurm is not None else ""
+    shown = f"{slurm.state}+{flags}" if slurm is not None and flags else getattr(slurm, "state", "")
     live = (
-        f"<td class='{_node_class(slurm.state)}'>{escape(slurm.state)}</td><td>{escape(slurm.reason or '')}</td>"
+        f"<td class='{_node_class(shown)}'>{escape(shown)}</td><td>{escape(slurm.reason or '')}</td>"
         if slurm is not None
         else "<td class='muted'>unknown</td><td></td>"
     )
