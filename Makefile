@@ -34,6 +34,12 @@ typecheck: venv
 
 test: setup lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-slurm-25.11
+
+# tests/slurm again on Slurm 25.11 built from source, with both backends (CLI and pyslurm); skipped with
+# its reason when the source tarball is absent (docs/slurm.md).
+test-slurm-25.11: setup
+	@scripts/test-slurm-25.11.sh
 
 # The fault matrix (tests/chaos): a drill per cell with one component killed mid-incident; long, so not
 # part of `make test`. LONGRUN_TEST_DB=postgres runs it on PostgreSQL.
