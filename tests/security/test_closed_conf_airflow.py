@@ -1,0 +1,110 @@
+"""Closed conf and hand-triggered incidents through a real Airflow 3.3 (REST), real Slurm and SeaweedFS.
+
+Airflow 3.3 validates the values of declared Params at the REST call but merges undeclared conf keys
+into `params` without a word, so the refusal lives in the first task (preflight / open_record), before
+anything reaches Slurm. Before this change a `training_run` conf with `extra_env` reached RunSpec and
+every rank's environment, and `sdc_incident` triggered by hand with another job's id cancelled that job.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from helpers.airflow_api import AirflowApi
+from longrun import security_events
+from longrun.slurm.cli_backend import CliSlurmClient
+from longrun.slurm.client import JobStatus
+from longrun.slurm.spec import JobSpec
+
+from training import schema
+from training.store import store_from_env
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slurm, pytest.mark.s3, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def api(airflow_stack):
+    with pytest.MonkeyPatch.context() as mp:
+        for k, val in airflow_stack.env.items():
+            mp.setenv(k, val)
+        a = AirflowApi.login(airflow_stack.url, airflow_stack.user, airflow_stack.password)
+        for dag_id in ("training_run", "sdc_incident"):
+            a.dag_ready(dag_id)
+        yield a
+
+
+def _our_jobs(client: CliSlurmClient, name: str) -> list[int]:
+    return [j.job_id for j in client.jobs() if j.name == name]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("extra_env", {"LD_PRELOAD": "/tmp/evil.so"}), ("max_restarts", 100), ("seed", 7)],
+)
+def test_an_undeclared_conf_key_is_refused_before_slurm(api, slurm_cluster, key, value) -> None:
+    client = CliSlurmClient(slurm_conf=slurm_cluster.env["SLURM_CONF"])
+    run = f"conf-{uuid.uuid4().hex[:6]}"
+    conf = {"run_name": run, "nodes": 1, "gpus_per_node": 0, "steps": 2, "checkpoint_every": 1, key: value}
+    run_id = api.trigger("training_run", conf=conf)
+    try:
+        assert api.wait_run("training_run", run_id, timeout=180) == "failed"
+        states = api.task_states("training_run", run_id)
+        assert states["preflight"] == "failed" and states.get("submit") != "success", states
+        assert f"conf key {key!r} is not a parameter" in api.task_log("training_run", run_id, "preflight")
+        assert _our_jobs(client, run) == [], "a job reached Slurm"
+    finally:
+        for job_id in _our_jobs(client, run):
+            client.cancel(job_id)
+
+
+def test_sdc_incident_by_hand_with_another_jobs_id_cancels_nothing(api, slurm_cluster, tmp_path) -> None:
+    client = CliSlurmClient(slurm_conf=slurm_cluster.env["SLURM_CONF"])
+    other = client.submit(
+        JobSpec(
+            name="someone-elses-job",
+            partition=slurm_cluster.partition,
+            comment="user/analysis",
+            nodes=1,
+            gpus_per_node=0,
+            exclusive=False,
+            time_limit_min=10,
+            workdir=str(tmp_path),
+            command=("sleep 600",),
+        )
+    )
+    run = f"hand-{uuid.uuid4().hex[:6]}"
+    alert = schema.record(
+        "alert",
+        run=run,
+        step=5,
+        check="finite",
+        suspect_ranks=[0],
+        suspect_nodes=["n1"],
+        evidence={"world": {"world_size": 3}},
+    )
+    key = schema.store_key(run, schema.alert_path(5, "finite", "hand"))
+    try:
+        deadline = time.monotonic() + 60
+        while client.job(other).status is not JobStatus.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.5)
+        run_id = api.trigger(
+            "sdc_incident",
+            conf={
+                "run_name": run,
+                "alert_key": key,
+                "alert": alert,
+                "job_id": other,
+                "run_params": {"run_name": run, "nodes": 3, "gpus_per_node": 0, "incident_mode": "act"},
+            },
+        )
+        assert api.wait_run("sdc_incident", run_id, timeout=240) == "failed"
+        states = api.task_states("sdc_incident", run_id)
+        assert states["open_record"] == "failed" and states.get("freeze") != "success", states
+        assert client.job(other).status is JobStatus.RUNNING, "the other job was cancelled"
+        assert not client.node("n1").drain_flag
+        events = security_events.events(store_from_env(), run)
+        assert events and events[0].reason in ("unsigned", "not_our_job")
+    finally:
+        client.cancel(other)
