@@ -253,3 +253,22 @@ def test_job_store_env_never_hands_out_the_orchestrator_keys() -> None:
     )
     with pytest.raises(ValueError, match="both"):
         job_store_env({**no_job, "LONGRUN_JOB_ACCESS_KEY_ID": "JOB"})
+
+
+def test_a_sided_store_travels_to_another_process_as_a_spec(tmp_path) -> None:
+    """The checkpoint writer rebuilds the store in its own process from `store_spec`."""
+    from training.store import store_from_spec, store_spec
+
+    store = store_from_env(
+        {"LONGRUN_STORE_DIR": str(tmp_path / "j"), "LONGRUN_ORCH_STORE_DIR": str(tmp_path / "o")}
+    )
+    spec = store_spec(store)
+    assert spec == {
+        "kind": "sided",
+        "job": {"kind": "local", "root": str(tmp_path / "j")},
+        "orchestrator": {"kind": "local", "root": str(tmp_path / "o")},
+    }
+    again = store_from_spec(json.loads(json.dumps(spec)))
+    assert isinstance(again, SidedStore)
+    again.put_bytes("runs/r/incidents/i.json", b"x")
+    assert (tmp_path / "o" / "runs/r/incidents/i.json").is_file()
