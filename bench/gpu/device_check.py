@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -172,11 +173,11 @@ def step_fn(cfg: Any, model: Any, optim: Any, dev: torch.device) -> Callable[[],
 
     def step() -> None:
         counter[0] += 1
+        optim.zero_grad(set_to_none=False)  # first: the gradients of the last step stay for the checks
         with amp:
             loss = model.loss(batch_for(cfg, dev, counter[0]))
         loss.backward()
         optim.step()
-        optim.zero_grad(set_to_none=False)
 
     return step
 
@@ -357,6 +358,8 @@ def main() -> int:
     p.add_argument("--saves", type=int, default=3, help="checkpoint saves timed (the first allocates)")
     p.add_argument("--skip", default="", help="comma list of sections to skip: fp, snap, checks, nvrx")
     args = p.parse_args()
+    # run.sh's time limit sends SIGTERM: end through the `finally` below, so the figures so far are kept.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     cuda = torch.cuda.is_available() and not args.dry_run
     if not cuda and not args.dry_run:
         print("no CUDA device: run with --dry-run for the CPU version", file=sys.stderr)
@@ -380,6 +383,9 @@ def main() -> int:
             step()  # materialize gradients and the optimizer state
             if "checks" not in skip:
                 checks_section(dev, cfg, model, optim, step)
+            if "nvrx" not in skip:  # before the snapshot, the longest section: a time-out loses least
+                nvrx_section(args.out, dry_run=args.dry_run)
+                skip.add("nvrx")
             if "snap" not in skip:
                 writer = args.writer or ("auto" if cuda else "thread")
                 snapshot_section(dev, model, optim, step, writer=writer, saves=args.saves)
