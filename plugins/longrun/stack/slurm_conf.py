@@ -8,18 +8,26 @@ running anything. Why the less obvious lines are there:
 - `SchedulerParameters=batch_sched_delay=0`: otherwise each batch job waits ~3 s for the scheduler.
 - `%n` in the slurmd paths: four slurmd on one host need their own spool, pid and log files.
 - `jobcomp/filetxt`: a durable record of finished jobs after slurmctld forgets them (no slurmdbd here).
+- `FirstJobId`: a window of job ids per port slot. Launches derive their NVRx rendezvous port from the
+  job id; clusters sharing this host (test sessions) that all began at job 1 collided there.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .layout import HOST, NODES, PARTITION, Layout
+from .layout import HOST, NODES, PARTITION, SLOT_WIDTH, Layout
 from .slurm_version import SlurmVersion
 
 CPUS_PER_NODE = 2
 """Two CPUs per node: a one-task-per-node job and a diagnostic step can share a node."""
 REAL_MEMORY_MB = 2048
+
+
+def first_job_id(layout: Layout) -> int:
+    """1 + 1000 x (the layout's port slot mod 20): the default stack and each test slot get their own
+    thousand job ids, so the rendezvous ports of their jobs (base + job id mod 20000) never meet."""
+    return 1 + (layout.port_base // SLOT_WIDTH % 20) * 1000
 
 
 def slurm_paths(layout: Layout) -> dict[str, Path]:
@@ -71,6 +79,7 @@ def render_slurm_conf(layout: Layout, *, hostname: str, version: SlurmVersion) -
         "SchedulerParameters=batch_sched_delay=0",
         "SlurmdTimeout=10",
         "MaxJobCount=2000",
+        f"FirstJobId={first_job_id(layout)}",
         "MinJobAge=300",
         "KillWait=5",
         "InactiveLimit=0",
