@@ -131,6 +131,33 @@ def assert_resumed_as_picked(result):
     print(f"RECOVERY {result.run}: alert -> first healthy step {result.to_training_s} s; milestones {ms}")
 
 
+def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
+    """spare_nodes=1: the job holds 4 nodes and trains on 3. The sick node is drained, diagnosed, released
+    from the job, and the run continues INSIDE the same job (no new job, no queue) from the pick."""
+    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
+    return_to_service(client)
+    drill = {"kind": "sick-node", "step": 17, "target": "n2"}
+    conf = {**DRILL_CONF, "run_name": name("hotspare"), "spare_nodes": 1, "drill": drill}
+    result = run_drill(rest, store_from_env(), conf)
+    print("\n" + result.summary())
+    inc = result.incident
+    assert inc is not None and inc["status"] == "relaunched"
+    relaunch = inc["relaunch"]
+    assert relaunch.get("in_job") is True, relaunch
+    events = [e["event"] for e in inc["timeline"]]
+    assert {"released", "directive_written"} <= set(events) and "relaunch_submitted" not in events
+    node = inc["attribution"]["node"]
+    assert node == "n2" and node not in relaunch["nodes"]
+    first, again = result.segments
+    assert first["job_id"] == again["job_id"] == str(relaunch["job_id"]), "the job id changed"
+    assert node in first["nodes"] and node not in again["nodes"]
+    state = client.node(node)
+    assert state.drain_flag and state.reason and state.reason.startswith("longrun:")
+    assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"
+    assert_resumed_as_picked(result)
+    print(f"HOT SPARE DRILL: alert -> first healthy step {result.to_training_s} s (in-job)")
+
+
 def test_rerunning_the_incident_changes_nothing(rest, clean):
     """Clear the whole sdc_incident run of the sick-node drill (as after a scheduler crash): it runs again
     and never drains twice, never submits twice, never loses or doubles the incident record."""
