@@ -1,9 +1,8 @@
 """The upload stage of a checkpoint save: hash, local manifest, upload with retries, manifest last, record.
 
 `run_upload_job` is a plain function of a picklable `UploadJob`, so it runs either in the saver's writer
-thread (`InlineUploader`) or in NVRx's persistent async worker process (`NvrxUploader`), which is the
-CUDA-free part of NVRx 0.4.1's async checkpointing: `AsyncCallsQueue` + `PersistentAsyncCaller` driven
-with `no_dist=True` (no `torch.cuda.*`, no collective). See docs/checkpoints.md.
+thread or in NVRx's persistent async worker process (the two uploaders of `training.uploaders`). See
+docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import functools
 import json
 import logging
 import os
-import signal
 import threading
 import time
 import uuid
@@ -20,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from training import schema
 from training.manifest import MANIFEST_FILE
@@ -137,7 +133,21 @@ def run_upload_job(job: UploadJob, store: ObjectStore | None = None) -> dict[str
             uploaded = _upload(store, job, files, data)
     except Exception as e:  # reported, never raised into training
         error = f"{type(e).__name__}: {e}"
-    result = schema.record(
+    result = save_record(job, error=error, uploaded=uploaded, nbytes=nbytes)
+    write_save_record(job, result)
+    if store is not None and uploaded:
+        try:  # best effort: the local record is the one the saver reads
+            store.put_bytes(schema.store_key(job.run, schema.save_path(job.step)), json_bytes(result))
+        except StoreError as e:
+            log.warning("save record for step %d not uploaded: %s", job.step, e)
+    return result
+
+
+def save_record(
+    job: UploadJob, *, error: str | None, uploaded: bool = False, nbytes: int = 0
+) -> dict[str, Any]:
+    """The `save` record of `job`: ok when `error` is None."""
+    return schema.record(
         "save",
         run=job.run,
         step=job.step,
@@ -149,18 +159,16 @@ def run_upload_job(job: UploadJob, store: ObjectStore | None = None) -> dict[str
         writer=job.writer,
         duration_s=time.time() - job.started,
     )
+
+
+def write_save_record(job: UploadJob, record: dict[str, Any]) -> None:
+    """Write the save record under the run dir (the copy the saver reads back); logged, never raised."""
     try:
-        out = run_dir / schema.save_path(job.step)
+        out = Path(job.run_dir) / schema.save_path(job.step)
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(out, json_bytes(result))
+        write_atomic(out, json_bytes(record))
     except OSError as e:
         log.error("cannot write the save record for step %d: %s", job.step, e)
-    if store is not None and uploaded:
-        try:  # best effort: the local record is the one the saver reads
-            store.put_bytes(schema.store_key(job.run, schema.save_path(job.step)), json_bytes(result))
-        except StoreError as e:
-            log.warning("save record for step %d not uploaded: %s", job.step, e)
-    return result
 
 
 def _upload(store: ObjectStore, job: UploadJob, files: list[dict[str, Any]], manifest: bytes) -> bool:
@@ -194,23 +202,6 @@ def _upload(store: ObjectStore, job: UploadJob, files: list[dict[str, Any]], man
     return True
 
 
-_DEATHSIG_SET = False
-
-
-def nvrx_upload_entry(job: UploadJob) -> None:
-    """The function NVRx's worker process runs. It must not raise: an exception ends NVRx's worker loop
-    and its caller would then wait forever."""
-    global _DEATHSIG_SET
-    if not _DEATHSIG_SET:
-        _DEATHSIG_SET = True
-        _exit_with_parent(job.parent_pid)
-        lower_priority(job.nice)
-    try:
-        run_upload_job(job)
-    except BaseException as e:  # see the docstring
-        log.error("upload of step %d failed unexpectedly: %s", job.step, e)
-
-
 def lower_priority(nice: int) -> None:
     """Run the calling thread at niceness `nice` or lower priority (on Linux niceness is per thread and
     a spawned child inherits it from the thread that started it). Best effort."""
@@ -220,133 +211,3 @@ def lower_priority(nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, nice))
     except (OSError, AttributeError):
         pass
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGTERM this worker when the trainer dies, so a killed trainer leaves no orphan."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if parent_pid and os.getppid() != parent_pid:  # the trainer died before prctl took effect
-        os._exit(0)
-
-
-# ---- where the upload stage runs ---------------------------------------------------------------------
-
-
-class InlineUploader:
-    """Runs the upload stage in the calling (writer) thread."""
-
-    name = "thread"
-
-    def __init__(
-        self,
-        on_done: Callable[[UploadJob, dict[str, Any] | None, str | None], None],
-        store: ObjectStore | None,
-    ) -> None:
-        self._on_done = on_done
-        self._store = store
-
-    def schedule(self, job: UploadJob) -> None:
-        self._on_done(job, run_upload_job(job, self._store), None)
-
-    def poll(self) -> bool:
-        return True
-
-    def pending(self) -> int:
-        return 0
-
-    def close(self, timeout_s: float) -> None:
-        pass
-
-
-class NvrxUploader:
-    """Runs the upload stage in NVRx's persistent async worker (a spawned process), CUDA-free calls only."""
-
-    name = "nvrx"
-
-    def __init__(self, on_done: Callable[[UploadJob, dict[str, Any] | None, str | None], None]) -> None:
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import (
-            AsyncCallsQueue,
-            AsyncRequest,
-            PersistentAsyncCaller,
-        )
-
-        self._Request = AsyncRequest
-        self._on_done = on_done
-        self._queue = AsyncCallsQueue(persistent=True)
-        caller = PersistentAsyncCaller()
-        # NVRx asks torch.distributed for the rank (logging only) when it is unset; the saver may run
-        # without a process group, so give it the rank up front.
-        caller.rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        self._queue.persistent_caller = caller
-        self._caller = caller
-        self._jobs: dict[str, UploadJob] = {}
-
-    def schedule(self, job: UploadJob) -> None:
-        self._jobs[job.job_id] = job
-        request = self._Request(nvrx_upload_entry, (job,), [lambda: self._finish(job)])
-        self._queue.schedule_async_request(request)
-
-    def _finish(self, job: UploadJob) -> None:
-        self._jobs.pop(job.job_id, None)
-        self._on_done(job, read_result(job), None)
-
-    def pending(self) -> int:
-        return self._queue.get_num_unfinalized_calls()
-
-    def poll(self) -> bool:
-        """Finalize finished uploads. False when the worker process died with uploads in flight; those are
-        reported failed and this uploader must not be used again."""
-        self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
-        proc = self._caller.process
-        if self.pending() and (proc is None or not proc.is_alive()):
-            self._queue.maybe_finalize_async_calls(blocking=False, no_dist=True)  # results that raced
-            code = None if proc is None else proc.exitcode
-            for job in list(self._jobs.values()):
-                result = read_result(job)
-                self._on_done(job, result, None if result else f"NVRx upload worker died (exit code {code})")
-            self._jobs.clear()
-            self._abandon()
-            return False
-        return True
-
-    def _abandon(self) -> None:
-        # NVRx's close() (also run by its __del__) waits for a dead worker forever: detach the process.
-        proc = self._caller.process
-        self._caller.process = None
-        if proc is not None and proc.is_alive():
-            proc.terminate()
-            proc.join(5)
-
-    def close(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.pending() and time.monotonic() < deadline:
-            if not self.poll():
-                return
-            time.sleep(0.05)
-        if self.pending():
-            log.error("NVRx upload worker still busy after %.0fs; terminating it", timeout_s)
-            for job in list(self._jobs.values()):
-                self._on_done(job, None, f"upload of step {job.step} did not finish within {timeout_s:.0f}s")
-            self._jobs.clear()
-            self._abandon()
-            return
-        proc = self._caller.process
-        if proc is not None and proc.is_alive():
-            # NVRx's close() sends the same "DONE" but then joins without a bound; bound it here.
-            self._caller.queue.put("DONE")
-            proc.join(max(5.0, deadline - time.monotonic()))
-        self._abandon()  # terminates it only if it did not stop
-
-
-def read_result(job: UploadJob) -> dict[str, Any] | None:
-    try:
-        result = json.loads((Path(job.run_dir) / schema.save_path(job.step)).read_text())
-    except (OSError, ValueError):
-        return None
-    return result if isinstance(result, dict) and result.get("job_id") == job.job_id else None

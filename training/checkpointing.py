@@ -1,24 +1,23 @@
 """Asynchronous checkpoint saves to the run dir and the object store, and loading them back.
 
-What runs where (rank 0 of the trainer owns one `CheckpointSaver`)::
+The saver is three parts, composed here (rank 0 of the trainer owns one `CheckpointSaver`)::
 
-    training step ── save(): snapshot every tensor to CPU memory (a copy), return
-                       │
-    writer thread  ────┴─ torch.save the snapshot under run_dir/checkpoints/step-XXXXXXXX/
-                       │
-    upload stage   ────┴─ hash each file (SHA-256), write manifest.json locally, upload every file to the
-                          store with retries and back-off, then the manifest LAST (`If-None-Match`), then
-                          a `save` record (ok or the error) under saves/
+    training step ── save(): the snapshot queue (training.checkpoint_queue) admits the save, copies every
+                       │       tensor to CPU memory, queues it, returns
+    writer thread  ────┴─ the writer (training.checkpoint_writer): torch.save under
+                       │  run_dir/checkpoints/step-XXXXXXXX/
+    uploader       ────┴─ the upload stage (training.checkpoint_upload): hash each file (SHA-256), write
+                          manifest.json locally, upload every file with retries and back-off, then the
+                          manifest LAST (`If-None-Match`), then the `save` record (ok or the error)
 
-The upload stage runs in NVRx's persistent async worker process (`nvidia_resiliency_ext.checkpointing.
-async_ckpt.core.AsyncCallsQueue` / `PersistentAsyncCaller`, driven with `no_dist=True`), which is the part
-of NVRx 0.4.1's async machinery that does not call CUDA. NVRx's `TorchAsyncCheckpoint.async_save` and its
-distributed finalization call `torch.cuda.synchronize()` / `torch.cuda.current_device()` and are not used.
-Where NVRx cannot be imported, the store cannot be rebuilt in another process, or the NVRx worker died,
-the upload stage runs in the writer thread instead (`writer="thread"`); the step does not wait either way.
+The uploader is declared in `training.uploaders` with two implementations: NVRx's persistent async worker
+process (`writer="nvrx"`, the CUDA-free part of NVRx 0.4.1's async checkpointing) and the writer thread
+itself (`writer="thread"`), used where NVRx cannot be imported, the store cannot be rebuilt in another
+process, or NVRx's worker died. The step does not wait either way.
 
 A failure (store down after the retry deadline, bad credentials, disk full) never raises into training:
-it is logged, written as a `save` record with `ok: false`, and kept in `saver.last_error` / `failures`.
+it is logged, written as a `save` record with `ok: false` (one writer of that record:
+`checkpoint_upload.write_save_record`), and kept in `saver.last_error` / `failures`.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import dataclasses
 import json
 import logging
 import os
-import queue
 import threading
 import time
 import uuid
@@ -42,18 +40,13 @@ import torch
 
 from training import schema
 from training.checkpoint_load import LoadedCheckpoint, load_checkpoint
-from training.checkpoint_upload import (
-    InlineUploader,
-    NvrxUploader,
-    UploadJob,
-    json_bytes,
-    lower_priority,
-    write_atomic,
-)
-from training.fingerprint import combine, fingerprint_state
+from training.checkpoint_queue import STOP, PendingSave, SnapshotQueue
+from training.checkpoint_upload import UploadJob, lower_priority, save_record, write_save_record
+from training.checkpoint_writer import PAYLOAD, write_payload
 from training.manifest import EXTRA_FILE, MANIFEST_FILE, MODEL_FILE, OPTIM_FILE, CheckpointError
-from training.snapshot import SnapshotPool, nbytes
+from training.records import Save
 from training.store import ObjectStore, store_spec
+from training.uploaders import NvrxUploader, ThreadUploader, Uploader
 
 __all__ = [
     "CheckpointError",
@@ -142,19 +135,6 @@ class SaveResult:
 # ---- the saver ---------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True, kw_only=True)
-class _Pending:
-    step: int
-    model_state: Any
-    optim_state: Any
-    extra: Any
-    manifest_fields: dict[str, Any]
-    started: float
-
-
-_STOP = object()
-
-
 class CheckpointSaver:
     """Saves checkpoints in the background on rank 0; see the module docstring for what runs where.
 
@@ -179,12 +159,12 @@ class CheckpointSaver:
         """Seconds each save() held the caller (snapshot + waiting for a free slot)."""
         self._spec = store_spec(store) if store is not None else None
         self._nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + self.settings.background_nice)
-        self._pool = SnapshotPool(max_spare_bytes=0)  # grows to one snapshot's size with reuse_buffers
-        self._cond = threading.Condition()
-        self._pending = 0
-        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._queue = SnapshotQueue(
+            max_pending=self.settings.max_pending, reuse_buffers=self.settings.reuse_buffers
+        )
+        self._lock = threading.Lock()  # results and last_error: the writer thread and callers
         self._closed = False
-        self._uploader: InlineUploader | NvrxUploader | None = None
+        self._uploader: Uploader | None = None
         self.writer = self._choose_writer()
         self._thread = threading.Thread(target=self._loop, name=f"checkpoint-writer-{run}", daemon=True)
         self._thread.start()
@@ -220,12 +200,11 @@ class CheckpointSaver:
 
     @property
     def failures(self) -> list[SaveResult]:
-        with self._cond:
+        with self._lock:
             return [r for r in self.results if not r.ok]
 
     def pending(self) -> int:
-        with self._cond:
-            return self._pending
+        return self._queue.pending()
 
     def save(
         self,
@@ -252,36 +231,22 @@ class CheckpointSaver:
             fields = json.loads(json.dumps(fields))  # a copy, and fail now on values JSON cannot hold
         except (TypeError, ValueError) as e:
             raise ValueError(f"manifest_fields cannot be written as JSON: {e}") from e
-        with self._cond:
-            ok = self._cond.wait_for(
-                lambda: self._pending < self.settings.max_pending, timeout=self.settings.wait_timeout_s
-            )
-            if not ok:
-                self._record_local_failure(step, "skipped: earlier saves still in flight", time.time())
-                self.stall_s.append(time.perf_counter() - t0)
-                return self.run_dir / schema.checkpoint_dir(step)
-            self._pending += 1
-        # One snapshot call: on CUDA its non-blocking copies share one fence.
-        snap_model, snap_optim, snap_extra = self._pool.snapshot(
-            (dict(model_state), dict(optim_state or {}), dict(extra or {}))
-        )
-        item = _Pending(
+        queued = self._queue.put(
             step=step,
-            model_state=snap_model,
-            optim_state=snap_optim,
-            extra=snap_extra,
+            model_state=model_state,
+            optim_state=optim_state or {},
+            extra=extra or {},
             manifest_fields=fields,
-            started=time.time(),
+            timeout_s=self.settings.wait_timeout_s,
         )
-        self._jobs.put(item)
+        if not queued:
+            self._record_local_failure(step, "skipped: earlier saves still in flight", time.time())
         self.stall_s.append(time.perf_counter() - t0)
         return self.run_dir / schema.checkpoint_dir(step)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until every save so far has finished (ok or not). False if `timeout_s` ran out first."""
-        timeout = self.settings.wait_timeout_s if timeout_s is None else timeout_s
-        with self._cond:
-            return self._cond.wait_for(lambda: self._pending == 0, timeout=timeout)
+        return self._queue.wait_empty(self.settings.wait_timeout_s if timeout_s is None else timeout_s)
 
     def close(self, timeout_s: float | None = None) -> None:
         """Wait for pending saves, stop the writer thread and NVRx's worker. Idempotent."""
@@ -290,7 +255,7 @@ class CheckpointSaver:
         self._closed = True
         atexit.unregister(self._atexit)
         timeout = self.settings.wait_timeout_s if timeout_s is None else timeout_s
-        self._jobs.put(_STOP)
+        self._queue.stop()
         self._thread.join(timeout + 10)
         if self._thread.is_alive():
             log.error("checkpoint writer thread did not stop within %.0fs", timeout + 10)
@@ -307,17 +272,14 @@ class CheckpointSaver:
         lower_priority(self._nice)  # also the NVRx worker's, which this thread starts
         try:
             while True:
-                try:
-                    item = self._jobs.get(timeout=self.settings.poll_s)
-                except queue.Empty:
-                    item = None
-                if item is _STOP:
+                item = self._queue.get(self.settings.poll_s)
+                if item is STOP:
                     break
-                if item is not None:
+                if isinstance(item, PendingSave):
                     self._write(item)
                 if self._uploader is not None and not self._uploader.poll():
                     log.error("NVRx upload worker died; uploads continue in the writer thread")
-                    self._uploader = InlineUploader(self._on_done, self.store)
+                    self._uploader = ThreadUploader(self._on_done, self.store)
                     self.writer = "thread"
         finally:
             if self._uploader is not None:
@@ -325,16 +287,13 @@ class CheckpointSaver:
             self._fail_leftovers()
 
     def _fail_leftovers(self) -> None:
-        with self._cond:
-            left = self._pending
+        left = self._queue.abandon()
         if left:
             log.error("%d checkpoint saves did not finish before close()", left)
-            with self._cond:
-                self._pending = 0
+            with self._lock:
                 self.last_error = f"{left} saves did not finish before close()"
-                self._cond.notify_all()
 
-    def _get_uploader(self) -> InlineUploader | NvrxUploader:
+    def _get_uploader(self) -> Uploader:
         if self._uploader is None:
             if self.writer == "nvrx":
                 try:
@@ -343,17 +302,17 @@ class CheckpointSaver:
                     log.error("NVRx async worker unavailable (%s); uploading in the writer thread", e)
                     self.writer = "thread"
             if self._uploader is None:
-                self._uploader = InlineUploader(self._on_done, self.store)
+                self._uploader = ThreadUploader(self._on_done, self.store)
         return self._uploader
 
-    def _write(self, item: _Pending) -> None:
+    def _write(self, item: PendingSave) -> None:
         ckpt_dir = self.run_dir / schema.checkpoint_dir(item.step)
         job = UploadJob(
             job_id=uuid.uuid4().hex,
             run=self.run,
             step=item.step,
             run_dir=str(self.run_dir),
-            names=(MODEL_FILE, OPTIM_FILE, EXTRA_FILE),
+            names=PAYLOAD,
             manifest_fields=item.manifest_fields,
             store=self._spec,
             retry_deadline_s=self.settings.retry_deadline_s,
@@ -363,34 +322,12 @@ class CheckpointSaver:
             nice=self._nice,
         )
         try:
-            ckpt_dir.mkdir(parents=True, exist_ok=True)
-            # An older manifest of the same step would vouch for files about to change: remove it first.
-            (ckpt_dir / MANIFEST_FILE).unlink(missing_ok=True)
-            for name, obj in (
-                (MODEL_FILE, item.model_state),
-                (OPTIM_FILE, item.optim_state),
-                (EXTRA_FILE, item.extra),
-            ):
-                tmp = ckpt_dir / f".tmp-{name}"
-                with open(tmp, "wb") as f:
-                    torch.save(obj, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, ckpt_dir / name)
-            if "fingerprints" not in item.manifest_fields:
-                fps = fingerprint_state(item.model_state)
-                item.manifest_fields["fingerprints"] = fps
-                item.manifest_fields.setdefault("fingerprint", combine(fps))
+            write_payload(ckpt_dir, item)
         except Exception as e:
             self._on_done(job, None, f"writing {ckpt_dir}: {type(e).__name__}: {e}")
             return
         finally:
-            if self.settings.reuse_buffers:
-                size = sum(nbytes(x) for x in (item.model_state, item.optim_state, item.extra))
-                self._pool.max_spare_bytes = max(self._pool.max_spare_bytes, size)
-                for x in (item.model_state, item.optim_state, item.extra):
-                    self._pool.release(x)
-            item.model_state = item.optim_state = item.extra = None  # drop the snapshot early
+            self._queue.recycle(item)  # drop (or keep for reuse) the snapshot early
         uploader = self._get_uploader()
         if uploader.name != job.writer:
             job = dataclasses.replace(job, writer=uploader.name)
@@ -406,31 +343,21 @@ class CheckpointSaver:
             nbytes=0,
             writer=self.writer,
         )
-        self.results.append(result)
-        self.last_error = f"step {step}: {error}"
+        with self._lock:
+            self.results.append(result)
+            self.last_error = f"step {step}: {error}"
         log.error("checkpoint save of step %d failed: %s", step, error)
 
     def _on_done(self, job: UploadJob, record: dict[str, Any] | None, error: str | None) -> None:
-        if record is None:
+        save = None
+        if record is not None:
+            try:
+                save = Save.from_json(record)
+            except ValueError as e:  # a result this saver cannot read is a failed save, not a crash
+                error = f"unreadable save record: {e}"
+        if save is None:
             error = error or "the upload stage left no result"
-            try:  # leave a durable trace even when the stage itself could not
-                rec = schema.record(
-                    "save",
-                    run=job.run,
-                    step=job.step,
-                    ok=False,
-                    error=error,
-                    job_id=job.job_id,
-                    uploaded=False,
-                    nbytes=0,
-                    writer=job.writer,
-                    duration_s=time.time() - job.started,
-                )
-                out = self.run_dir / schema.save_path(job.step)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(out, json_bytes(rec))
-            except OSError:
-                pass
+            write_save_record(job, save_record(job, error=error))  # a durable trace all the same
             result = SaveResult(
                 step=job.step,
                 ok=False,
@@ -443,19 +370,18 @@ class CheckpointSaver:
         else:
             result = SaveResult(
                 step=job.step,
-                ok=bool(record["ok"]),
-                error=record.get("error"),
-                uploaded=bool(record.get("uploaded")),
-                duration_s=float(record.get("duration_s", 0.0)),
-                nbytes=int(record.get("nbytes", 0)),
-                writer=str(record.get("writer", job.writer)),
+                ok=save.ok,
+                error=save.error,
+                uploaded=bool(save.uploaded),
+                duration_s=save.duration_s or 0.0,
+                nbytes=save.nbytes or 0,
+                writer=save.writer or job.writer,
             )
-        with self._cond:
+        with self._lock:
             self.results.append(result)
             if not result.ok:
                 self.last_error = f"step {job.step}: {result.error}"
-            self._pending -= 1
-            self._cond.notify_all()
+        self._queue.finished()
         if result.ok:
             log.info(
                 "checkpoint step %d saved (%d bytes, %.2fs, %s)",

@@ -277,7 +277,7 @@ def test_reused_snapshot_buffers_never_leak_between_checkpoints(tmp_path: Path) 
             saver.save(step=step, model_state={"w": w}, optim_state={"m": w * 2})
             w.fill_(-1.0)  # changed right after save() returns
             assert saver.wait(60)
-        assert saver._pool.spare_bytes() > 0  # the buffers of a finished save wait for the next one
+        assert saver._queue.pool.spare_bytes() > 0  # the buffers of a finished save wait for the next one
     for step in range(1, 5):
         loaded = load_checkpoint(schema.store_key("r", schema.checkpoint_dir(step)), store)
         assert torch.equal(loaded.model_state["w"], torch.full((64, 64), float(step)))

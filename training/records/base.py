@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Self
 
 from training import schema
@@ -87,15 +87,23 @@ def strs(kind: str, field: str, values: Any) -> tuple[str, ...]:
     return tuple(values)
 
 
+Reader = Callable[[str, Mapping[str, Any], str], Any]
+"""Reads one optional field: (kind, object, field name) -> value, or raises SchemaError."""
+
+
 class Record:
-    """Mixin of the record dataclasses: `KIND`, `from_json`, `to_json`, `extra`."""
+    """Mixin of the record dataclasses: `KIND`, `from_json`, `to_json`, `extra`.
+
+    A class declares its required fields (those of `schema._REQUIRED`, taken as validated; numbers become
+    floats), its optional ones in `OPTIONAL` (field -> reader), and converts the rest in `_convert`."""
 
     KIND: ClassVar[str]
+    OPTIONAL: ClassVar[Mapping[str, Reader]] = {}
 
     @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """The constructor's arguments for the fields the class declares (obj is already validated)."""
-        raise NotImplementedError
+    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Constructor arguments that need more than the generic reading (nested records, tuples)."""
+        return {}
 
     @classmethod
     def from_json(cls, obj: Any) -> Self:
@@ -103,8 +111,14 @@ class Record:
         schema.validate(cls.KIND, obj)
         if obj.get("kind", cls.KIND) != cls.KIND:
             raise SchemaError(f"{cls.KIND} record field 'kind' = {obj.get('kind')!r}; expected {cls.KIND!r}")
-        args = cls._parse(obj)
         declared = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        args: dict[str, Any] = {}
+        for name, typ in schema._REQUIRED[cls.KIND].items():
+            if name in declared:
+                v = obj[name]
+                args[name] = float(v) if typ in _NUMBER and v is not None and not isinstance(v, bool) else v
+        args.update({name: read(cls.KIND, obj, name) for name, read in cls.OPTIONAL.items()})
+        args.update(cls._convert(obj))
         args["schema_version"] = obj["schema_version"]
         args["extra"] = {k: v for k, v in obj.items() if k not in declared and k not in _STAMP}
         return cls(**args)
@@ -125,6 +139,9 @@ class Record:
             out.setdefault(k, v)
         schema.validate(self.KIND, out)
         return out
+
+
+_NUMBER = ((int, float), (int, float, type(None)))
 
 
 def _plain(v: Any) -> Any:

@@ -79,19 +79,14 @@ class Alert(Record):
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    OPTIONAL = {"update_applied": opt_bool, "exit_code": opt_int}
+
     @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(
-            run=obj["run"],
-            step=obj["step"],
-            check=obj["check"],
-            suspect_ranks=ints(cls.KIND, "suspect_ranks", obj["suspect_ranks"]),
-            suspect_nodes=strs(cls.KIND, "suspect_nodes", obj["suspect_nodes"]),
-            evidence=obj["evidence"],
-            time=float(obj["time"]),
-            update_applied=opt_bool(cls.KIND, obj, "update_applied"),
-            exit_code=opt_int(cls.KIND, obj, "exit_code"),
-        )
+    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "suspect_ranks": ints(cls.KIND, "suspect_ranks", obj["suspect_ranks"]),
+            "suspect_nodes": strs(cls.KIND, "suspect_nodes", obj["suspect_nodes"]),
+        }
 
     @property
     def world(self) -> World | None:
@@ -126,20 +121,14 @@ class CheckRecord(Record):
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    OPTIONAL = {"loss": opt_float, "evidence": opt_dict}
+
     @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(
-            run=obj["run"],
-            step=obj["step"],
-            check=obj["check"],
-            verdict=obj["verdict"],
-            rank=obj["rank"],
-            duration_s=float(obj["duration_s"]),
-            loss=opt_float(cls.KIND, obj, "loss"),
-            suspect_ranks=ints(cls.KIND, "suspect_ranks", obj.get("suspect_ranks") or ()),
-            suspect_nodes=strs(cls.KIND, "suspect_nodes", obj.get("suspect_nodes") or ()),
-            evidence=opt_dict(cls.KIND, obj, "evidence"),
-        )
+    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "suspect_ranks": ints(cls.KIND, "suspect_ranks", obj.get("suspect_ranks") or ()),
+            "suspect_nodes": strs(cls.KIND, "suspect_nodes", obj.get("suspect_nodes") or ()),
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,18 +147,7 @@ class Progress(Record):
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(
-            run=obj["run"],
-            step=obj["step"],
-            loss=opt_float(cls.KIND, obj, "loss"),
-            step_time_s=float(obj["step_time_s"]),
-            time=float(obj["time"]),
-            total_steps=opt_int(cls.KIND, obj, "total_steps"),
-            world_size=opt_int(cls.KIND, obj, "world_size"),
-            restart_count=opt_int(cls.KIND, obj, "restart_count"),
-        )
+    OPTIONAL = {"total_steps": opt_int, "world_size": opt_int, "restart_count": opt_int}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,22 +172,11 @@ class Manifest(Record):
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
         files = obj["files"]
         if not all(isinstance(f, Mapping) for f in files):
             raise SchemaError(f"manifest record field 'files' = {files!r:.80} is not a list of objects")
-        return dict(
-            run=obj["run"],
-            step=obj["step"],
-            time=float(obj["time"]),
-            files=tuple(files),
-            fingerprints=obj["fingerprints"],
-            weight_vote=obj["weight_vote"],
-            coverage=obj["coverage"],
-            loss=opt_float(cls.KIND, obj, "loss"),
-            code_version=obj["code_version"],
-            world=World.from_json(obj["world"]),
-        )
+        return {"files": tuple(files), "world": World.from_json(obj["world"])}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,18 +189,24 @@ class Save(Record):
     ok: bool
     error: str | None
     time: float
+    job_id: str | None = None
+    """The saver's id of the save (the result it waits for carries it back)."""
+    uploaded: bool | None = None
+    """The manifest reached the store."""
+    nbytes: int | None = None
+    writer: str | None = None
+    """`nvrx` or `thread`: where the upload stage ran."""
+    duration_s: float | None = None
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(
-            run=obj["run"],
-            step=obj["step"],
-            ok=obj["ok"],
-            error=opt_str(cls.KIND, obj, "error"),
-            time=float(obj["time"]),
-        )
+    OPTIONAL = {
+        "job_id": opt_str,
+        "uploaded": opt_bool,
+        "nbytes": opt_int,
+        "writer": opt_str,
+        "duration_s": opt_float,
+    }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,17 +220,9 @@ class Report(Record):
     time: float
     total_steps: int | None = None
     schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=lambda: {})
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(
-            run=obj["run"],
-            final_step=obj["final_step"],
-            final_fingerprint=obj["final_fingerprint"],
-            time=float(obj["time"]),
-            total_steps=opt_int(cls.KIND, obj, "total_steps"),
-        )
+    OPTIONAL = {"total_steps": opt_int}
 
 
 __all__ = ["Alert", "CheckRecord", "Manifest", "Progress", "Report", "Save", "World", "now"]

@@ -27,16 +27,11 @@ class Validation(Record):
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    OPTIONAL = {"manifest_key": opt_str}
+
     @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(
-            run=obj["run"],
-            step=obj["step"],
-            ok=obj["ok"],
-            errors=tuple(str(e) for e in obj["errors"]),
-            time=float(obj["time"]),
-            manifest_key=opt_str(cls.KIND, obj, "manifest_key"),
-        )
+    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+        return {"errors": tuple(str(e) for e in obj["errors"])}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,16 +48,7 @@ class Promotion(Record):
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(
-            run=obj["run"],
-            step=obj["step"],
-            manifest_key=obj["manifest_key"],
-            time=float(obj["time"]),
-            seq=obj["seq"],
-            previous_step=opt_int(cls.KIND, obj, "previous_step"),
-        )
+    OPTIONAL = {"previous_step": opt_int}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,18 +69,7 @@ class Pick(Record):
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(
-            run=obj["run"],
-            alert=obj["alert"],
-            step=opt_int(cls.KIND, obj, "step"),
-            why=obj["why"],
-            time=float(obj["time"]),
-            bound=opt_int(cls.KIND, obj, "bound"),
-            last_known_good=opt_int(cls.KIND, obj, "last_known_good"),
-            key=opt_str(cls.KIND, obj, "key"),
-        )
+    OPTIONAL = {"bound": opt_int, "last_known_good": opt_int, "key": opt_str}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,17 +87,12 @@ class SuspectMark(Record):
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    OPTIONAL = {"incident_id": opt_str}
+
     @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
         steps = obj.get("steps")
-        return dict(
-            run=obj["run"],
-            after_step=obj["after_step"],
-            reason=obj["reason"],
-            time=float(obj["time"]),
-            steps=ints(cls.KIND, "steps", steps) if steps is not None else None,
-            incident_id=opt_str(cls.KIND, obj, "incident_id"),
-        )
+        return {"steps": ints(cls.KIND, "steps", steps) if steps is not None else None}
 
     def demotes(self, step: int, saved_at: float | None) -> bool:
         """The suspect rule. A mark demotes the checkpoints after its last known-good step that were
@@ -202,30 +172,29 @@ class Incident(Record):
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    OPTIONAL = {
+        "alert_key": opt_str,
+        "attribution": opt_dict,
+        "drain": opt_dict,
+        "diagnosis": opt_dict,
+        "checkpoint": opt_dict,
+        "relaunch": opt_dict,
+        "lost_steps": opt_int,
+        "time_to_recover_s": opt_float,
+    }
+
     @classmethod
-    def _parse(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
+    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
         status = obj.get("status")
         if status is not None and status not in IncidentStatus.__members__.values():
             raise SchemaError(
                 f"incident record field 'status' = {status!r:.80}; expected one of {list(IncidentStatus)}"
             )
-        return dict(
-            run=obj["run"],
-            incident_id=obj["incident_id"],
-            alert=obj["alert"],
-            timeline=tuple(TimelineEvent.from_json(e) for e in obj["timeline"]),
-            mode=obj["mode"],
-            status=IncidentStatus(status) if status is not None else None,
-            alert_key=opt_str(cls.KIND, obj, "alert_key"),
-            attribution=opt_dict(cls.KIND, obj, "attribution"),
-            drain=opt_dict(cls.KIND, obj, "drain"),
-            diagnosis=opt_dict(cls.KIND, obj, "diagnosis"),
-            checkpoint=opt_dict(cls.KIND, obj, "checkpoint"),
-            relaunch=opt_dict(cls.KIND, obj, "relaunch"),
-            lost_steps=opt_int(cls.KIND, obj, "lost_steps"),
-            time_to_recover_s=opt_float(cls.KIND, obj, "time_to_recover_s"),
-            runbooks=strs(cls.KIND, "runbooks", obj.get("runbooks") or ()),
-        )
+        return {
+            "timeline": tuple(TimelineEvent.from_json(e) for e in obj["timeline"]),
+            "status": IncidentStatus(status) if status is not None else None,
+            "runbooks": strs(cls.KIND, "runbooks", obj.get("runbooks") or ()),
+        }
 
     def event(self, name: str) -> TimelineEvent | None:
         """The timeline's event `name`, or None when it has not happened."""
