@@ -108,7 +108,10 @@ def test_wrong_types_and_values_are_named() -> None:
     with pytest.raises(ValueError, match="update_applied"):
         Alert.from_json({**WRITTEN["alert"], "update_applied": "yes"})
     with pytest.raises(ValueError, match="status"):
-        Incident.from_json({**WRITTEN["incident"], "status": "closed-ish"})
+        Incident.from_json({**WRITTEN["incident"], "status": 3})
+    newer = Incident.from_json({**WRITTEN["incident"], "status": "escalated"})  # a newer writer's status
+    assert newer.status == "escalated" and not isinstance(newer.status, IncidentStatus)
+    assert Incident.from_json({**WRITTEN["incident"], "status": "closed"}).status is IncidentStatus.CLOSED
     with pytest.raises(ValueError, match="timeline"):
         Incident.from_json({**WRITTEN["incident"], "timeline": [{"time": T}]})
     with pytest.raises(ValueError, match="kind"):

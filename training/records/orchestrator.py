@@ -158,7 +158,8 @@ class Incident(Record):
     timeline: tuple[TimelineEvent, ...]
     mode: str
     """`act`, `approve` or `observe`."""
-    status: IncidentStatus | None = None
+    status: IncidentStatus | str | None = None
+    """An `IncidentStatus`; a value this reader does not know stays the string the record holds."""
     alert_key: str | None = None
     attribution: Mapping[str, Any] = field(default_factory=dict)
     drain: Mapping[str, Any] = field(default_factory=dict)
@@ -185,14 +186,12 @@ class Incident(Record):
 
     @classmethod
     def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        status = obj.get("status")
-        if status is not None and status not in IncidentStatus.__members__.values():
-            raise SchemaError(
-                f"incident record field 'status' = {status!r:.80}; expected one of {list(IncidentStatus)}"
-            )
+        status = opt_str(cls.KIND, obj, "status")
+        known = {s.value for s in IncidentStatus}
         return {
             "timeline": tuple(TimelineEvent.from_json(e) for e in obj["timeline"]),
-            "status": IncidentStatus(status) if status is not None else None,
+            # A status this reader does not know (a newer writer's) stays a string: shown, not hidden.
+            "status": IncidentStatus(status) if status in known else status,
             "runbooks": strs(cls.KIND, "runbooks", obj.get("runbooks") or ()),
         }
 

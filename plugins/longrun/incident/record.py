@@ -20,17 +20,18 @@ from typing import Any
 
 from longrun.incident import runbooks
 from training import schema
+from training.records import IncidentStatus
 from training.store import ObjectStore, PreconditionFailed
 
 MAX_ATTEMPTS = 8
 
-# status values, in the order an incident moves through them
-OPEN = "open"
-AMBIGUOUS = "ambiguous"  # suspect software: nothing drained
-OBSERVED = "observed"  # observe mode: recorded what would be done
-REJECTED = "rejected"  # approve mode: an operator said no
-RELAUNCHED = "relaunched"
-FAILED = "failed"
+# status values (one definition: training.records.IncidentStatus), in the order an incident moves
+OPEN = IncidentStatus.OPEN
+AMBIGUOUS = IncidentStatus.AMBIGUOUS  # suspect software: nothing drained
+OBSERVED = IncidentStatus.OBSERVED  # observe mode: recorded what would be done
+REJECTED = IncidentStatus.REJECTED  # approve mode: an operator said no
+RELAUNCHED = IncidentStatus.RELAUNCHED
+FAILED = IncidentStatus.FAILED
 
 
 def incident_id_for(alert_key: str) -> str:
