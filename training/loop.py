@@ -344,10 +344,9 @@ class Trainer:
                 )
                 self._record(results, mean_loss)
                 if self.cfg.checks.on_verdict == "exit":
-                    # The segment's end is recorded before NVRx may stop this process.
-                    self._end_segment("sdc_verdict")
                     # The alert is durable: ask ft_launcher not to restart in place, then exit 93.
                     self.nvrx.request_shutdown(f"SDC verdict: {failed.check} at step {step}")
+                    self._end_segment("sdc_verdict")  # before the uploads' drain, which may be cut short
                     return schema.EXIT_SDC_VERDICT
             else:
                 self._record(results, mean_loss)

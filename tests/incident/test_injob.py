@@ -18,6 +18,7 @@ import pytest
 from longrun import alert_auth
 from longrun.incident import injob, record
 from longrun.incident.steps import Incident, IncidentStop
+from longrun.monitor import lifecycle
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, make_client
 from longrun.slurm.spec import JobSpec, JobTag
@@ -108,6 +109,8 @@ def test_act_mode_recovers_inside_the_job(client, running):
     out = injob.direct(store, client, inc, node=suspect, checkpoint={"key": CKPT, "step": 10})
     assert out is not None and out["in_job"] and out["job_id"] == job_id
     assert out["nodes"] == [held[0], held[2]] and out["params"]["spare_nodes"] == 0
+    # what reenter_monitoring hands to training_run: its declared params only (closed conf)
+    lifecycle.check_declared({**out["params"], "attach_job_id": job_id, "incident_id": inc.incident_id})
     state = client.job(job_id)
     assert state.status is JobStatus.RUNNING and list(state.nodes) == [held[0], held[2]]
     node = client.node(suspect)

@@ -111,6 +111,7 @@ def direct(
 ) -> dict[str, Any] | None:
     """Relaunch inside the kept job; None when this incident must fall back to the full relaunch."""
     from longrun.incident.steps import authenticate, relaunch_spec, run_spec
+    from longrun.monitor.lifecycle import conf_of
 
     state = kept_job(client, inc)
     resume = checkpoint.get("key")
@@ -149,7 +150,8 @@ def direct(
         inc.event(store, "directive_not_followed", state=client.job(inc.job_id).describe())
         return None
     relaunched, _ = relaunch_spec(inc, resume_from=str(resume), exclude=(node,), healthy=len(keep))
-    params = dataclasses.replace(relaunched, spare_nodes=max(0, len(keep) - spec.nodes)).to_params()
+    # the declared params only (closed conf): what reenter_monitoring hands to training_run
+    params = conf_of(dataclasses.replace(relaunched, spare_nodes=max(0, len(keep) - spec.nodes)))
     result = {
         "job_id": inc.job_id,
         "nodes": list(d.nodes),
