@@ -6,7 +6,8 @@ sick-node marker, which the real replay probe on that node reads. (The full dril
 training job included, is too slow for this tier: tests/e2e covers the incident half.)
 
     sick n2 (marker, diag-pass)           -> probe rounds fail: run failed, n2 drained diag-fail, replace mark
-    transient n3 (one suspicion)          -> every round passes: n3 resumed, `returned` recorded
+    transient n3 (one suspicion)          -> observe: nothing changes; act: every round passes, n3 resumed;
+                                             approve: resumed after a person approves
     repeat offender n4 (two suspicions)   -> refused before any probe: run failed, n4 still drained
     foreign drain n1 ("admin: fan")       -> refused: n1 keeps its reason
 """
@@ -78,8 +79,24 @@ class Ran(dict):
         return f"{dict(self)}\n{self.logs}"
 
 
-def run_dag(api: AirflowApi, node: str) -> tuple[str, Ran]:
-    run_id = api.trigger(DAG, conf={"node": node, "mode": "act", "repeats": 2})
+def approve_when_asked(api: AirflowApi, run_id: str, timeout_s: float = 600.0) -> None:
+    """Answer the run's approval (Airflow human-in-the-loop) once it waits for one; bounded."""
+    deadline = time.monotonic() + timeout_s
+    url = f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/approve_return/-1/hitlDetails"
+    while time.monotonic() < deadline:
+        resp = api.session.patch(url, json={"chosen_options": ["Approve"]}, timeout=api.timeout)
+        if resp.status_code < 400:
+            return
+        if api.run(DAG, run_id)["state"] in ("success", "failed"):
+            raise AssertionError(f"{run_id} ended before asking: {api.task_states(DAG, run_id)}")
+        time.sleep(2)
+    raise AssertionError(f"{run_id}: no approval asked within {timeout_s} s: {api.task_states(DAG, run_id)}")
+
+
+def run_dag(api: AirflowApi, node: str, mode: str = "act") -> tuple[str, Ran]:
+    run_id = api.trigger(DAG, conf={"node": node, "mode": mode, "repeats": 2})
+    if mode == "approve":
+        approve_when_asked(api, run_id)
     state = api.wait_run(DAG, run_id, timeout=600)
     ran = Ran(api.task_states(DAG, run_id))
     for task_id, st in ran.items():
@@ -90,16 +107,21 @@ def run_dag(api: AirflowApi, node: str) -> tuple[str, Ran]:
     return state, ran
 
 
-def test_node_return_on_real_slurm(api, airflow_stack, client, monkeypatch):
-    for k, v in airflow_stack.env.items():  # the store's credentials (boto3 reads them from os.environ)
+def use_stack_env(airflow_stack, monkeypatch):  # noqa: ANN201
+    """The store's credentials (boto3 reads them from os.environ); the node history store."""
+    for k, v in airflow_stack.env.items():
         monkeypatch.setenv(k, v)
-    hist = store_from_env()
+    return store_from_env()
+
+
+@pytest.mark.timeout(1800)
+def test_sick_repeat_offender_and_foreign_nodes_stay_drained(api, airflow_stack, client, monkeypatch):
+    hist = use_stack_env(airflow_stack, monkeypatch)
     tag = uuid.uuid4().hex[:6]
-    runs = {n: f"nr-{n}-{tag}" for n in ("n2", "n3", "n4")}
+    runs = {n: f"nr-{n}-{tag}" for n in ("n2", "n4")}
     for node, run in runs.items():
         client.drain(node, f"longrun:diag-pass:{run}:7")
     seed(hist, "n2", runs["n2"], [f"inc-n2-{tag}"])
-    seed(hist, "n3", runs["n3"], [f"inc-n3-{tag}"])
     seed(hist, "n4", runs["n4"], [f"inc-n4a-{tag}", f"inc-n4b-{tag}"])
     spec = lifecycle.spec_from_params({"run_name": runs["n2"]})
     marker = sick_marker(Path(lifecycle.fault_state_dir(spec)), "n2")
@@ -115,16 +137,8 @@ def test_node_return_on_real_slurm(api, airflow_stack, client, monkeypatch):
         assert h.REPLACE in kinds and h.RETURNED not in kinds
         assert [e.verdict for e in h.events(hist, "n2") if e.kind == h.DIAGNOSED][-1] == "fail"
 
-        # Transient: every round passes, the node is resumed.
-        state, tasks = run_dag(api, "n3")
-        assert state == "success", tasks
-        n3 = client.node("n3")
-        assert not n3.drain_flag, n3
-        evs = h.events(hist, "n3")
-        assert evs[-1].kind == h.RETURNED and h.state(evs) == "returned"
-        assert len([e for e in evs if e.kind == h.DIAGNOSED and e.source.startswith("node_return")]) == 2
-
-        # Repeat offender: refused without a probe, still drained, marked for replacement.
+        # Repeat offender (a second incident on a node with a recent one): refused without a probe,
+        # still drained, marked for replacement.
         state, tasks = run_dag(api, "n4")
         assert state == "failed" and tasks["probe"] == "success", tasks
         assert client.node("n4").reason == f"longrun:diag-pass:{runs['n4']}:7"
@@ -141,3 +155,33 @@ def test_node_return_on_real_slurm(api, airflow_stack, client, monkeypatch):
         assert client.node("n1").reason == "admin: fan"
     finally:
         marker.unlink(missing_ok=True)
+
+
+@pytest.mark.timeout(1800)
+def test_transient_node_returns_in_act_and_approve_not_in_observe(api, airflow_stack, client, monkeypatch):
+    hist = use_stack_env(airflow_stack, monkeypatch)
+    run = f"nr-n3-{uuid.uuid4().hex[:6]}"
+    client.drain("n3", f"longrun:diag-pass:{run}:7")
+    seed(hist, "n3", run, [f"inc-{run}"])
+
+    # Observe: nothing probed, nothing changed, what act would do is recorded.
+    state, tasks = run_dag(api, "n3", mode="observe")
+    assert state == "success", tasks
+    assert client.node("n3").reason == f"longrun:diag-pass:{run}:7"
+    assert h.events(hist, "n3")[-1].kind == h.WOULD_RETURN
+
+    # Transient (a weight flip's incident passed its diagnosis): every round passes, the node is resumed.
+    state, tasks = run_dag(api, "n3")
+    assert state == "success", tasks
+    n3 = client.node("n3")
+    assert not n3.drain_flag, n3
+    evs = h.events(hist, "n3")
+    assert evs[-1].kind == h.RETURNED and h.state(evs) == "returned"
+    assert len([e for e in evs if e.kind == h.DIAGNOSED and e.source.startswith("node_return")]) == 2
+
+    # Approve: drained again by a later incident (still one suspicion in the window: the seeded one is
+    # the only `suspected` event), resumed only after a person approves.
+    client.drain("n3", f"longrun:diag-pass:{run}-b:8")
+    state, tasks = run_dag(api, "n3", mode="approve")
+    assert state == "success" and tasks["approve_return"] == "success", tasks
+    assert not client.node("n3").drain_flag
