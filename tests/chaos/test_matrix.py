@@ -67,8 +67,15 @@ def env(airflow_stack):
 
 @pytest.fixture(scope="module")
 def rest(env) -> Rest:
-    r = Rest.login(env.url, env.user, env.password)
-    prepare(r)
+    r = Rest.login(env.url, env.user, env.password, timeout=120.0)  # a loaded 2-core host answers slowly
+    for attempt in range(3):  # SQLite under load answers "database is locked" as HTTP 500 now and then
+        try:
+            prepare(r)
+            break
+        except Exception:
+            if attempt == 2:
+                raise
+            time.sleep(5)
     return r
 
 
