@@ -186,46 +186,22 @@ def fill_drill(store: ObjectStore, run: str = "drill-1", *, finished: bool = Tru
     ):
         incident_record.add_event(store, run=run, incident_id=ident, name=name, fields=fields)
 
+    last, at = (40, T0 + 200) if finished else (33, T0 + 150)
+    _put(
+        store,
+        run,
+        schema.PROGRESS_PATH,
+        schema.record(
+            "progress", run=run, step=last, loss=loss_at(last), step_time_s=0.05, time=at, total_steps=40
+        ),
+    )
     if finished:
-        _put(
-            store,
-            run,
-            schema.PROGRESS_PATH,
-            schema.record(
-                "progress",
-                run=run,
-                step=40,
-                loss=loss_at(40),
-                step_time_s=0.05,
-                time=T0 + 200,
-                total_steps=40,
-            ),
-        )
         _put(
             store,
             run,
             schema.REPORT_PATH,
             schema.record(
-                "report",
-                run=run,
-                final_step=40,
-                final_fingerprint="00ff00ff00ff00ff",
-                time=T0 + 201,
-            ),
-        )
-    else:
-        _put(
-            store,
-            run,
-            schema.PROGRESS_PATH,
-            schema.record(
-                "progress",
-                run=run,
-                step=33,
-                loss=loss_at(33),
-                step_time_s=0.05,
-                time=T0 + 150,
-                total_steps=40,
+                "report", run=run, final_step=40, final_fingerprint="00ff00ff00ff00ff", time=T0 + 201
             ),
         )
     return ident
