@@ -7,7 +7,9 @@ suspect in a MAINT reservation; drained again with the verdict) and pick the pre
 run attached to the job) -> summary.
 
 Triggered by `training_run` with the alert as conf (run id `incident__<alert id>`), or by hand with
-`run_name` and `alert_key`. Modes (the run's `incident_mode`): act, approve (human-in-the-loop approval
+`run_name`, `alert_key` and `job_id`. Nothing is acted on unless the alert is signed by that job's key,
+names this run and job, and its suspect nodes are in the job's allocation (else a security event); conf
+keys the DAG does not declare are refused. Modes (the run's `incident_mode`): act, approve (human-in-the-loop approval
 before the drain and before the relaunch), observe (records what would be done, changes nothing).
 Every step is idempotent through the incident record; the work is in `longrun.incident`.
 """
