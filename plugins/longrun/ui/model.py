@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longrun.runview import STATES
-from longrun.runview import Vote as VotePoint  # the read model's weight-vote agreement, shown as is
+from longrun.votes import Vote as VotePoint  # the read model's weight-vote agreement, shown as is
 
 CHECKPOINT_STATES = STATES
 
