@@ -52,6 +52,14 @@ def test_list_validate_promote_pick(
     rc, out = _json(capsys, ["promote", "--run", run, "--step", "30"])
     assert rc == 1 and not out["promoted"] and "unreadable" in out["error"]
 
+    # The pick counts the check records of every rank (a manifest's coverage alone proves nothing).
+    records = [
+        schema.record("check", run=run, step=s, check=c, verdict="pass", rank=0, duration_s=0.1, world_size=1)
+        for s in (10, 20)
+        for c in ("recompute", "weight_vote")
+    ]
+    body = "".join(json.dumps(r) + "\n" for r in records).encode()
+    cli_env.put_bytes(schema.store_key(run, schema.check_batch_path(10, 20, 0)), body)
     rc, out = _json(capsys, ["pick", "--run", run, "--check", "recompute", "--step", "25"])
     assert rc == 0 and out["step"] == 20 and out["key"].endswith("checkpoints/step-00000020/")
 
