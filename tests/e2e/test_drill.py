@@ -142,16 +142,18 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
     result = run_drill(rest, store_from_env(), conf)
     print("\n" + result.summary())
     inc = result.incident
-    assert inc is not None and inc["status"] == "relaunched"
-    relaunch = inc["relaunch"]
+    assert inc is not None and inc.status == "relaunched"
+    relaunch = inc.relaunch
     assert relaunch.get("in_job") is True, relaunch
-    events = [e["event"] for e in inc["timeline"]]
+    events = [e.event for e in inc.timeline]
     assert {"released", "directive_written"} <= set(events) and "relaunch_submitted" not in events
-    node = inc["attribution"]["node"]
+    node = inc.attribution["node"]
     assert node == "n2" and node not in relaunch["nodes"]
     first, again = result.segments[0], result.segments[-1]
     assert first["job_id"] == again["job_id"] == str(relaunch["job_id"]), "the job id changed"
     assert node in first["nodes"] and node not in again["nodes"]
+    # Not yet: the diagnosis in the job's allocation. With every node of this 4-node cluster held by the
+    # job, the probe's reference finds no idle healthy node, so the node stays drained with the SDC reason.
     state = client.node(node)
     assert state.drain_flag and state.reason and state.reason.startswith("longrun:")
     assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"

@@ -162,18 +162,19 @@ def direct(
         "params": params,
         "in_job": True,
     }
-    now = time.time()
+    started = seg.started_at  # the attempt's trainer was up: the in-job counterpart of RUNNING
     inc.event(
         store,
         "relaunched_running",
         fields={
             "relaunch": result,
-            "time_to_recover_s": round(now - float(inc.alert.get("time") or now), 3),
+            "time_to_recover_s": round(started - float(inc.alert.get("time") or started), 3),
             "status": record.RELAUNCHED,
         },
         job_id=inc.job_id,
         nodes=list(d.nodes),
         segment=seg.segment_id,
+        time=started,
     )
     return result
 

@@ -1,0 +1,41 @@
+"""bench/bench_recovery.py on the test session's stack: one drill per path (hot spare, requeue) and per
+cluster state (idle, a competing job queued for the freed nodes). It prints the figures; it asserts only
+what must hold whatever the load: each recovery resumed from the pick, and each took the path it should.
+No timing threshold (a 2-core machine shared with other sessions)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+from longrun.drill import Rest, prepare
+from longrun.slurm.client import make_client
+
+from training.store import store_from_env
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.slurm,
+    pytest.mark.s3,
+    pytest.mark.airflow,
+    pytest.mark.timeout(5400),
+]
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_recovery", Path(__file__).resolve().parents[2] / "bench" / "bench_recovery.py"
+)
+assert _spec and _spec.loader
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_bench_recovery_both_paths(airflow_stack, tmp_path, monkeypatch):
+    for k, v in airflow_stack.env.items():
+        monkeypatch.setenv(k, v)
+    rest = Rest.login(airflow_stack.url, airflow_stack.user, airflow_stack.password)
+    prepare(rest)
+    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
+    out = bench.run_bench(rest, client, store_from_env(), drills=1, competitor_s=90, workdir=str(tmp_path))
+    assert set(out) == {(p, s) for p in ("hot spare", "requeue") for s in ("idle", "busy")}
