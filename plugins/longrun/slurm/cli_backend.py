@@ -243,7 +243,9 @@ class CliSlurmClient:
         return found[0]
 
     def nodes(self) -> list[NodeState]:
-        if self._has_json:
+        # 23.02+ `sinfo --json` groups nodes by state, not by reason: one node's drain reason would be
+        # read for another's. `scontrol -o` has one line per node.
+        if self._has_json and not self._json_v2:
             return parse.nodes_from_sinfo_json(json.loads(self._run(["sinfo", "--json"])))
         return parse.nodes_from_scontrol(self._run(["scontrol", "-o", "show", "node"]))
 

@@ -201,7 +201,9 @@ class PyslurmClient:
     def _state(job: Any) -> JobState:
         raw = str(job.state).upper().split("+")[0]
         restarts = int(job.requeue_count or 0)
-        reason = parse._null(None if job.state_reason is None else str(job.state_reason))
+        # pyslurm gives the state description with spaces; scontrol prints it with underscores: as the CLI.
+        text = None if job.state_reason is None else "_".join(str(job.state_reason).split())
+        reason = parse._null(text)
         status = fold_status(raw, restart_count=restarts)
         exit_code, signal = job.exit_code, job.exit_code_signal or None
         if signal:
