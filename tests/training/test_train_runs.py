@@ -29,9 +29,11 @@ def test_clean_runs_raise_no_alert(launch, seed, recompute, vote):
     assert count == {"finite": steps, "recompute": steps // recompute, "weight_vote": expected_votes}
     report = run.report()
     assert report["final_step"] == steps and report["last_pass"]["finite"] == steps
-    # the batches of checks reached the store too
+    # the batches of checks reached the store too, one set per rank (the pick needs every rank's passes)
     batches = sorted((run.store_dir / "runs" / "run" / "checks").glob("*.jsonl"))
-    assert sum(len(p.read_text().splitlines()) for p in batches) == len(records)
+    stored = [json.loads(line) for p in batches for line in p.read_text().splitlines()]
+    assert sorted({r["rank"] for r in stored}) == [0, 1, 2, 3]
+    assert len(stored) == 4 * len(records) and {r["world_size"] for r in stored} == {4}
 
 
 @pytest.mark.slow  # three 4-rank launches
