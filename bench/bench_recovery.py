@@ -38,6 +38,7 @@ class Competitor:
     def __init__(self, client: SlurmClient, store: ObjectStore, run: str, *, seconds: int, workdir: str):
         self.client, self.store, self.run, self.seconds, self.workdir = client, store, run, seconds, workdir
         self.job_id: int | None = None
+        self.error: Exception | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -46,12 +47,16 @@ class Competitor:
         prefix = schema.store_key(self.run, "alerts/")
         while not self._stop.is_set() and time.monotonic() < deadline:
             if any(True for _ in self.store.list(prefix)):
+                # whole nodes (CPU jobs share nodes otherwise), and not longrun's tag: another workload
                 spec = JobSpec(
                     name="competitor", partition="debug", command=(f"sleep {self.seconds}",), nodes=3,
-                    gpus_per_node=0, exclusive=False, time_limit_min=10, workdir=self.workdir,
-                    output="competitor-%j.out",
+                    gpus_per_node=0, exclusive=True, time_limit_min=10, workdir=self.workdir,
+                    output="competitor-%j.out", comment="other-workload",
                 )  # fmt: skip
-                self.job_id = self.client.submit(spec)
+                try:
+                    self.job_id = self.client.submit(spec)
+                except Exception as e:  # reported by __exit__: a "busy" figure without a competitor is void
+                    self.error = e
                 return
             time.sleep(0.25)
 
@@ -64,6 +69,8 @@ class Competitor:
         self._thread.join(timeout=10)
         if self.job_id is not None:
             self.client.cancel(self.job_id)
+        if self.error is not None or self.job_id is None:
+            raise RuntimeError(f"the competing job was not submitted ({self.error}): no busy figure")
 
 
 def one(rest: Rest, client: SlurmClient, store: ObjectStore, *, spares: int, busy: bool, i: int,
@@ -90,9 +97,10 @@ def one(rest: Rest, client: SlurmClient, store: ObjectStore, *, spares: int, bus
 
 
 def run_bench(rest: Rest, client: SlurmClient, store: ObjectStore, *, drills: int, competitor_s: int,
-              workdir: str, say: Any = print) -> dict[tuple[str, str], list[float]]:  # fmt: skip
+              workdir: str, say: Any = print, states: tuple[str, ...] = ("idle", "busy"),
+              ) -> dict[tuple[str, str], list[float]]:  # fmt: skip
     out: dict[tuple[str, str], list[float]] = {}
-    for state in ("idle", "busy"):
+    for state in states:
         for path, spares in (("hot spare", 1), ("requeue", 0)):
             for i in range(drills):
                 r = one(rest, client, store, spares=spares, busy=state == "busy", i=i,
@@ -103,7 +111,7 @@ def run_bench(rest: Rest, client: SlurmClient, store: ObjectStore, *, drills: in
                 say(f"{path:>9} {state}: {r['run']}: alert -> first healthy step {r['to_training_s']} s "
                     f"(alert -> RUNNING {r['to_running_s']} s), lost {r['lost_steps']} steps; {r['milestones_s']}")  # fmt: skip
     return_to_service(client, say=lambda _line: None)
-    for state in ("idle", "busy"):
+    for state in states:
         hot = statistics.median(out[("hot spare", state)])
         req = statistics.median(out[("requeue", state)])
         say(f"{state}: alert -> first healthy step, median of {drills}: hot spare {hot:.1f} s, requeue {req:.1f} s,"
