@@ -27,6 +27,7 @@ RUNBOOKS: dict[str, str] = {
     "node_return": "runbooks/node-return.md",
     "repeat_offender": "runbooks/repeat-offender.md",
     "security_event": "runbooks/security-event.md",
+    "foreign_drain": "runbooks/node-drained-by-someone-else.md",
     # monitoring and the checkpoint gate
     "stale_heartbeat": "runbooks/stale-heartbeat.md",
     "checkpoint_validation_failed": "runbooks/checkpoint-validation-failed.md",

@@ -38,6 +38,7 @@ EXPECTED = (
     "security-event",
     "run-a-drill",
     "dag-paused",
+    "node-drained-by-someone-else",
 )
 # Shell builtins a runbook may start a line with; the commands they run are checked on their own.
 BUILTINS = {"eval", "export", "cd", "source"}
@@ -311,8 +312,8 @@ SEEDED = {
     "runs/demo/incidents/demo.json": b'{"kind": "incidents"}',
     "runs/demo/validations/demo.json": b'{"kind": "validations"}',
     "runs/demo/suspect/demo.json": b'{"kind": "suspect"}',
-    "runs/demo/promoted/current.json": b'{"kind": "promotions"}',
     "runs/demo/security-events/demo.json": b'{"kind": "security_event"}',
+    "runs/demo/promoted/current.json": b'{"kind": "promotions"}',
     "runs/demo/checkpoints/step-00000001/manifest.json": b'{"kind": "checkpoints"}',
     "runs/demo/progress/latest.json": b'{"kind": "progress"}',
     "runs/demo/report.json": b'{"kind": "report"}',
