@@ -259,8 +259,13 @@ class Trainer:
         fields = {
             **({"fingerprints": fps, "fingerprint": combine(fps)} if fps is not None else {}),
             "weight_vote": (
-                {"step": step, "verdict": vote.verdict, "ranks": self.world, "votes": vote.extra["votes"],
-                 "algorithm": vote.extra.get("algorithm", "xxh3-64")}  # fmt: skip
+                {
+                    "step": step,
+                    "verdict": vote.verdict,
+                    "ranks": self.world,
+                    "votes": vote.extra["votes"],
+                    "algorithm": vote.extra.get("algorithm", "xxh3-64"),
+                }  # fmt: skip
                 if vote
                 else {"step": step, "verdict": "skip", "ranks": self.world}
             ),
