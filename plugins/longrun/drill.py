@@ -149,7 +149,7 @@ def _follow(
 ) -> str:
     last: Any = None
     t0 = time.monotonic()
-    approved: set[str] = set()
+    approved: set[tuple[str, int]] = set()
     while time.monotonic() < deadline:
         state = rest.run_state(dag_id, run_id)
         if state is None:
@@ -157,11 +157,7 @@ def _follow(
             continue
         states = rest.task_states(dag_id, run_id)
         if approve:
-            for task_id in APPROVAL_TASKS:
-                if states.get(task_id) in ("awaiting_input", "deferred") and task_id not in approved:
-                    if rest.approve(dag_id, run_id, task_id):
-                        approved.add(task_id)
-                        say(f"  a person approves {task_id} (human-in-the-loop)")
+            _approve_waiting(rest, dag_id, run_id, approved, say)
         active = sorted(
             t for t, s in states.items() if s in ("running", "deferred", "queued", "awaiting_input")
         )
@@ -176,6 +172,21 @@ def _follow(
             return state
         time.sleep(2.0)
     raise DrillError(f"{dag_id} run {run_id} did not finish in time (last: {last})")
+
+
+def _approve_waiting(rest: Rest, dag_id: str, run_id: str, approved: set[tuple[str, int]], say: Say) -> None:
+    """Approve each approval task's try once. Keyed by try: when Airflow's deferral race fails a resumed
+    approval, its retry asks again, and a person answering the UI would answer again too."""
+    for ti in rest.task_instances(dag_id, run_id):
+        key = (str(ti.get("task_id")), int(ti.get("try_number") or 0))
+        if (
+            key[0] in APPROVAL_TASKS
+            and ti.get("state") in ("awaiting_input", "deferred")
+            and key not in approved
+        ):
+            if rest.approve(dag_id, run_id, key[0]):
+                approved.add(key)
+                say(f"  a person approves {key[0]} try {key[1]} (human-in-the-loop)")
 
 
 def _progress(store: ObjectStore, run: str) -> Callable[[], str]:
