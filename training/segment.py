@@ -190,7 +190,9 @@ class FaultFired:
 
     @property
     def relative_path(self) -> str:
-        return f"{FAULTS_DIR}{self.step:08d}-{self.fault}-r{self.rank:03d}.json"
+        # The injection time is in the name: an NVRx in-job restart that replays the step fires the fault
+        # again, and overwriting the first record would move the injection after the alert it caused.
+        return f"{FAULTS_DIR}{self.step:08d}-{self.fault}-r{self.rank:03d}-{int(self.time * 1000)}.json"
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "kind": "fault"}

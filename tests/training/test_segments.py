@@ -97,8 +97,23 @@ def test_segment_records_are_checked_on_read(change, field):
 def test_fault_records_round_trip_and_are_checked():
     rec = FaultFired(run="r", fault="nan", step=3, rank=1, node="n2", time=2.0, spec="nan:3:1")
     assert FaultFired.from_json(json.dumps(rec.to_json())) == rec
-    assert rec.relative_path == "faults/00000003-nan-r001.json"
+    assert rec.relative_path == "faults/00000003-nan-r001-2000.json"
+    # a replay of the step (NVRx in-job restart) fires again: a second record, not an overwrite
+    again = FaultFired(run="r", fault="nan", step=3, rank=1, node="n2", time=9.5, spec="nan:3:1")
+    assert again.relative_path != rec.relative_path
     with pytest.raises(ValueError, match="step"):
         FaultFired.from_json({**rec.to_json(), "step": "3"})
     with pytest.raises(ValueError, match="kind"):
         FaultFired.from_json({**rec.to_json(), "kind": "segment"})
+
+
+def test_a_replayed_fault_keeps_the_first_injection_before_the_alert():
+    """The recovery's `fault_injected` is the newest injection before the alert; a replay after the alert
+    (an NVRx in-job restart of the same step) must not hide the first one."""
+    from longrun.incident.recovery import measure
+
+    first = FaultFired(run="r", fault="nan", step=3, rank=1, node="n2", time=10.0, spec="nan:3:1")
+    replay = FaultFired(run="r", fault="nan", step=3, rank=1, node="n2", time=30.0, spec="nan:3:1")
+    incident = {"alert": {"time": 12.0}, "timeline": [], "checkpoint": {"step": 2}}
+    ms = measure(incident, [], [first, replay])["milestones_s"]
+    assert ms["fault_injected"] == -2.0
