@@ -2,6 +2,8 @@
 
 - `slurm_cluster`: munge + slurmctld + slurmd n1..n4 (a `SlurmCluster`).
 - `s3_store_env`: SeaweedFS S3; a dict of AWS_* and LONGRUN_BUCKET.
+- `fleet_records_isolated` (automatic for every test that uses the session's S3 store): the fleet-wide
+  records (node history, drain ledger) start empty and are restored afterwards (helpers.fleet_records).
 - `airflow_stack`: Airflow (after Slurm and S3, so its tasks see both); an `AirflowStack`. Its metadata
   database is SQLite, or PostgreSQL with LONGRUN_TEST_DB=postgres (the stack's own server).
 
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.fleet_records import fleet_records_set_aside
 from helpers.stack_fixtures import AirflowStack, SlurmCluster, claim_port_base
 from longrun.stack import Stack, StackError, default_state_dir
 
@@ -99,3 +102,22 @@ def airflow_stack(
         password=env["LONGRUN_AIRFLOW_PASSWORD"],
         env=env,
     )
+
+
+@pytest.fixture(autouse=True)
+def fleet_records_isolated(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test that uses the session's store sees no other test's node history or drains."""
+    if "s3_store_env" not in request.fixturenames:
+        yield
+        return
+    from training.s3_store import S3Store
+
+    request.getfixturevalue("s3_store_env")
+    s3 = request.getfixturevalue("local_stack").s3
+    client = s3.client()
+    stores = [
+        S3Store(bucket=b, endpoint_url=s3.layout.s3_endpoint, client=client)
+        for b in (s3.layout.bucket, s3.orch_bucket)
+    ]
+    with fleet_records_set_aside(stores):
+        yield
