@@ -6,14 +6,22 @@ ValueError naming the field) and `to_json`. Pure Python: no torch, no Airflow, n
 
 `parse(kind, obj)` builds the record of a kind named at run time; `loads(kind, data)` decodes JSON bytes
 first. The key layout is in `training.schema`; the read model of a whole run is `longrun.runview`.
+
+`KINDS` names every record kind the store holds. The kinds of `training.schema`'s table share one base
+(`Record`); the newer kinds are dataclasses of their own with the same `from_json`/`to_json` contract
+(`RecordType`), registered here as they are. Three of them belong to the orchestrator (package `longrun`,
+which the job must not import): `KINDS` names them and imports their class on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from training.records.base import Record
+from training.directive import Directive
+from training.records.base import Record, RecordType
 from training.records.job import Alert, CheckRecord, Manifest, Progress, Report, Save, World
 from training.records.orchestrator import (
     Incident,
@@ -25,9 +33,10 @@ from training.records.orchestrator import (
     Validation,
 )
 from training.schema import SchemaError
+from training.segment import FaultFired, Segment
 
-#: kind -> its record class (every kind `training.schema` knows).
-KINDS: dict[str, type[Record]] = {
+#: The kinds of `training.schema`'s table: kind -> its record class.
+SCHEMA_KINDS: dict[str, type[Record]] = {
     cls.KIND: cls
     for cls in (
         Alert,
@@ -44,15 +53,53 @@ KINDS: dict[str, type[Record]] = {
     )
 }
 
+#: The job's newer kinds, each its own dataclass (the `kind` stamp each writes).
+_JOB_KINDS: dict[str, type[RecordType]] = {
+    "segment": Segment,
+    "fault": FaultFired,
+    "directive": Directive,
+}
 
-def parse(kind: str, obj: Any) -> Record:
-    """The record of `kind` in the decoded JSON object `obj`; raises SchemaError (a ValueError)."""
+#: The orchestrator's newer kinds: kind -> "module:class" in package `longrun`.
+_ORCHESTRATOR_KINDS: dict[str, str] = {
+    "node_event": "longrun.nodes.history:NodeEvent",
+    "run_claim": "longrun.runclaim:RunClaim",
+    "security_event": "longrun.security_events:SecurityEvent",
+}
+
+
+class _Kinds(Mapping[str, type[RecordType]]):
+    """kind -> record class, for every kind; an orchestrator kind's class is imported when asked for."""
+
+    def __getitem__(self, kind: str) -> type[RecordType]:
+        if kind in SCHEMA_KINDS:
+            return SCHEMA_KINDS[kind]
+        if kind in _JOB_KINDS:
+            return _JOB_KINDS[kind]
+        module, name = _ORCHESTRATOR_KINDS[kind].split(":")
+        cls: type[RecordType] = getattr(importlib.import_module(module), name)
+        return cls
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((*SCHEMA_KINDS, *_JOB_KINDS, *_ORCHESTRATOR_KINDS))
+
+    def __len__(self) -> int:
+        return len(SCHEMA_KINDS) + len(_JOB_KINDS) + len(_ORCHESTRATOR_KINDS)
+
+
+#: kind -> its record class, every kind the store holds.
+KINDS: Mapping[str, type[RecordType]] = _Kinds()
+
+
+def parse(kind: str, obj: Any) -> RecordType:
+    """The record of `kind` in the decoded JSON object `obj`; raises SchemaError (a ValueError) for an
+    unknown kind, and the kind's ValueError naming the field for a bad record."""
     if kind not in KINDS:
         raise SchemaError(f"unknown record kind {kind!r}; known: {sorted(KINDS)}")
     return KINDS[kind].from_json(obj)
 
 
-def loads(kind: str, data: bytes | str) -> Record:
+def loads(kind: str, data: bytes | str) -> RecordType:
     """`parse` of JSON text; bad JSON is a SchemaError too."""
     try:
         obj = json.loads(data)
@@ -63,8 +110,11 @@ def loads(kind: str, data: bytes | str) -> Record:
 
 __all__ = [
     "KINDS",
+    "SCHEMA_KINDS",
     "Alert",
     "CheckRecord",
+    "Directive",
+    "FaultFired",
     "Incident",
     "IncidentStatus",
     "Manifest",
@@ -72,9 +122,11 @@ __all__ = [
     "Progress",
     "Promotion",
     "Record",
+    "RecordType",
     "Report",
     "Save",
     "SchemaError",
+    "Segment",
     "SuspectMark",
     "TimelineEvent",
     "Validation",

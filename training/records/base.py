@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 from training import schema
 from training.schema import SchemaError
@@ -89,6 +89,17 @@ def strs(kind: str, field: str, values: Any) -> tuple[str, ...]:
 
 Reader = Callable[[str, Mapping[str, Any], str], Any]
 """Reads one optional field: (kind, object, field name) -> value, or raises SchemaError."""
+
+
+class RecordType(Protocol):
+    """What every record class offers, `Record`'s subclasses and the kinds that are dataclasses of their
+    own alike: `from_json` validates (a ValueError naming the field) and builds; `to_json` gives the
+    object back as it is stored."""
+
+    @classmethod
+    def from_json(cls, obj: Any, /) -> Any: ...
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 class Record:
