@@ -35,6 +35,14 @@ from airflow.sdk import Param, dag, task
         "seed": Param(0, type="integer", description="Seed of the re-hash sample (same seed, same files)"),
         "loss_min": Param(0.0, type="number", description="Lowest loss a manifest may record"),
         "loss_max": Param(10000.0, type="number", description="Highest loss a manifest may record"),
+        "healthy_steps": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            maximum=1000000,
+            description="Close a relaunched incident after this many healthy steps (empty: the Variable"
+            " longrun_healthy_steps, else 20)",
+        ),
     },
 )
 def checkpoint_audit() -> None:

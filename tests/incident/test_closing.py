@@ -104,3 +104,38 @@ def test_operator_closes_with_a_reason(store, capsys):
     assert longrun_main(["incidents", "list", "--run", RUN]) == 0
     assert f"{iid}  closed" in capsys.readouterr().out
     assert longrun_main(["incidents", "close", "--run", RUN, "--incident", "nope", "--reason", "x"]) == 1
+
+
+def test_the_audit_honours_the_closing_threshold(store, monkeypatch):
+    """checkpoint_audit's task closes with its Param `healthy_steps`, else the Variable
+    `longrun_healthy_steps` (read by Airflow's SDK from its environment-variable backend here), else 20."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from longrun.audit.task import audit_task, closing_threshold
+
+    iid = record.incident_id_for(KEY)
+    monkeypatch.delenv("AIRFLOW_VAR_LONGRUN_HEALTHY_STEPS", raising=False)
+    assert closing_threshold({}) == closing.HEALTHY_STEPS == 20
+    progress(store, 25, time.time() + 1)  # 15 steps past the resume point
+    monkeypatch.setenv("AIRFLOW_VAR_LONGRUN_HEALTHY_STEPS", "16")
+    assert closing_threshold({}) == 16
+    assert closing.close_all_healthy(store, healthy_steps=closing_threshold({})) == []
+    # the Param wins over the Variable
+    assert closing_threshold({"healthy_steps": 15}) == 15
+    try:
+        audit_task({"healthy_steps": 15, "sample_size": 0}, "manual__threshold", store=store)
+    except AirflowFailException:
+        pass  # this store holds an incident and nothing else: the audit's verdict is not the point here
+    rec = record.load(store, run=RUN, incident_id=iid)
+    assert rec["status"] == "closed" and rec["closed"]["healthy_steps"] == 15, rec.get("closed")
+    for bad, params in (
+        ("0", {}),
+        ("many", {}),
+        (None, {"healthy_steps": 0}),
+        (None, {"healthy_steps": True}),
+    ):
+        if bad is not None:
+            monkeypatch.setenv("AIRFLOW_VAR_LONGRUN_HEALTHY_STEPS", bad)
+        with pytest.raises(ValueError, match="healthy_steps"):
+            closing_threshold(params)
+    with pytest.raises(AirflowFailException, match="Param healthy_steps=0"):
+        audit_task({"healthy_steps": 0}, "manual__bad", store=store)

@@ -25,6 +25,19 @@ def config_from_params(params: Mapping[str, Any], run_id: str) -> AuditConfig:
     return AuditConfig(audit_id=audit_id_from(run_id), **fields)
 
 
+def closing_threshold(params: Mapping[str, Any]) -> int:
+    """Steps a relaunched run must stay healthy before its incident closes: the Param `healthy_steps`,
+    else the Variable `longrun_healthy_steps`, else 20. ValueError names the bad setting."""
+    from longrun.incident import closing
+
+    if params.get("healthy_steps") is not None:
+        return closing.healthy_steps_setting(params["healthy_steps"], source="Param healthy_steps")
+    from airflow.sdk import Variable
+
+    raw = Variable.get(closing.HEALTHY_STEPS_VARIABLE, default=None)
+    return closing.healthy_steps_setting(raw, source=f"Variable {closing.HEALTHY_STEPS_VARIABLE}")
+
+
 def audit_task(params: Mapping[str, Any], run_id: str, store: ObjectStore | None = None) -> dict[str, Any]:
     """Run the audit over the store the environment points at; print where the report is."""
     from airflow.sdk.exceptions import AirflowFailException
@@ -36,9 +49,13 @@ def audit_task(params: Mapping[str, Any], run_id: str, store: ObjectStore | None
     )
     from longrun.incident.closing import close_all_healthy
 
+    try:
+        healthy_steps = closing_threshold(params)
+    except ValueError as e:
+        raise AirflowFailException(str(e)) from None
     # Incidents whose relaunch stayed healthy close first, so the audit and retention see them closed.
-    for closed in close_all_healthy(store):
-        print(f"incident {closed}: closed (relaunched and healthy)")
+    for closed in close_all_healthy(store, healthy_steps=healthy_steps):
+        print(f"incident {closed}: closed (relaunched and healthy for {healthy_steps} steps)")
     try:
         report = run_audit(store, cfg)
     except AuditFailed as e:

@@ -22,8 +22,22 @@ from training import schema
 from training.store import NotFound, ObjectStore
 
 CLOSED = "closed"
-#: Steps past the resume point, without an alert, after which a relaunched incident closes.
+#: Steps past the resume point, without an alert, after which a relaunched incident closes (the default;
+#: `checkpoint_audit`'s Param `healthy_steps`, else the Variable below, overrides it).
 HEALTHY_STEPS = 20
+HEALTHY_STEPS_VARIABLE = "longrun_healthy_steps"
+MAX_HEALTHY_STEPS = 1_000_000
+
+
+def healthy_steps_setting(raw: object, *, source: str) -> int:
+    """The closing threshold from a Param or Variable value (None: the default); ValueError names `source`."""
+    if raw is None or raw == "":
+        return HEALTHY_STEPS
+    if isinstance(raw, str) and raw.strip().isdigit():
+        raw = int(raw.strip())
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 1 <= raw <= MAX_HEALTHY_STEPS:
+        raise ValueError(f"{source}={raw!r}: expected an integer 1..{MAX_HEALTHY_STEPS}")
+    return raw
 
 
 def _set_closed(store: ObjectStore, run: str, incident_id: str, block: dict[str, Any]) -> dict[str, Any]:
