@@ -40,7 +40,7 @@ def test_three_node_job(slurm_cluster: SlurmCluster) -> None:
 def test_finished_job_lands_in_jobcomp(slurm_cluster: SlurmCluster) -> None:
     name = f"jc-{uuid.uuid4().hex[:8]}"
     sub = subprocess.run(
-        ["sbatch", "--parsable", f"--job-name={name}", "-N1", "--wrap", "exit 3"],
+        ["sbatch", "--parsable", f"--job-name={name}", "-N1", "--output=/dev/null", "--wrap", "exit 3"],
         capture_output=True,
         text=True,
         timeout=30,
