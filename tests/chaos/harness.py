@@ -21,7 +21,6 @@ from helpers import airflow_db
 from longrun.dagrun_ids import attempt_run_id
 from longrun.slurm.client import SlurmClient
 from longrun.stack import Stack, procs
-from longrun.stack.airflow import DAEMONS, airflow_bin
 
 from training import schema
 from training.store import ObjectStore
@@ -29,7 +28,6 @@ from training.store import ObjectStore
 AIRFLOW_DAEMONS = ("scheduler", "triggerer", "dag-processor")
 COMPONENTS = (*AIRFLOW_DAEMONS, "task", "slurmctld", "slurmd", "s3")
 STEPS = ("monitor", "hand_over", "freeze", "drain", "diagnose", "relaunch", "reenter", "promotion")
-RESTART_TIMEOUT_S = 180.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,20 +173,9 @@ class Breaker:
     def restart(self, component: str, *, node: str = "n1") -> None:
         """Start the component again (no-op for a task: Airflow's retry is its restart)."""
         if component in AIRFLOW_DAEMONS:
-            af = self.stack.airflow
-            af.forget_dead()
-            argv = dict(DAEMONS)[component]
-            rec = procs.spawn(
-                name=component,
-                argv=[str(airflow_bin()), *argv],
-                log=af.home / f"{component}.log",
-                env=af.daemon_env(),
-                cwd=af.home,
-            )
-            af._record(rec)
-            procs.wait_for(
-                af._all_healthy, what=f"airflow {component}", timeout=RESTART_TIMEOUT_S, interval=0.5
-            )
+            # The stack's own restart: it first ends what the dead daemon left running (a scheduler's
+            # LocalExecutor workers holding its database session and row locks).
+            self.stack.airflow.restart(component, self.say)
         elif component == "slurmctld":
             self.stack.slurm.forget_dead()
             self.stack.slurm._start_ctld(self.say)

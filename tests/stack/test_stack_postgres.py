@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 from helpers.airflow_api import AirflowApi
 from helpers.stack_fixtures import claim_port_base
-from longrun.stack import Stack
+from longrun.stack import Stack, procs
 from longrun.stack.layout import Layout
+from longrun.stack.postgres import IDLE_IN_TRANSACTION_TIMEOUT
 
 from .listening import listeners, process_group_pids
 
@@ -75,6 +77,9 @@ def test_airflow_on_postgres_round_trip() -> None:
         api.unpause("smoke")
         run_id = api.trigger("smoke", conf={})
         assert api.wait_run("smoke", run_id, timeout=180) == "success", api.task_states("smoke", run_id)
+        _killed_scheduler_leaves_no_session(stack)
+        again = api.trigger("smoke", conf={})
+        assert api.wait_run("smoke", again, timeout=180) == "success", api.task_states("smoke", again)
 
         down = _cli(state, "down", timeout=200)
         assert down.returncode == 0, down.stdout + down.stderr
@@ -88,3 +93,35 @@ def test_airflow_on_postgres_round_trip() -> None:
         finally:
             lock.close()
             shutil.rmtree(state, ignore_errors=True)
+
+
+def _scheduler_sessions(stack: Stack) -> set[int]:
+    assert stack.airflow.db is not None
+    out = stack.airflow.db.query(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'airflow-scheduler'"
+    )
+    return {int(p) for p in out.split()}
+
+
+def _killed_scheduler_leaves_no_session(stack: Stack) -> None:
+    """The attack: SIGKILL the scheduler. Its LocalExecutor workers, forked from it, live on and hold
+    its database sessions (on PostgreSQL an open transaction keeps its row locks and every scheduler
+    skips those DAG runs: a run stalls). The stack's restart must end them, and the database must end
+    such a session on its own when no one does (idle_in_transaction_session_timeout)."""
+    assert stack.airflow.db is not None
+    setting = stack.airflow.db.query("SELECT current_setting('idle_in_transaction_session_timeout')")
+    assert setting == IDLE_IN_TRANSACTION_TIMEOUT, setting
+    rec = stack.airflow.live_record("scheduler")
+    assert rec is not None
+    before = _scheduler_sessions(stack)
+    assert before, "the scheduler has no database session named airflow-scheduler (PGAPPNAME)"
+    os.kill(rec.pid, signal.SIGKILL)
+    procs.wait_for(lambda: not procs.alive(rec), what="scheduler death", timeout=10)
+    orphans = procs.leftovers(rec)
+    assert orphans, "no process outlived the scheduler: the attack did not happen"
+    lines: list[str] = []
+    stack.airflow.restart("scheduler", lines.append)
+    assert any(f"dead scheduler (pid {rec.pid})" in line for line in lines), lines
+    assert procs.leftovers(rec) == [], "the dead scheduler's workers still run"
+    # PostgreSQL ends a backend when its client's socket closes: none of the old sessions is left.
+    procs.wait_for(lambda: not (before & _scheduler_sessions(stack)), what="old sessions gone", timeout=30)

@@ -191,7 +191,7 @@ class Airflow(Component):
         return all(h.get(k) == "healthy" for k in ("metadatabase", *_HEALTH_KEYS.values()))
 
     def up(self, say: Say) -> None:
-        self.forget_dead()
+        self.forget_dead(say)
         if self.all_alive() and len(self.records()) == len(DAEMONS):
             try:
                 if self._all_healthy():
@@ -223,17 +223,7 @@ class Airflow(Component):
         if done.returncode != 0:
             raise StackError(f"airflow: db migrate failed (rc {done.returncode}); see {migrate_log}")
         say("airflow: database migrated")
-        recs = []
-        for name, args in DAEMONS:
-            rec = procs.spawn(
-                name=name,
-                argv=[str(airflow_bin()), *args],
-                log=self.home / f"{name}.log",
-                env=env,
-                cwd=self.home,
-            )
-            self._record(rec)
-            recs.append(rec)
+        recs = [self._spawn(name, args, env) for name, args in DAEMONS]
         took = procs.wait_for(
             self._all_healthy,
             what="airflow (api-server, scheduler, dag-processor, triggerer)",
@@ -244,8 +234,60 @@ class Airflow(Component):
         )
         say(f"waiting for airflow at {self.layout.airflow_url} ... ok ({took:.1f} s)")
 
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> ProcRecord:
+        if self.db:
+            # Names the daemon in pg_stat_activity (libpq reads it), so an operator can tell whose
+            # session holds a lock.
+            env = {**env, "PGAPPNAME": f"airflow-{name}"}
+        rec = procs.spawn(
+            name=name, argv=[str(airflow_bin()), *args], log=self.home / f"{name}.log", env=env, cwd=self.home
+        )
+        self._record(rec)
+        return rec
+
+    def restart(self, name: str, say: Say) -> None:
+        """Start one daemon again after it died, the others running on: first end what the dead one
+        left behind (`forget_dead`), then start it as `up` does and wait until all are healthy."""
+        args = dict(DAEMONS).get(name)
+        if args is None:
+            raise ValueError(f"name must be one of {[n for n, _ in DAEMONS]}, got {name!r}")
+        if self.live_record(name):
+            say(f"airflow: {name} already running")
+            return
+        self.forget_dead(say)
+        rec = self._spawn(name, args, self.daemon_env())
+        took = procs.wait_for(
+            self._all_healthy, what=f"airflow {name}", timeout=READY_TIMEOUT_S, log=rec.log, watch=[rec]
+        )
+        say(f"airflow: {name} restarted ({took:.1f} s)")
+
+    def end_leftovers(self, say: Say | None = None) -> list[int]:
+        """SIGKILL what dead daemons left in their sessions; the PIDs ended.
+
+        A SIGKILLed scheduler's LocalExecutor workers live on holding its database connections: on
+        PostgreSQL an open transaction keeps the row locks it took (`idle in transaction`) and every
+        new scheduler skips those rows (SKIP LOCKED), so a DAG run stalls until they end. A dead
+        triggerer's or dag-processor's children would go on working beside their successor. A
+        service manager ends the whole group when the main process dies; this does the same for
+        the processes this stack started. The note goes to `say` and to the dead daemon's log."""
+        ended: list[int] = []
+        for rec in super().records():
+            if procs.alive(rec):
+                continue
+            pids = procs.end_leftovers(rec)
+            if not pids:
+                continue
+            ended.extend(pids)
+            line = f"airflow: ended {len(pids)} processes the dead {rec.name} (pid {rec.pid}) left: {pids}"
+            if say:
+                say(line)
+            with open(rec.log, "a") as f:
+                f.write(f"longrun stack: {line}\n")
+        return ended
+
     # The database is part of this component: reported, reused and stopped with it.
     def down(self, say: Say) -> None:
+        self.end_leftovers(say)
         super().down(say)
         if self.db:
             self.db.down(say)
@@ -259,7 +301,8 @@ class Airflow(Component):
     def all_alive(self) -> bool:
         return super().all_alive() and (self.db is None or self.db.all_alive())
 
-    def forget_dead(self) -> None:
+    def forget_dead(self, say: Say | None = None) -> None:
+        self.end_leftovers(say)
         super().forget_dead()
         if self.db:
             self.db.forget_dead()

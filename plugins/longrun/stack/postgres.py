@@ -31,6 +31,11 @@ DB_NAME = "airflow"
 DB_USER = "longrun"
 SERVICE_USER = "postgres"
 READY_TIMEOUT_S = 60.0
+IDLE_IN_TRANSACTION_TIMEOUT = "5min"
+"""PostgreSQL ends an Airflow session that sits in an open transaction this long. A session whose
+client died while another process still holds its socket (a killed scheduler's forked workers) would
+otherwise keep its row locks for ever, and every scheduler skips locked DAG runs. Airflow's own
+transactions are short; minutes idle inside one means its client is gone or hung."""
 INITDB_TIMEOUT_S = 120.0
 
 
@@ -132,6 +137,10 @@ class Postgres(Component):
             raise StackError(f"postgres: {sql!r} failed: {done.stderr.strip()[:200]}")
         return done.stdout.strip()
 
+    def query(self, sql: str) -> str:
+        """One statement in Airflow's database as Airflow's role; psql's unaligned output."""
+        return self._sql(DB_NAME, sql)
+
     def _answers(self) -> bool:
         return self._sql("postgres", "SELECT 1") == "1"
 
@@ -170,6 +179,13 @@ class Postgres(Component):
         )
         if self._sql("postgres", f"SELECT 1 FROM pg_database WHERE datname = '{DB_NAME}'") != "1":
             self._sql("postgres", f"CREATE DATABASE {DB_NAME}")
+        # For Airflow's role in Airflow's database only, as a shared production server would set it;
+        # applies to sessions opened from now on (the daemons start after this).
+        self._sql(
+            "postgres",
+            f"ALTER ROLE {DB_USER} IN DATABASE {DB_NAME}"
+            f" SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_TIMEOUT}'",
+        )
         say(f"waiting for postgres at {HOST}:{self.layout.postgres_port} ... ok ({took:.1f} s)")
 
     def down(self, say: Say) -> None:

@@ -131,6 +131,45 @@ def stop(recs: Sequence[ProcRecord], *, timeout: float, sig: int = signal.SIGTER
     return killed
 
 
+def leftovers(rec: ProcRecord) -> list[int]:
+    """PIDs still running in the session of a recorded daemon that has died: what it forked and left
+    behind (e.g. a killed Airflow scheduler's LocalExecutor workers, which keep its database
+    connections and their open transactions). Empty while the daemon itself runs.
+
+    Only processes in the session the recorded PID leads (spawn starts each daemon in a new session)
+    and started after it count. Linux does not hand out a PID while it still names a live session, so
+    when another process now holds the PID our session is wholly gone and nothing is returned.
+    """
+    _reap(rec.pid)
+    me = _stat_fields(rec.pid)
+    if me is not None and not (me[0] in ("Z", "X") and int(me[19]) == rec.start_ticks):
+        return []  # alive, or the number now names another process
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is None or fields[0] in ("Z", "X"):
+            continue
+        if int(fields[3]) == rec.pid and int(fields[19]) >= rec.start_ticks:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def end_leftovers(rec: ProcRecord, *, rounds: int = 5) -> list[int]:
+    """SIGKILL what a dead daemon left running in its session (see `leftovers`), as a service
+    manager ends a unit's whole control group when its main process dies; returns the PIDs ended.
+    A few rounds, since a leftover may fork while we look."""
+    ended: list[int] = []
+    for _ in range(rounds):
+        pids = leftovers(rec)
+        if not pids:
+            break
+        kill_pids(pids)
+        ended.extend(pids)
+    return ended
+
+
 def wait_for(
     check: Callable[[], bool],
     *,
