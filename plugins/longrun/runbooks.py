@@ -33,6 +33,7 @@ RUNBOOKS: dict[str, str] = {
     "checkpoint_validation_failed": "runbooks/checkpoint-validation-failed.md",
     "audit_failed": "runbooks/audit-failed.md",
     "dag_paused": "runbooks/dag-paused.md",
+    "scheduler_restart_stall": "runbooks/scheduler-restart-stall.md",
     # procedures
     "drill": "runbooks/run-a-drill.md",
     "index": "runbooks/README.md",

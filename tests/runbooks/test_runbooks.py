@@ -39,6 +39,7 @@ EXPECTED = (
     "run-a-drill",
     "dag-paused",
     "node-drained-by-someone-else",
+    "scheduler-restart-stall",
 )
 # Shell builtins a runbook may start a line with; the commands they run are checked on their own.
 BUILTINS = {"eval", "export", "cd", "source"}
