@@ -2,7 +2,8 @@
 
 open the record -> freeze the job (beside: attribute; ambiguous -> drain nothing, fail, runbook) ->
 [approve] -> drain (rate-limited, longrun's reason) -> then side by side: diagnose (probe + DCGM on the
-suspect in a MAINT reservation; drained again with the verdict) and pick the pre-incident checkpoint ->
+suspect in a MAINT reservation, or as a step of the kept job on the hot-spare path; drained again with
+the verdict) and pick the pre-incident checkpoint ->
 [approve] -> relaunch (node excluded, drill off, resumed) -> re-enter monitoring (a new `training_run`
 run attached to the job) -> summary.
 
@@ -120,7 +121,7 @@ def sdc_incident() -> None:
 
     @task(execution_timeout=timedelta(minutes=30))
     def diagnose(params: dict[str, Any], run_id: str, attributed: dict[str, Any]) -> dict[str, Any]:
-        from longrun.incident.tasks import diagnose_task
+        from longrun.incident.inalloc import diagnose_task  # inside a kept job, else a MAINT reservation
 
         return diagnose_task(params, run_id, attributed["node"])
 

@@ -1,6 +1,6 @@
 """sdc_incident's hot-spare path on the real four-node cluster (longrun.incident.injob): freeze keeps the
-job, relaunch releases the suspect node from the allocation (it stays drained with longrun's reason),
-writes the directive and sees the supervisor start the attempt inside the same job; with no spare left it
+job, relaunch leaves the drained suspect in the allocation for its diagnosis step (which then releases
+it; it stays drained with longrun's reason), writes the directive and sees the supervisor start the attempt inside the same job; with no spare left it
 returns None and the kept job is cancelled for the full relaunch; approve and observe modes never keep
 the job. The job's training step is a small srun script that writes the trainer's segment record (the
 trainer under the supervisor is tests/nvrx/test_hot_spare.py's business). Every job and node is
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from longrun import alert_auth
-from longrun.incident import injob, record
+from longrun.incident import inalloc, injob, record
 from longrun.incident.steps import Incident, IncidentStop
 from longrun.monitor import lifecycle
 from longrun.slurm import ops
@@ -111,15 +111,14 @@ def test_act_mode_recovers_inside_the_job(client, running):
     assert out["nodes"] == [held[0], held[2]] and out["params"]["spare_nodes"] == 0
     # what reenter_monitoring hands to training_run: its declared params only (closed conf)
     lifecycle.check_declared({**out["params"], "attach_job_id": job_id, "incident_id": inc.incident_id})
-    state = client.job(job_id)
-    assert state.status is JobStatus.RUNNING and list(state.nodes) == [held[0], held[2]]
-    node = client.node(suspect)
-    assert node.drain_flag and node.reason == REASON  # released from the job, still drained
+    state = client.job(job_id)  # the suspect stays held, drained, until its diagnosis step has run
+    assert state.status is JobStatus.RUNNING and list(state.nodes) == held
     d = Directive.from_json(get_json(store, schema.store_key("ij", f"directives/{job_id}-a001.json")))
     assert (d.nodes, d.resume_from, d.exclude) == ((held[0], held[2]), CKPT, (suspect,))
     rec = inc.rec(store)
     events = [e["event"] for e in rec["timeline"]]
-    assert {"frozen", "released", "directive_written", "relaunched_running"} <= set(events)
+    assert {"frozen", "release_deferred", "directive_written", "relaunched_running"} <= set(events)
+    assert "released" not in events
     assert rec["status"] == record.RELAUNCHED
     # a rerun changes nothing: same result, no second directive, no second event
     injob.direct(store, client, inc, node=suspect, checkpoint={"key": CKPT})
@@ -127,6 +126,12 @@ def test_act_mode_recovers_inside_the_job(client, running):
     assert [o.key for o in store.list(schema.store_key("ij", "directives/"))] == [
         schema.store_key("ij", f"directives/{job_id}-a001.json")
     ]
+    # what the diagnosis does after its step (longrun.incident.inalloc): the node leaves the job, drained
+    assert inalloc.release(store, client, inc, suspect) is True
+    assert list(client.job(job_id).nodes) == [held[0], held[2]]
+    node = client.node(suspect)
+    assert node.drain_flag and node.reason == REASON
+    assert record.has_event(inc.rec(store), "released")
 
 
 def test_no_spare_left_falls_back_and_the_kept_job_is_cancelled(client, running, slurm_cluster):

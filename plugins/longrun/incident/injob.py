@@ -4,10 +4,12 @@ Applies when the run holds spares (`spare_nodes > 0`), the mode is act, and the 
 RUNNING (its supervisor waits for a directive; training.supervisor). Then:
 
 - freeze does not cancel the job: the training step already ended with the verdict;
-- relaunch releases the suspect node from the allocation (`scontrol update JobId=<id> NodeList=<rest>`;
-  the node stays drained with longrun's reason), writes the directive on the orchestrator's side of the
-  store (the job may read it, never write it) and waits, bounded, for the supervisor to start the
-  attempt (its segment record appears);
+- relaunch writes the directive on the orchestrator's side of the store (the job may read it, never
+  write it), naming the job's nodes but the suspect (and any other drained node), and waits, bounded,
+  for the supervisor to start the attempt (its segment record appears);
+- the suspect stays in the allocation, drained, until the diagnosis has run there as a job step
+  (longrun.incident.inalloc), which then releases it (`scontrol update JobId=<id> NodeList=<rest>`; it
+  stays drained with the verdict). Releasing first would kill that step;
 - anything else (no spare left, no checkpoint, the job already gone, the supervisor not following in
   time) returns None, and the caller cancels the kept job and does today's full relaunch.
 
@@ -119,15 +121,21 @@ def direct(
         return None
     spec = run_spec(inc)
     held = list(state.nodes)
-    keep = [n for n in held if n != node]
+    # never onto a drained node: an earlier incident's suspect may still be held (its release refused)
+    out = {n.name for n in client.nodes() if n.drain_flag or n.is_down}
+    keep = [n for n in held if n != node and n not in out]
     if len(keep) < spec.nodes:
         inc.event(store, "no_spare_left", held=held, node=node)
         return None
     if node in held:
         # verified against the allocation before it changes (a rerun finds the node released already)
         authenticate(store, client, inc, node=node)
-        release_node(client, inc.job_id, keep)
-        inc.event(store, "released", node=node, job_id=inc.job_id, kept=keep)
+        if inc.rec(store).get("diagnosis"):
+            from longrun.incident import inalloc
+
+            inalloc.release(store, client, inc, node)
+        else:  # releasing kills steps on the node: the diagnosis runs there first, then releases it
+            inc.event(store, "release_deferred", node=node, why="diagnosed as a step of this job first")
     rec = inc.rec(store)
     written = record.event(rec, "directive_written")
     attempt = int(written["attempt"]) if written else _next_attempt(store, inc.run, inc.job_id)

@@ -1,0 +1,286 @@
+"""The hot-spare path's diagnosis: the probe runs as a step of the job that still holds the suspect node.
+
+When `sdc_incident` keeps the alerting job (longrun.incident.injob: act mode, spares, job RUNNING) the
+suspect node is still in the job's allocation, drained (no other job can land on it) and idle (its
+training step ended with the verdict; the directive leaves it out). So, instead of a MAINT reservation:
+
+1. the probe's reference: the partition's cached known-good result, else the probe run as a step on a
+   healthy node of the same allocation (`--overlap`: the relaunched training may run there; the probe
+   pins its own threads, so its bits do not depend on that load);
+2. node_check (the replay probe, + DCGM where installed) as a step on the suspect:
+   `srun --jobid=<job> --nodelist=<node>`;
+3. the node is drained again with the verdict, recorded as the reservation path records it (events
+   `reference` and `diagnosed`, fields `reference` and `diagnosis`, the verdict's runbook);
+4. the node is released from the job (`scontrol update JobId=<id> NodeList=<rest>`) and stays drained.
+
+The relaunch (injob.direct) leaves the node in the allocation while this runs: releasing a node kills
+the steps on it (Slurm 22.05: the probe step ends with 137).
+
+Anything else falls back to the reservation path (`steps.run_diagnosis`), after an event
+`diagnosis_in_job_skipped` that says why: the job is not kept, the node is not (or no longer) in its
+allocation, it is not drained by longrun, or the step gave no verdict. Before falling back, the node is
+released from a job that still holds it (else the reservation's diagnostic job could not start there).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from longrun.incident import dcgm, diagnose, injob, node_check, record, runbooks
+from longrun.incident.jobstep import batch_host, run_step
+from longrun.slurm import validate as v
+from longrun.slurm.client import JobState, SlurmClient
+
+if TYPE_CHECKING:
+    from longrun.incident.steps import Incident
+    from training.store import ObjectStore
+
+SKIPPED = "diagnosis_in_job_skipped"
+IN_JOB = "in_job"
+
+
+def why_not(client: SlurmClient, inc: Incident, node: str) -> tuple[JobState | None, str | None]:
+    """(the kept job, None) when `node` can be diagnosed inside it; else (None, why not)."""
+    if not inc.plan.changes:
+        return None, f"mode {inc.mode} changes nothing"
+    state = injob.kept_job(client, inc)
+    if state is None:
+        return None, "the job is not kept (no spares, not act mode, or it no longer runs)"
+    if node not in state.nodes:
+        return None, f"{node} is not in job {inc.job_id}'s allocation {list(state.nodes)}"
+    ns = client.node(node)
+    if not ns.drain_flag or not ns.is_ours:
+        return None, f"{node} is not drained by longrun (state {ns.state}, reason {ns.reason!r})"
+    return state, None
+
+
+def release(store: ObjectStore, client: SlurmClient, inc: Incident, node: str) -> bool:
+    """Shrink the kept job to its other nodes; the node stays drained. False (and an event saying why)
+    when Slurm refuses: the node then stays drained inside the job until the job ends (never trained on:
+    the directive leaves it out)."""
+    if inc.job_id is None:
+        return False
+    state = client.job(inc.job_id)
+    if not state.is_active or node not in state.nodes:
+        return False
+    if batch_host(client, inc.job_id) == node:
+        inc.event(store, "release_refused", node=node, why="it runs the job's batch script (supervisor)")
+        return False
+    keep = [n for n in state.nodes if n != node]
+    try:
+        injob.release_node(client, inc.job_id, keep)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        # Slurm 22.05 without accounting shrinks a job once; a second update is refused ("DB index")
+        inc.event(store, "release_refused", node=node, why=str(e)[:500])
+        return False
+    inc.event(store, "released", node=node, job_id=inc.job_id, kept=keep)
+    return True
+
+
+def _skip(store: ObjectStore, client: SlurmClient, inc: Incident, node: str, why: str) -> None:
+    inc.event(store, SKIPPED, why=why[:500], fallback="MAINT reservation (steps.run_diagnosis)")
+    if inc.plan.changes:
+        release(store, client, inc, node)
+
+
+def reference_in_job(
+    client: SlurmClient,
+    *,
+    job_id: int,
+    nodes: tuple[str, ...],
+    python: str | None,
+    state_dir: str | None,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """The probe's known-good result, as a step on the first of `nodes` (healthy nodes of the job)."""
+    if not nodes:
+        raise RuntimeError("no healthy node in the allocation for the probe's reference")
+    node = nodes[0]
+    argv: tuple[str, ...] = (python or sys.executable, "-m", "training.probe", "--node", node)
+    if state_dir:
+        argv += ("--state-dir", v.path("state_dir", state_dir))
+    result = run_step(client, job_id, node, argv, timeout_s=timeout_s, overlap=True)
+    obj = node_check.last_json_line(result.stdout)
+    if result.exit_code != 0 or not obj or not obj.get("fingerprint"):
+        raise RuntimeError(
+            f"the reference probe on {node} (step of job {job_id}) gave no fingerprint (rc"
+            f" {result.exit_code}): {result.stdout[-300:]} {result.stderr[-300:]}"
+        )
+    return obj
+
+
+def _summary(node: str, seen: dict[str, Any]) -> str:
+    probe = seen.get("probe") or {}
+    res = probe.get("result") or {}
+    parts = [f"{node}: {seen.get('verdict')}", f"probe {probe.get('verdict')}"]
+    if res.get("fingerprint"):
+        parts.append(
+            f"fingerprint {res['fingerprint']} (expected {res.get('expect') or res.get('expected')})"
+        )
+    dcgm_result = seen.get("dcgm")
+    parts.append(
+        "dcgmi absent on the node"
+        if dcgm_result is None
+        else f"dcgm {'passed' if dcgm_result.get('passed') else 'FAILED'}"
+    )
+    return "; ".join(parts)
+
+
+def _healthy(client: SlurmClient, held: tuple[str, ...], suspect: str) -> tuple[str, ...]:
+    states = {n.name: n for n in client.nodes()}
+    return tuple(
+        n for n in held if n != suspect and n in states and not states[n].drain_flag and not states[n].is_down
+    )
+
+
+def diagnose_in_job(
+    store: ObjectStore,
+    client: SlurmClient,
+    inc: Incident,
+    *,
+    node: str,
+    partition: str = "default",
+    state_dir: str | None = None,
+    python: str | None = None,
+    timeout_s: float = 600.0,
+) -> dict[str, Any] | None:
+    """Diagnose `node` inside the kept job; None when the caller must take the reservation path."""
+    from longrun.incident import steps
+
+    rec = inc.rec(store)
+    if done := rec.get("diagnosis"):
+        if done.get("where") == IN_JOB and inc.plan.changes:
+            release(store, client, inc, node)  # a try that died between the verdict and the release
+        return dict(done)
+    state, why = why_not(client, inc, node)
+    if state is None or inc.job_id is None:
+        if inc.plan.changes and injob.kept_job(client, inc) is not None:
+            _skip(store, client, inc, node, why or "no job id")
+        return None
+    steps.authenticate(store, client, inc, node=node)  # act only on a node of the signed alert's job
+    t0 = time.time()
+    ref = rec.get("reference") or steps.cached_reference(store, partition)
+    if ref is None:
+        try:
+            ref = reference_in_job(
+                client,
+                job_id=inc.job_id,
+                nodes=_healthy(client, state.nodes, node),
+                python=python,
+                state_dir=state_dir,
+                timeout_s=min(300.0, timeout_s),
+            )
+        except RuntimeError as e:
+            _skip(store, client, inc, node, f"reference: {e}")
+            return None
+        steps.remember_reference(store, partition, ref)
+    inc.event(
+        store,
+        "reference",
+        fields={"reference": ref},
+        node=ref.get("node"),
+        fingerprint=ref.get("fingerprint"),
+    )
+    level = dcgm.level_for(check=str(inc.alert["check"]))
+    argv = diagnose.node_check_argv(
+        node=node,
+        expect=str(ref["fingerprint"]),
+        dcgm_level=level,
+        probe_timeout_s=max(30.0, timeout_s - 30),
+        python=python,
+        state_dir=state_dir,
+    )
+    started = time.monotonic()
+    result = run_step(client, inc.job_id, node, argv, timeout_s=timeout_s)
+    seen = node_check.last_json_line(result.stdout)
+    if seen is None or seen.get("verdict") not in (node_check.PASS, node_check.FAIL, node_check.ERROR):
+        # the step itself did not run (job ended, node left the allocation, srun refused): no verdict
+        _skip(
+            store,
+            client,
+            inc,
+            node,
+            f"the step gave no verdict (rc {result.exit_code}): {result.stderr[-300:]}",
+        )
+        return None
+    outcome = str(seen["verdict"])
+    probe = (seen.get("probe") or {}).get("result") or {}
+    summary = _summary(node, seen)
+    if outcome == node_check.FAIL and probe and not steps.reference_matches(ref, probe):
+        outcome = node_check.ERROR  # different torch / CPU level / threads: not comparable, not a verdict
+        summary += "; the reference's environment differs from the node's: not comparable"
+    reason = diagnose.verdict_reason(inc.run, inc.step, outcome)
+    client.drain(node, reason)  # drained already; the reason now carries the verdict
+    book = runbooks.DIAGNOSTIC_PASSED if outcome == node_check.PASS else runbooks.DIAGNOSTIC_FAILED
+    d = diagnose.Diagnosis(
+        node=node,
+        verdict=outcome,
+        reason=reason,
+        summary=f"{summary}; in job {inc.job_id}'s allocation (no reservation)",
+        runbook=book,
+        duration_s=time.monotonic() - started,
+        exit_code=result.exit_code,
+        details=seen,
+    )
+    out = {
+        **d.to_dict(),
+        "reference_node": ref.get("node"),
+        "dcgm_level": level,
+        "total_s": round(time.time() - t0, 3),
+        "where": IN_JOB,
+        "job_id": inc.job_id,
+    }
+
+    def change(r: dict[str, Any]) -> None:
+        r["diagnosis"] = out
+        record.add_runbook(r, d.runbook)
+        if not record.has_event(r, "diagnosed"):
+            r["timeline"].append(
+                {
+                    "event": "diagnosed",
+                    "time": time.time(),
+                    "verdict": d.verdict,
+                    "reason": d.reason,
+                    "where": IN_JOB,
+                }
+            )
+
+    record.update(store, run=inc.run, incident_id=inc.incident_id, change=change)
+    release(store, client, inc, node)
+    return out
+
+
+def diagnose_task(params: Mapping[str, Any], dag_run_id: str, node: str) -> dict[str, Any]:
+    """sdc_incident's diagnose task: inside the kept job when it can, else the reservation path
+    (longrun.incident.tasks.diagnose_task, unchanged)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from longrun.hooks.slurm import SlurmHook
+    from longrun.incident import steps, tasks
+    from longrun.monitor import lifecycle
+    from longrun.nodes import incident_hooks
+    from longrun.nodes import tasks as node_tasks
+    from training.store import store_from_env
+
+    store = store_from_env()
+    inc = tasks.incident_from(params, dag_run_id, store)
+    spec = lifecycle.spec_from_params(inc.run_params)
+    try:
+        out = diagnose_in_job(
+            store,
+            SlurmHook().client,
+            inc,
+            node=node,
+            partition=spec.partition,
+            state_dir=lifecycle.fault_state_dir(spec),
+        )
+    except steps.IncidentStop as e:
+        raise AirflowFailException(str(e)) from None
+    if out is None:
+        return tasks.diagnose_task(params, dag_run_id, node)
+    incident_hooks.after_diagnose(node_tasks.history_store(), inc, node, out)
+    return out

@@ -1,0 +1,140 @@
+"""The hot-spare path's diagnosis on the real four-node cluster: the suspect is probed as a step of the
+job that still holds it (no MAINT reservation), the reference is taken on a healthy node of the same
+allocation, the verdict is recorded as the reservation path records it, and the node leaves the job
+drained with the verdict. A step that gives no verdict falls back to the reservation path (the record
+says why) after releasing the node; a forged alert probes, drains and releases nothing.
+
+Real parts: Slurm (srun --jobid, scontrol), the replay probe, node_check, a signed alert, a local store.
+Mocked: nothing (no GPU here: DCGM is absent and the probe carries the verdict, as on every CPU node).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+from helpers.signed_job import sign_as_job
+from longrun import alert_auth
+from longrun.incident import inalloc, injob, record, steps
+from longrun.incident.ratelimit import DrainPolicy
+from longrun.slurm import ops
+from longrun.slurm.client import JobStatus, make_client
+from longrun.slurm.spec import JobSpec, JobTag
+
+from training import schema
+from training.faults import sick_marker
+from training.store import LocalDirStore
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+NODES = ("n1", "n2", "n3")  # n1 hosts the batch script; n3 is the suspect
+SUSPECT = "n3"
+
+
+@pytest.fixture
+def client(slurm_cluster) -> Iterator:
+    c = make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
+    jobs: list[int] = []
+    c.test_jobs = jobs  # type: ignore[attr-defined]
+    try:
+        yield c
+    finally:  # leave the cluster as we found it: our jobs gone, our drains resumed
+        for job_id in jobs:
+            c.cancel(job_id)
+            ops.wait_for(c, job_id, lambda s: s.is_terminal, timeout_s=60)
+        for n in c.nodes():
+            if n.drain_flag and n.is_ours:
+                c.resume(n.name)
+        assert not [r for r in c.reservations() if r.startswith("longrun_")]
+
+
+def kept_incident(tmp_path, client, store, *, run: str, tamper: bool = False) -> steps.Incident:
+    """A running longrun job of `run` on NODES (2 training + 1 spare) and a signed alert naming SUSPECT."""
+    tag = JobTag(dag_id="training_run", run_id=f"test__{run}", task_id="submit").render()
+    spec = JobSpec(
+        name=run, partition="debug", comment=tag, nodes=len(NODES), nodelist=NODES, gpus_per_node=0,
+        exclusive=False, time_limit_min=10, workdir=str(tmp_path), output=f"{tmp_path}/slurm-%j.out",
+        command=("sleep 600",),
+    )  # fmt: skip
+    key = alert_auth.issue(store, run=run, tag=tag)
+    job_id = client.submit(spec)
+    client.test_jobs.append(job_id)
+    alert_auth.bind(store, run=run, tag=tag, job_id=job_id)
+    ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60)
+    alert = schema.record(
+        "alert", run=run, step=17, check="recompute", suspect_ranks=[1], suspect_nodes=[SUSPECT],
+        evidence={"world": {"nodes": list(NODES[1:])}},
+    )  # fmt: skip
+    signed = sign_as_job(alert, job_id=job_id, key=key)
+    if tamper:  # the job (hostile) points the orchestrator at another node after signing
+        signed = {**signed, "suspect_nodes": ["n2"]}
+    params = {"run_name": run, "nodes": 2, "spare_nodes": 1, "gpus_per_node": 0, "incident_mode": "act"}
+    inc = steps.Incident(
+        run=run, alert_key=f"runs/{run}/alerts/00000017-recompute-r000-1.json", alert=signed,
+        job_id=job_id, run_params=params, dag_run_id="test",
+    )  # fmt: skip
+    steps.open_record(store, inc)
+    return inc
+
+
+def test_a_sick_node_is_convicted_inside_the_job_and_released(tmp_path, client):
+    store = LocalDirStore(tmp_path / "store")
+    state_dir = tmp_path / "fault-state"
+    marker = sick_marker(state_dir, SUSPECT)
+    marker.parent.mkdir(parents=True)
+    marker.write_text("drill")
+    inc = kept_incident(tmp_path, client, store, run="inj1")
+    assert injob.freeze_kept(store, client, inc) is not None  # the job stays
+    steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
+    out = inalloc.diagnose_in_job(
+        store, client, inc, node=SUSPECT, partition="debug", state_dir=str(state_dir), python=sys.executable
+    )
+    assert out is not None and out["verdict"] == "fail", out
+    assert out["where"] == "in_job" and out["reference_node"] in NODES[:2]
+    # the verdict as the reservation path records it
+    rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
+    assert rec["diagnosis"] == out and rec["reference"]["fingerprint"]
+    assert rec["diagnosis"]["reason"] == "longrun:diag-fail:inj1:17"
+    events = [e["event"] for e in rec["timeline"]]
+    assert {"reference", "diagnosed", "released"} <= set(events) and inalloc.SKIPPED not in events
+    # released from the job, which keeps running on the rest; the node stays drained with the verdict
+    job = client.job(inc.job_id)
+    assert job.status is JobStatus.RUNNING and job.nodes == NODES[:2], job.describe()
+    node = client.node(SUSPECT)
+    assert node.drain_flag and node.reason == "longrun:diag-fail:inj1:17"
+    assert not client.reservations()  # no MAINT reservation on this path
+    # a rerun returns the recorded verdict and runs nothing
+    assert inalloc.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug") == out
+
+
+def test_no_verdict_from_the_step_falls_back_after_releasing_the_node(tmp_path, client):
+    store = LocalDirStore(tmp_path / "store")
+    inc = kept_incident(tmp_path, client, store, run="inj2")
+    steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
+    steps.remember_reference(store, "debug", {"node": "n1", "fingerprint": "0123456789abcdef"})
+    # a step that cannot run the diagnostic (no interpreter there): no verdict, so no conviction
+    out = inalloc.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug", python="/bin/false")
+    assert out is None
+    rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
+    skipped = record.event(rec, inalloc.SKIPPED)
+    assert skipped and "no verdict" in skipped["why"] and "reservation" in skipped["fallback"]
+    assert "diagnosis" not in rec or not rec.get("diagnosis")
+    # the node left the job (the reservation's diagnostic can start there) and kept its SDC drain
+    assert SUSPECT not in client.job(inc.job_id).nodes
+    node = client.node(SUSPECT)
+    assert node.drain_flag and node.reason == "longrun:sdc:inj2:17"
+
+
+def test_a_forged_alert_probes_and_releases_nothing(tmp_path, client):
+    """Attack: the job signs an alert, then rewrites its suspect. Without the gate the orchestrator would
+    probe a node, re-drain it with a verdict and shrink the job on the job's word."""
+    store = LocalDirStore(tmp_path / "store")
+    inc = kept_incident(tmp_path, client, store, run="inj3", tamper=True)
+    client.drain("n2", "longrun:sdc:inj3:17")  # as if drained already: the gate is the only guard left
+    with pytest.raises(steps.IncidentStop, match="not acted on"):
+        inalloc.diagnose_in_job(store, client, inc, node="n2", partition="debug", python=sys.executable)
+    assert client.job(inc.job_id).nodes == NODES
+    assert client.node("n2").reason == "longrun:sdc:inj3:17"
+    rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
+    assert not rec.get("diagnosis") and not record.has_event(rec, "released")
