@@ -174,3 +174,28 @@ def test_resume_step_reads_checkpoint_references():
     assert drillcheck.resume_step("runs/x/checkpoints/step-00000010/") == 10
     assert drillcheck.resume_step("/tmp/run/checkpoints/step-00000004") == 4
     assert drillcheck.resume_step(None) is None and drillcheck.resume_step("runs/x/other") is None
+
+
+def test_the_run_report_summarises_the_typed_incidents(tmp_path):
+    """The report's incident rows come from typed incident records; one that does not read is left out
+    (and logged), not allowed to fail the finish."""
+    store = LocalDirStore(tmp_path / "store")
+    run = "ri"
+    _trainer_report(store, run)
+    incident = schema.record(
+        "incident", run=run, incident_id="i1", alert={"step": 17, "check": "recompute"}, mode="act",
+        status="relaunched", attribution={"verdict": "node", "node": "n2"}, lost_steps=7,
+        time_to_recover_s=12.5, recovery={"lost_steps": 7}, timeline=[{"event": "opened", "time": 1.0}],
+    )  # fmt: skip
+    put_json(store, schema.store_key(run, schema.incident_path("i1")), incident)
+    put_json(
+        store,
+        schema.store_key(run, schema.incident_path("i2")),
+        {**incident, "incident_id": "i2", "status": 3},
+    )
+    out = lifecycle.finish(store, {"job_id": 9}, params(run, None))
+    assert out["orchestrator"]["incidents"] == [
+        {"incident_id": "i1", "status": "relaunched", "alert_step": 17, "check": "recompute", "node": "n2",
+         "lost_steps": 7, "time_to_recover_s": 12.5, "recovery": {"lost_steps": 7}}
+    ]  # fmt: skip
+    assert type(out["orchestrator"]["incidents"][0]["status"]) is str

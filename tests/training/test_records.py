@@ -199,6 +199,23 @@ def test_attributes_instead_of_lookups() -> None:
     assert incident.opened_at == T and incident.lost_steps == 7
 
 
+def test_where_alerts_name_each_ranks_node() -> None:
+    """`Alert.rank_nodes`: the names and places checks have used for the node of every rank."""
+    base = {k: v for k, v in WRITTEN["alert"].items() if k != "evidence"}
+    assert Alert.from_json({**base, "evidence": {"world": WORLD}}).rank_nodes == ("n1", "n2", "n3")
+    assert Alert.from_json({**base, "evidence": {"rank_nodes": ["n1", "n4"]}}).rank_nodes == ("n1", "n4")
+    beside = {**base, "evidence": {}, "world": {"world_nodes": ["n3"]}}
+    assert Alert.from_json(beside).rank_nodes == ("n3",)
+    assert Alert.from_json({**base, "evidence": {"world": {"nodes": []}}}).rank_nodes == ()
+
+
+def test_a_check_record_states_its_world() -> None:
+    assert records.parse("check", {**WRITTEN["check"], "world_size": 3}).world_size == 3  # type: ignore[attr-defined]
+    assert records.parse("check", WRITTEN["check"]).world_size is None  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="world_size"):
+        records.parse("check", {**WRITTEN["check"], "world_size": "3"})
+
+
 def test_old_shapes_still_read() -> None:
     """Version-1 records from older writers: the world as `size` or as a rank count, a timeline of bare
     event names, an incident without status, an alert without the optional fields."""

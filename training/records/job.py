@@ -59,6 +59,10 @@ class World:
         return out
 
 
+#: Where alerts have carried the node of every rank (see `Alert.rank_nodes`).
+_RANK_NODE_KEYS = ("nodes", "rank_nodes", "world_nodes")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Alert(Record):
     """One SDC verdict: the orchestrator's trigger."""
@@ -95,6 +99,20 @@ class Alert(Record):
         return World.from_json(w) if isinstance(w, Mapping) else None
 
     @property
+    def rank_nodes(self) -> tuple[str, ...]:
+        """The node of every rank, in rank order, when the alert carries it; empty when it does not.
+
+        Checks have written it under several names over time: `nodes`, `rank_nodes` or `world_nodes`,
+        in `evidence.world`, in the evidence itself, or (older writers) beside it. The first non-empty
+        list wins, in that order."""
+        for source in (self.evidence.get("world"), self.evidence, self.extra.get("world"), self.extra):
+            for key in _RANK_NODE_KEYS:
+                value = source.get(key) if isinstance(source, Mapping) else None
+                if isinstance(value, list | tuple) and value:
+                    return tuple(str(v) for v in value)
+        return ()
+
+    @property
     def fingerprints_by_rank(self) -> dict[str, str]:
         """The weight vote's fingerprint of every replica, when the evidence lists them."""
         by_rank = self.evidence.get("fingerprints_by_rank")
@@ -115,13 +133,15 @@ class CheckRecord(Record):
     duration_s: float
     loss: float | None = None
     """The step's mean loss (the run-health loss curve)."""
+    world_size: int | None = None
+    """Ranks of the step's world, as the writing rank saw it (None: the record does not say)."""
     suspect_ranks: tuple[int, ...] = ()
     suspect_nodes: tuple[str, ...] = ()
     evidence: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    OPTIONAL = {"loss": opt_float, "evidence": opt_dict}
+    OPTIONAL = {"loss": opt_float, "world_size": opt_int, "evidence": opt_dict}
 
     @classmethod
     def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:

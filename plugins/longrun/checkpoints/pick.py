@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from longrun.checkpoints import catalog
 from training import schema
+from training.records import CheckRecord
 from training.store import ObjectStore, put_json
 
 
@@ -42,10 +43,22 @@ def _world(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
+def _check_records(records: Iterable[CheckRecord | Mapping[str, Any]]) -> Iterator[CheckRecord]:
+    """The records as typed check records; one that does not read as a check record is no evidence."""
+    for r in records:
+        if isinstance(r, CheckRecord):
+            yield r
+            continue
+        try:
+            yield CheckRecord.from_json(r)
+        except ValueError:
+            continue
+
+
 def last_known_good(
     checks: tuple[str, ...],
     alert_step: int,
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[CheckRecord | Mapping[str, Any]],
     manifests: Sequence[Mapping[str, Any]] = (),
     *,
     world_size: int | None = None,
@@ -53,22 +66,19 @@ def last_known_good(
     """For each check: (newest step < alert_step at which every rank passed and none failed, where that
     came from). A step's world is the `world_size` its records state (they must agree), else the
     `world_size` given (the alert's). `manifests` are not evidence (kept for callers; see the module
-    docstring). Pure: the inputs are check records."""
+    docstring). Pure: the inputs are check records (typed, or JSON objects read as such)."""
     del manifests  # a manifest's coverage is one rank's claim, not every rank's record
     passed: dict[tuple[str, int], set[int]] = {}
     failed: set[tuple[str, int]] = set()
     worlds: dict[tuple[str, int], set[int | None]] = {}
-    for r in records:
-        c, step, rank = r.get("check"), r.get("step"), r.get("rank")
-        if c not in checks or not isinstance(step, int) or not isinstance(rank, int):
-            continue
-        if not _is_index(step) or not _is_index(rank):
-            continue  # bool, or negative
-        k = (str(c), step)
-        worlds.setdefault(k, set()).add(_world(r.get("world_size")))
-        if r.get("verdict") == "pass":
-            passed.setdefault(k, set()).add(rank)
-        elif r.get("verdict") == "fail":
+    for r in _check_records(records):
+        if r.check not in checks or not _is_index(r.step) or not _is_index(r.rank):
+            continue  # negative
+        k = (r.check, r.step)
+        worlds.setdefault(k, set()).add(_world(r.world_size))
+        if r.verdict == "pass":
+            passed.setdefault(k, set()).add(r.rank)
+        elif r.verdict == "fail":
             failed.add(k)
     out: dict[str, tuple[int | None, str]] = {}
     for c in checks:
@@ -123,7 +133,7 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
             if s not in have:
                 rejected.append(f"{s}: manifest missing or unreadable")
                 continue
-            mark = catalog.suspect_mark_for(store, run, s, have[s].manifest.get("time"))
+            mark = catalog.suspect_mark_for(store, run, s, have[s].manifest["time"])
             if mark is not None:
                 rejected.append(f"{s}: suspect (after step {mark['after_step']})")
                 continue

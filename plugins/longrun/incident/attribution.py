@@ -13,20 +13,18 @@ Ambiguous when:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from longrun.incident import runbooks
-from training import schema
+from training.records import Alert
 
 NODE = "node"
 AMBIGUOUS = "ambiguous"
 
 # Evidence keys under which the checks may say that no strict majority existed.
 _NO_MAJORITY_KEYS = ("no_majority", "all_disagree", "every_replica_disagrees")
-# Evidence keys that may carry the node of every rank, in rank order.
-_WORLD_KEYS = ("nodes", "rank_nodes", "world_nodes")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,25 +62,14 @@ class Attribution:
         }
 
 
-def _world_nodes(alert: Mapping[str, Any]) -> list[str]:
-    """Node of every rank, in rank order, when the alert carries it (evidence or a `world` block)."""
-    evidence = alert.get("evidence") or {}
-    for source in (evidence.get("world") or {}, evidence, alert.get("world") or {}, alert):
-        for key in _WORLD_KEYS:
-            value = source.get(key) if isinstance(source, Mapping) else None
-            if isinstance(value, Sequence) and not isinstance(value, str) and value:
-                return [str(v) for v in value]
-    return []
-
-
-def attribute(alert: Mapping[str, Any]) -> Attribution:
-    """Attribute an alert record (training.schema kind `alert`) to one node, or call it ambiguous."""
-    schema.validate("alert", alert)
-    check = alert["check"]
-    evidence = alert.get("evidence") or {}
-    ranks = tuple(int(r) for r in alert.get("suspect_ranks") or ())
-    world = _world_nodes(alert)
-    named = [str(n) for n in alert.get("suspect_nodes") or ()]
+def attribute(alert: Mapping[str, Any] | Alert) -> Attribution:
+    """Attribute an alert record (training.schema kind `alert`) to one node, or call it ambiguous.
+    A record that does not read as an alert raises SchemaError (a ValueError) naming the field."""
+    a = alert if isinstance(alert, Alert) else Alert.from_json(alert)
+    check, step, evidence = a.check, a.step, a.evidence
+    ranks = a.suspect_ranks
+    world = list(a.rank_nodes)
+    named = list(a.suspect_nodes)
     if not named and ranks and world:
         # A check that only knew ranks: map them through the rank -> node table it recorded.
         named = [world[r] for r in ranks if 0 <= r < len(world)]
@@ -99,21 +86,21 @@ def attribute(alert: Mapping[str, Any]) -> Attribution:
         "majority" in evidence and evidence["majority"] is None
     )
     if no_majority:
-        return ambiguous(f"{check} at step {alert['step']}: every replica disagrees (no strict majority)")
+        return ambiguous(f"{check} at step {step}: every replica disagrees (no strict majority)")
     if evidence.get("attributable") is False:
         why = evidence.get("why_unnamed") or "the dispute cannot be attributed"
-        return ambiguous(f"{check} at step {alert['step']}: the evidence names no node ({why})")
+        return ambiguous(f"{check} at step {step}: the evidence names no node ({why})")
     distinct_world = list(dict.fromkeys(world))
     if len(distinct_world) > 1 and set(nodes) >= set(distinct_world):
-        return ambiguous(f"{check} at step {alert['step']}: every node of the run is suspect ({nodes})")
+        return ambiguous(f"{check} at step {step}: every node of the run is suspect ({nodes})")
     if not nodes:
-        return ambiguous(f"{check} at step {alert['step']}: the evidence names no node")
+        return ambiguous(f"{check} at step {step}: the evidence names no node")
     if len(nodes) > 1:
-        return ambiguous(f"{check} at step {alert['step']}: the evidence names several nodes at once {nodes}")
+        return ambiguous(f"{check} at step {step}: the evidence names several nodes at once {nodes}")
     return Attribution(
         verdict=NODE,
         node=nodes[0],
         ranks=ranks,
-        reason=f"{check} at step {alert['step']}: ranks {list(ranks)} on {nodes[0]} disagree with the majority",
+        reason=f"{check} at step {step}: ranks {list(ranks)} on {nodes[0]} disagree with the majority",
         runbook=runbooks.for_check(check),
     )

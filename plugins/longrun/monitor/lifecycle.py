@@ -143,6 +143,8 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
     from longrun.checkpoints import catalog
     from longrun.incident import recovery
     from longrun.monitor.gate import gate_checkpoint
+    from longrun.runview import RunView
+    from training.records import Incident
 
     spec = spec_from_params(params)
     run = spec.run_name
@@ -159,7 +161,10 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
         gate = gate_checkpoint(store, run, final_step, log=log)
     if params.get("incident_id"):  # a relaunch: its first healthy step closes the time to recover
         recovery.record(store, run, str(params["incident_id"]))
-    incidents = catalog.incidents(store, run)
+    view = RunView(store, run)
+    incidents = [inc for _key, inc in view.folder(Incident, "incidents/")]
+    for problem in view.problems:
+        log.warning("run report of %s leaves out %s", run, problem)
     drill = recovery.drill_outcome(spec.drill.flag() if spec.drill else None, recovery.faults(store, run))
     report["orchestrator"] = {
         "attempt": spec.attempt,
@@ -168,14 +173,15 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
         "final_gate": gate,
         "incidents": [
             {
-                "incident_id": i["incident_id"],
-                "status": i.get("status"),
-                "alert_step": i["alert"].get("step"),
-                "check": i["alert"].get("check"),
-                "node": (i.get("attribution") or {}).get("node"),
-                "lost_steps": i.get("lost_steps"),
-                "time_to_recover_s": i.get("time_to_recover_s"),
-                "recovery": i.get("recovery"),
+                "incident_id": i.incident_id,
+                "status": None if i.status is None else str(i.status),  # plain JSON for the XCom
+                # the incident's copy of its alert and its attribution are free-form objects
+                "alert_step": i.alert.get("step"),
+                "check": i.alert.get("check"),
+                "node": i.attribution.get("node"),
+                "lost_steps": i.lost_steps,
+                "time_to_recover_s": i.time_to_recover_s,
+                "recovery": i.extra.get("recovery"),
             }
             for i in incidents
         ],

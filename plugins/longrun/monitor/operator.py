@@ -233,9 +233,9 @@ class RunMonitorOperator(BaseOperator):
                 "step": r["step"],
                 "manifest_key": r["manifest_key"],
                 "seq": r["seq"],
-                "promoted_at": r.get("time"),
-                "loss": m.manifest.get("loss") if m else None,
-                "saved_at": m.manifest.get("time") if m else None,
+                "promoted_at": r["time"],
+                "loss": m.manifest["loss"] if m else None,
+                "saved_at": m.manifest["time"] if m else None,
             }
             events.add(asset, extra=extra)
         self.log.info(
