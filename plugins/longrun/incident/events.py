@@ -1,0 +1,54 @@
+"""The names on an incident record's timeline: one definition.
+
+str-valued, so the JSON on disk is the same text as before the names became an enum, and records written
+before still read. An event is on the timeline at most once (incident/record.py); whether it is there is
+how a rerun task knows what has been done. Statuses are training.records.IncidentStatus.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Event(StrEnum):
+    """Timeline event names, grouped by the step that writes them."""
+
+    # open (incident/record.py, steps.open_record)
+    OPENED = "opened"
+    ALERT_SEEN = "alert_seen"
+    """When the monitor's trigger saw the alert (the sensor's latency starts at the alert's time)."""
+    # freeze
+    FROZEN = "frozen"
+    WOULD_FREEZE = "would_freeze"
+    # attribute
+    ATTRIBUTED = "attributed"
+    # drain
+    DRAINED = "drained"
+    WOULD_DRAIN = "would_drain"
+    DRAIN_REFUSED = "drain_refused"
+    """The rate limit said no: nothing drained, the incident stops (status failed)."""
+    FOREIGN_DRAIN = "foreign_drain"
+    """The node is drained by someone else: longrun leaves it alone (status failed)."""
+    RESTORED = "restored"
+    """keep_drained: what a dead try left (a resumed node, a reservation) was put right."""
+    # diagnose
+    REFERENCE = "reference"
+    """The probe's known-good fingerprint, before the diagnostic runs."""
+    DIAGNOSED = "diagnosed"
+    WOULD_DIAGNOSE = "would_diagnose"
+    # pick
+    PICKED = "picked"
+    # relaunch (full)
+    RELAUNCH_SUBMITTED = "relaunch_submitted"
+    RELAUNCH_FAILED = "relaunch_failed"
+    RELAUNCHED_RUNNING = "relaunched_running"
+    WOULD_RELAUNCH = "would_relaunch"
+    # relaunch inside the kept job (incident/injob.py)
+    NO_SPARE_LEFT = "no_spare_left"
+    RELEASED = "released"
+    DIRECTIVE_WRITTEN = "directive_written"
+    DIRECTIVE_NOT_FOLLOWED = "directive_not_followed"
+    KEPT_JOB_CANCELLED = "kept_job_cancelled"
+    # after the relaunch (incident/recovery.py, incident/closing.py)
+    FIRST_HEALTHY_STEP = "first_healthy_step"
+    CLOSED = "closed"

@@ -1,0 +1,106 @@
+"""sdc_incident's relaunch step: resubmit without the suspect node and wait until the job RUNS.
+
+With hot spares (act mode) the in-job path (incident/injob.py) recovers inside the kept job first. The
+relaunch job is tagged with the incident's DAG run, so a retry reattaches instead of submitting twice.
+The RunSpec comes from relaunch_plan.py. Run by incident/runner.py; listed in incident/steps.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from longrun.incident import injob, record, runbooks
+from longrun.incident.events import Event
+from longrun.incident.relaunch_plan import conf_of, healthy_nodes, relaunch_spec
+from longrun.incident.runner import Incident, Outcome, Rec, authenticate, run
+from longrun.runspec import RunSpec
+from longrun.slurm import ops
+from longrun.slurm.client import JobStatus, SlurmClient
+from longrun.slurm.spec import JobSpec, JobTag
+from training.store import ObjectStore
+
+
+def relaunch(
+    store: ObjectStore,
+    client: SlurmClient,
+    inc: Incident,
+    *,
+    node: str | None,
+    checkpoint: Mapping[str, Any],
+    make_job: Callable[[RunSpec, JobTag], JobSpec],
+    running_timeout_s: float = 300.0,
+) -> dict[str, Any]:
+    exclude = (node,) if node else ()
+
+    def done(rec: Rec) -> dict[str, Any] | None:
+        if (rl := rec.get("relaunch")) and record.has_event(rec, Event.RELAUNCHED_RUNNING):
+            return dict(rl)
+        return None
+
+    def plan() -> tuple[RunSpec, str]:
+        free = healthy_nodes(client, inc, exclude=exclude)
+        return relaunch_spec(inc, resume_from=checkpoint.get("key"), exclude=exclude, healthy=len(free))
+
+    def observe(rec: Rec) -> Outcome:
+        spec, note = plan()
+        params = conf_of(spec)
+        return Outcome(
+            event=Event.WOULD_RELAUNCH,
+            data={"params": params, "note": note},
+            status=record.OBSERVED,
+            result={"observe": True, "params": params, "note": note},
+        )
+
+    def act(rec: Rec) -> Outcome:
+        # hot spares: recover inside the kept job; else end it for the full relaunch
+        if (in_job := injob.direct(store, client, inc, node=node, checkpoint=checkpoint)) is not None:
+            return Outcome(result=in_job)  # injob recorded it
+        injob.end_kept(store, client, inc)
+        spec, note = plan()
+        authenticate(store, client, inc)  # roll back only on an authentic alert
+        tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
+        job_id = next((s.job_id for s in client.find_jobs(tag.prefix())), None)
+        if job_id is None:
+            from longrun import alert_auth
+
+            secrets = alert_auth.submit_env(store, run=spec.run_name, tag=tag.render(), env=os.environ)
+            job_id = client.submit(make_job(spec, tag), secret_env=secrets)
+            alert_auth.bind(store, run=spec.run_name, tag=tag.render(), job_id=job_id)
+            # recorded now: a try that dies while waiting leaves the trace (and reattaches by the tag)
+            inc.event(store, Event.RELAUNCH_SUBMITTED, job_id=job_id, exclude=list(spec.exclude), note=note)
+        state = ops.wait_for(
+            client,
+            job_id,
+            lambda s: s.status is JobStatus.RUNNING or s.is_terminal,
+            timeout_s=running_timeout_s,
+        )
+        if state.status is not JobStatus.RUNNING and state.status is not JobStatus.COMPLETED:
+            return Outcome(
+                event=Event.RELAUNCH_FAILED,
+                data={"state": state.describe()},
+                status=record.FAILED,
+                stop=f"relaunched job {state.describe()}. Runbook: {runbooks.RELAUNCH_FAILED}",
+            )
+        now = time.time()
+        alert_time = float(inc.alert.get("time") or now)
+        result = {
+            "job_id": job_id,
+            "nodes": list(state.nodes),
+            "exclude": list(spec.exclude),
+            "resume_from": spec.resume_from,
+            "attempt": spec.attempt,
+            "note": note,
+            "params": conf_of(spec),
+        }
+        return Outcome(
+            event=Event.RELAUNCHED_RUNNING,
+            data={"job_id": job_id, "nodes": list(state.nodes)},
+            fields={"relaunch": result, "time_to_recover_s": round(now - alert_time, 3)},
+            status=record.RELAUNCHED,
+            result=result,
+        )
+
+    return run(store, inc, done=done, observe=observe, act=act)
