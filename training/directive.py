@@ -13,11 +13,12 @@ waits for, nodes inside its allocation, not the suspect's node), and refuses any
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from training.records.base import need, opt_float, opt_int, opt_str, opt_strs, stamped
 
 DIRECTIVE_SCHEMA_VERSION = 1
 DIRECTIVES_DIR = "directives/"
@@ -81,28 +82,19 @@ class Directive:
 
     @classmethod
     def from_json(cls, raw: str | bytes | dict[str, Any]) -> Directive:
-        obj = json.loads(raw) if isinstance(raw, str | bytes) else dict(raw)
-        if not isinstance(obj, dict) or obj.get("kind") != "directive":
-            raise ValueError("field 'kind' must be 'directive'")
-        v = obj.get("schema_version")
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= DIRECTIVE_SCHEMA_VERSION:
-            raise ValueError(
-                f"field 'schema_version' = {v!r}; this reader knows 1..{DIRECTIVE_SCHEMA_VERSION}"
-            )
-        for name, typ in (("run", str), ("job_id", str), ("resume_from", str), ("incident_id", str)):
-            if not isinstance(obj.get(name), typ):
-                raise ValueError(f"field {name!r} = {obj.get(name)!r:.80} is missing or has the wrong type")
-        for name in ("nodes", "exclude"):
-            if not isinstance(obj.get(name), list):
-                raise ValueError(f"field {name!r} = {obj.get(name)!r:.80} must be a list")
-        t = obj.get("issued_at")
-        if isinstance(t, bool) or not isinstance(t, int | float):
-            raise ValueError(f"field 'issued_at' = {t!r} must be a number")
+        kind = "directive"
+        obj = stamped(kind, raw, DIRECTIVE_SCHEMA_VERSION)
         return cls(
-            run=obj["run"], job_id=obj["job_id"], attempt=obj.get("attempt"),  # type: ignore[arg-type]
-            nodes=tuple(obj["nodes"]), resume_from=obj["resume_from"], incident_id=obj["incident_id"],
-            exclude=tuple(obj["exclude"]), issued_at=float(t), schema_version=v,
-        )  # fmt: skip
+            run=need(kind, obj, "run", opt_str),
+            job_id=need(kind, obj, "job_id", opt_str),
+            attempt=need(kind, obj, "attempt", opt_int),
+            nodes=need(kind, obj, "nodes", opt_strs),
+            resume_from=need(kind, obj, "resume_from", opt_str),
+            incident_id=need(kind, obj, "incident_id", opt_str),
+            exclude=need(kind, obj, "exclude", opt_strs),
+            issued_at=need(kind, obj, "issued_at", opt_float),
+            schema_version=obj["schema_version"],
+        )
 
     def refusal(
         self, *, run: str, job_id: str, attempt: int, allocation: Iterable[str], width: int

@@ -18,10 +18,11 @@ Pure Python (no torch, no Airflow): the orchestrator reads both kinds with the s
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from training.records.base import need, opt_float, opt_int, opt_str, opt_strs, stamped
 
 SEGMENT_SCHEMA_VERSION = 1
 FAULT_SCHEMA_VERSION = 1
@@ -31,31 +32,6 @@ FAULTS_DIR = "faults/"
 SEGMENT_EXITS = ("done", "sdc_verdict", "error")
 
 _IDENT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-
-
-def _need(obj: dict[str, Any], name: str, typ: Any, *, optional: bool = False) -> Any:
-    if name not in obj:
-        if optional:
-            return None
-        raise ValueError(f"field {name!r} is missing")
-    value = obj[name]
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) and typ is not bool or not isinstance(value, typ):
-        raise ValueError(f"field {name!r} = {value!r:.80} has the wrong type")
-    return value
-
-
-def _loads(raw: str | bytes | dict[str, Any], kind: str, version: int) -> dict[str, Any]:
-    obj = json.loads(raw) if isinstance(raw, str | bytes) else dict(raw)
-    if not isinstance(obj, dict):
-        raise ValueError(f"field '<record>' must be a JSON object, got {type(obj).__name__}")
-    if obj.get("kind") != kind:
-        raise ValueError(f"field 'kind' = {obj.get('kind')!r}; expected {kind!r}")
-    v = obj.get("schema_version")
-    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= version:
-        raise ValueError(f"field 'schema_version' = {v!r}; this reader knows 1..{version}")
-    return obj
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -119,30 +95,26 @@ class Segment:
 
     @classmethod
     def from_json(cls, raw: str | bytes | dict[str, Any]) -> Segment:
-        obj = _loads(raw, "segment", SEGMENT_SCHEMA_VERSION)
-        values = {
-            "run": _need(obj, "run", str),
-            "segment_id": _need(obj, "segment_id", str),
-            "job_id": _need(obj, "job_id", str, optional=True),
-            "restart_count": _need(obj, "restart_count", int),
-            "start_step": _need(obj, "start_step", int),
-            "resumed_from": _need(obj, "resumed_from", str, optional=True),
-            "started_at": float(_need(obj, "started_at", int | float)),
-            "world_size": _need(obj, "world_size", int),
-            "nodes": tuple(_need(obj, "nodes", list)),
-            "schema_version": obj["schema_version"],
-        }
-        for name, typ in (
-            ("first_step", int),
-            ("first_healthy_step", int),
-            ("last_step", int),
-            ("exit", str),
-        ):
-            values[name] = _need(obj, name, typ, optional=True)
-        for name in ("first_healthy_time", "ended_at"):
-            t = _need(obj, name, int | float, optional=True)
-            values[name] = None if t is None else float(t)
-        return cls(**values)
+        kind = "segment"
+        obj = stamped(kind, raw, SEGMENT_SCHEMA_VERSION)
+        return cls(
+            run=need(kind, obj, "run", opt_str),
+            segment_id=need(kind, obj, "segment_id", opt_str),
+            job_id=opt_str(kind, obj, "job_id"),
+            restart_count=need(kind, obj, "restart_count", opt_int),
+            start_step=need(kind, obj, "start_step", opt_int),
+            resumed_from=opt_str(kind, obj, "resumed_from"),
+            started_at=need(kind, obj, "started_at", opt_float),
+            world_size=need(kind, obj, "world_size", opt_int),
+            nodes=need(kind, obj, "nodes", opt_strs),
+            first_step=opt_int(kind, obj, "first_step"),
+            first_healthy_step=opt_int(kind, obj, "first_healthy_step"),
+            first_healthy_time=opt_float(kind, obj, "first_healthy_time"),
+            last_step=opt_int(kind, obj, "last_step"),
+            ended_at=opt_float(kind, obj, "ended_at"),
+            exit=opt_str(kind, obj, "exit"),
+            schema_version=obj["schema_version"],
+        )
 
 
 def segment_id(*, job_id: str | None, job_step: str | None, restart_count: int, started_at: float) -> str:
@@ -199,14 +171,15 @@ class FaultFired:
 
     @classmethod
     def from_json(cls, raw: str | bytes | dict[str, Any]) -> FaultFired:
-        obj = _loads(raw, "fault", FAULT_SCHEMA_VERSION)
+        kind = "fault"
+        obj = stamped(kind, raw, FAULT_SCHEMA_VERSION)
         return cls(
-            run=_need(obj, "run", str),
-            fault=_need(obj, "fault", str),
-            step=_need(obj, "step", int),
-            rank=_need(obj, "rank", int),
-            node=_need(obj, "node", str),
-            time=float(_need(obj, "time", int | float)),
-            spec=_need(obj, "spec", str),
+            run=need(kind, obj, "run", opt_str),
+            fault=need(kind, obj, "fault", opt_str),
+            step=need(kind, obj, "step", opt_int),
+            rank=need(kind, obj, "rank", opt_int),
+            node=need(kind, obj, "node", opt_str),
+            time=need(kind, obj, "time", opt_float),
+            spec=need(kind, obj, "spec", opt_str),
             schema_version=obj["schema_version"],
         )

@@ -9,8 +9,9 @@ first. The key layout is in `training.schema`; the read model of a whole run is 
 
 `KINDS` names every record kind the store holds. The kinds of `training.schema`'s table share one base
 (`Record`); the newer kinds are dataclasses of their own with the same `from_json`/`to_json` contract
-(`RecordType`), registered here as they are. Three of them belong to the orchestrator (package `longrun`,
-which the job must not import): `KINDS` names them and imports their class on first use.
+(`RecordType`), registered here as they are, by where they live: their modules use this package's readers,
+and three of them belong to the orchestrator (package `longrun`, which the job must not import), so
+`KINDS` imports a newer kind's class on first use.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from training.directive import Directive
 from training.records.base import Record, RecordType
 from training.records.job import Alert, CheckRecord, Manifest, Progress, Report, Save, World
 from training.records.orchestrator import (
@@ -33,7 +33,6 @@ from training.records.orchestrator import (
     Validation,
 )
 from training.schema import SchemaError
-from training.segment import FaultFired, Segment
 
 #: The kinds of `training.schema`'s table: kind -> its record class.
 SCHEMA_KINDS: dict[str, type[Record]] = {
@@ -53,15 +52,11 @@ SCHEMA_KINDS: dict[str, type[Record]] = {
     )
 }
 
-#: The job's newer kinds, each its own dataclass (the `kind` stamp each writes).
-_JOB_KINDS: dict[str, type[RecordType]] = {
-    "segment": Segment,
-    "fault": FaultFired,
-    "directive": Directive,
-}
-
-#: The orchestrator's newer kinds: kind -> "module:class" in package `longrun`.
-_ORCHESTRATOR_KINDS: dict[str, str] = {
+#: The newer kinds, each its own dataclass: kind -> "module:class".
+_NEWER_KINDS: dict[str, str] = {
+    "segment": "training.segment:Segment",
+    "fault": "training.segment:FaultFired",
+    "directive": "training.directive:Directive",
     "node_event": "longrun.nodes.history:NodeEvent",
     "run_claim": "longrun.runclaim:RunClaim",
     "security_event": "longrun.security_events:SecurityEvent",
@@ -69,22 +64,20 @@ _ORCHESTRATOR_KINDS: dict[str, str] = {
 
 
 class _Kinds(Mapping[str, type[RecordType]]):
-    """kind -> record class, for every kind; an orchestrator kind's class is imported when asked for."""
+    """kind -> record class, for every kind; a newer kind's class is imported when asked for."""
 
     def __getitem__(self, kind: str) -> type[RecordType]:
         if kind in SCHEMA_KINDS:
             return SCHEMA_KINDS[kind]
-        if kind in _JOB_KINDS:
-            return _JOB_KINDS[kind]
-        module, name = _ORCHESTRATOR_KINDS[kind].split(":")
+        module, name = _NEWER_KINDS[kind].split(":")
         cls: type[RecordType] = getattr(importlib.import_module(module), name)
         return cls
 
     def __iter__(self) -> Iterator[str]:
-        return iter((*SCHEMA_KINDS, *_JOB_KINDS, *_ORCHESTRATOR_KINDS))
+        return iter((*SCHEMA_KINDS, *_NEWER_KINDS))
 
     def __len__(self) -> int:
-        return len(SCHEMA_KINDS) + len(_JOB_KINDS) + len(_ORCHESTRATOR_KINDS)
+        return len(SCHEMA_KINDS) + len(_NEWER_KINDS)
 
 
 #: kind -> its record class, every kind the store holds.
@@ -113,8 +106,6 @@ __all__ = [
     "SCHEMA_KINDS",
     "Alert",
     "CheckRecord",
-    "Directive",
-    "FaultFired",
     "Incident",
     "IncidentStatus",
     "Manifest",
@@ -126,7 +117,6 @@ __all__ = [
     "Report",
     "Save",
     "SchemaError",
-    "Segment",
     "SuspectMark",
     "TimelineEvent",
     "Validation",

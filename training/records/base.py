@@ -11,6 +11,7 @@ stamped with `schema_version` and `kind`. Every error is a `SchemaError` (a Valu
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, Self
@@ -87,8 +88,35 @@ def strs(kind: str, field: str, values: Any) -> tuple[str, ...]:
     return tuple(values)
 
 
+def opt_strs(kind: str, obj: Mapping[str, Any], field: str) -> tuple[str, ...] | None:
+    """An optional list-of-strings field (absent or null: None)."""
+    v = obj.get(field)
+    return None if v is None else strs(kind, field, v)
+
+
 Reader = Callable[[str, Mapping[str, Any], str], Any]
 """Reads one optional field: (kind, object, field name) -> value, or raises SchemaError."""
+
+
+def need(kind: str, obj: Mapping[str, Any], field: str, read: Reader) -> Any:
+    """A required field: absent or null is refused, anything else is read with `read` (an `opt_*`)."""
+    if obj.get(field) is None:
+        raise SchemaError(f"{kind} record lacks field {field!r}")
+    return read(kind, obj, field)
+
+
+def stamped(kind: str, raw: Any, version: int) -> dict[str, Any]:
+    """The object of a record whose class is a dataclass of its own (not a `Record`): JSON text or an
+    object, stamped with `kind` and a `schema_version` this reader knows (1..`version`)."""
+    obj = json.loads(raw) if isinstance(raw, str | bytes) else raw  # bad JSON: a ValueError too
+    if not isinstance(obj, Mapping):
+        raise SchemaError(f"{kind} record must be a JSON object, got {type(obj).__name__}")
+    if obj.get("kind") != kind:
+        raise SchemaError(f"{kind} record field 'kind' = {obj.get('kind')!r}; expected {kind!r}")
+    v = obj.get("schema_version")
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= version:
+        raise SchemaError(f"{kind} record field 'schema_version' = {v!r}; this reader knows 1..{version}")
+    return dict(obj)
 
 
 class RecordType(Protocol):

@@ -140,8 +140,8 @@ def read_records(
         except (ValueError, schema.SchemaError) as e:  # JSONDecodeError is a ValueError
             yield kind, run, info, None, f"{type(e).__name__}: {e}"
             continue
-        if obj.get("run") != run:
-            yield kind, run, info, None, f"record names run {obj.get('run')!r} but lies under runs/{run}/"
+        if obj["run"] != run:  # every kind the audit reads requires `run` (validated above)
+            yield kind, run, info, None, f"record names run {obj['run']!r} but lies under runs/{run}/"
             continue
         yield kind, run, info, obj, None
 
@@ -172,7 +172,7 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
         if kind == "manifest":
             manifests[key] = obj
             etags[key] = info.etag
-            loss = _number(obj.get("loss"))
+            loss = _number(obj["loss"])
             rows.append(
                 _row(
                     kind,
@@ -313,7 +313,7 @@ def _promotion_in_suspect(
     is still current or was made after the declaration. Promotions made before anyone knew are history."""
     step = row["step"]
     manifest = manifests.get(promotion["manifest_key"])
-    saved = _number(manifest.get("time")) if manifest else None
+    saved = _number(manifest["time"]) if manifest else None
     for after, until, declared in suspects:
         if not (after < step <= until):
             continue
