@@ -106,6 +106,8 @@ def test_a_sick_node_is_convicted_inside_the_job_and_released(tmp_path, client):
     assert not client.reservations()  # no MAINT reservation on this path
     # a rerun returns the recorded verdict and runs nothing
     assert inalloc.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug") == out
+    print(f"\nIN-JOB DIAGNOSIS: node_check step {out['duration_s']} s; reference + node_check + drain "
+          f"{out['total_s']} s; then released")  # fmt: skip
 
 
 def test_no_verdict_from_the_step_falls_back_after_releasing_the_node(tmp_path, client):

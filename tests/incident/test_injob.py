@@ -166,3 +166,17 @@ def test_a_forged_alert_releases_nothing(client, running):
         injob.direct(store, client, inc, node=held[1], checkpoint={"key": CKPT})
     assert len(client.job(job_id).nodes) == 3
     assert list(store.list(schema.store_key("ij", "directives/"))) == []
+
+
+def test_a_drained_node_is_never_directed(client, running):
+    """An earlier suspect the job still holds (its release refused) is drained: the directive must not
+    train on it, so with it and the new suspect out there is no spare left."""
+    job_id, held, store, drained = running
+    inc = _incident(store, job_id, held[1])
+    injob.freeze_kept(store, client, inc)
+    for n in (held[1], held[2]):
+        client.drain(n, REASON)
+        drained.append(n)
+    assert injob.direct(store, client, inc, node=held[1], checkpoint={"key": CKPT}) is None
+    assert "no_spare_left" in [e["event"] for e in inc.rec(store)["timeline"]]
+    assert list(store.list(schema.store_key("ij", "directives/"))) == []
