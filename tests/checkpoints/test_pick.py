@@ -71,6 +71,17 @@ def test_a_rank_with_no_record_is_not_a_pass() -> None:
     assert last_known_good(("recompute",), 37, bare, world_size=2)["recompute"][0] == 10
 
 
+def test_a_check_record_that_does_not_read_is_no_evidence() -> None:
+    """The pick reads check records as typed records: one with a malformed field (a world size as text,
+    a rank list of strings) vouches for nothing, so it can only make the pick older, never newer."""
+    good = [_rec("recompute", 10, rank=r) for r in range(3)]
+    assert last_known_good(("recompute",), 37, good)["recompute"][0] == 10
+    text_world = [*good[:2], {**good[2], "world_size": "3"}]
+    assert last_known_good(("recompute",), 37, text_world, world_size=3)["recompute"][0] is None
+    bad_suspects = [*good[:2], {**good[2], "suspect_ranks": ["1"]}]
+    assert last_known_good(("recompute",), 37, bad_suspects)["recompute"][0] is None
+
+
 def test_a_finite_alert_is_not_bounded_by_the_finite_check_alone(
     store: ObjectStore, run: str, save_checkpoints: Saver
 ) -> None:
