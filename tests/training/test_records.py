@@ -244,3 +244,18 @@ def test_the_suspect_rule() -> None:
     assert mark.demotes(20, saved_at=None)  # by step alone
     explicit = SuspectMark.from_json({**WRITTEN["suspect"], "steps": [30]})
     assert explicit.demotes(30, saved_at=T + 5) and not explicit.demotes(20, saved_at=T - 5)
+
+
+def test_the_registry_does_not_pull_in_the_orchestrator() -> None:
+    """The job imports `training.records` (segments, faults, directives read through it); naming the
+    orchestrator's kinds must not import `longrun` there, nor must asking whether a kind exists."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, training.records as r, training.segment, training.directive\n"
+        "assert 'node_event' in r.KINDS and 'x' not in r.KINDS and r.KINDS['segment'].__name__ == 'Segment'\n"
+        "print(sorted(m for m in sys.modules if m == 'longrun' or m.startswith(('longrun.', 'airflow', 'torch'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout

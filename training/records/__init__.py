@@ -73,6 +73,9 @@ class _Kinds(Mapping[str, type[RecordType]]):
         cls: type[RecordType] = getattr(importlib.import_module(module), name)
         return cls
 
+    def __contains__(self, kind: object) -> bool:  # without importing anything
+        return kind in SCHEMA_KINDS or kind in _NEWER_KINDS
+
     def __iter__(self) -> Iterator[str]:
         return iter((*SCHEMA_KINDS, *_NEWER_KINDS))
 
