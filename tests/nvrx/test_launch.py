@@ -125,4 +125,4 @@ def test_cpu_runs_default_to_cpu_timeouts() -> None:
         RunSpec(run_name="c", nodes=3, gpus_per_node=0), tag=TAG, run_dir_root="/r", env={}
     )
     gpu = job_spec_for_run(RunSpec(run_name="g", nodes=3), tag=TAG, run_dir_root="/r", env={})
-    assert cpu.env["LONGRUN_NVRX_MIN_TIMEOUT_S"] == "10" and gpu.env["LONGRUN_NVRX_MIN_TIMEOUT_S"] == "300"
+    assert cpu.env["LONGRUN_NVRX_MIN_TIMEOUT_S"] == "60" and gpu.env["LONGRUN_NVRX_MIN_TIMEOUT_S"] == "300"
