@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from longrun.launch import NvrxLaunch
     from longrun.runspec import RunSpec
 
-#: Longest wait for a directive after an SDC verdict: attribution, drain, the in-allocation diagnosis and
-#: the pick must fit in it; after it the job ends with 93 and the full relaunch takes over.
+#: Longest wait for a directive after an SDC verdict: attribution, the drain and the pick must fit in it
+#: (the diagnosis runs beside them, as a step of this job: longrun.incident.inalloc); after it the job
+#: ends with 93 and the full relaunch takes over.
 DIRECTIVE_WAIT_S = 300
 #: Attempts of one job get distinct rendezvous ports: port = base + (job id * PORT_STRIDE + attempt) mod span.
 PORT_STRIDE = 7
