@@ -2,8 +2,9 @@
 
 select (drained by longrun, not diag-fail, not a repeat offender; else recorded and refused) -> probe
 (the replay probe, + `dcgmi diag` where present, `repeats` times in a MAINT reservation; the first
-unclean round stops and keeps the node drained) -> [approve] -> resume (only a clean node that still
-carries longrun's diag-pass reason) -> summary (fails when a requested node was not returned).
+unclean round stops and keeps the node drained) -> [approve: a Reject skips resume] -> resume (only a
+clean node that still carries longrun's diag-pass reason) -> summary (records a rejection in the node's
+history; fails when a requested node was not returned).
 
 Triggered by an operator with `node`, or on its schedule for the `diag-pass` nodes when the Variable
 `longrun_node_policy` sets `auto_return`. Modes: act, approve (a person approves the resume), observe
@@ -81,10 +82,18 @@ def node_return() -> None:
         return resume_task(selected, probed, run_id)
 
     @task(trigger_rule="all_done", retries=0)
-    def summary(selected: dict[str, Any], resumed: list[dict[str, Any]] | None) -> dict[str, Any]:
+    def summary(
+        selected: dict[str, Any],
+        probed: list[dict[str, Any]] | None,
+        resumed: list[dict[str, Any]] | None,
+        run_id: str,
+        ti: Any = None,
+    ) -> dict[str, Any]:
         from longrun.nodes.tasks import summary_task
 
-        return summary_task(selected, resumed)
+        # Pulled, not passed: a task fed by approve_return would be skipped with `resume` on a Reject.
+        approval = ti.xcom_pull(task_ids="approve_return") if ti is not None else None
+        return summary_task(selected, resumed, probed=probed, approval=approval, dag_run_id=run_id)
 
     selected = select()
     probed = probe(selected)
@@ -92,7 +101,7 @@ def node_return() -> None:
     resumed = resume(selected, probed)
     probed >> g >> [approve_return, resumed]
     approve_return >> resumed
-    summary(selected, resumed)
+    summary(selected, probed, resumed)
 
 
 node_return()

@@ -92,10 +92,43 @@ def resume_task(
     ]
 
 
-def summary_task(selected: Mapping[str, Any], resumed: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Fails the DAG run when a node the operator asked for was not returned (the log says why)."""
+def rejection(approval: Any) -> str | None:
+    """Who rejected the return at `approve_return`, from its XCom (None: not asked, or approved)."""
+    if not isinstance(approval, Mapping) or list(approval.get("chosen_options") or []) != ["Reject"]:
+        return None
+    who = approval.get("responded_by_user")
+    if isinstance(who, Mapping):
+        who = who.get("name") or who.get("id")
+    return f"a person ({who or 'unknown'}) rejected the return at approve_return"
+
+
+def summary_task(
+    selected: Mapping[str, Any],
+    resumed: list[dict[str, Any]] | None,
+    *,
+    probed: list[dict[str, Any]] | None = None,
+    approval: Any = None,
+    dag_run_id: str = "unknown",
+) -> dict[str, Any]:
+    """Fails the DAG run when a node the operator asked for was not returned (the log says why). A
+    rejected approval skipped `resume`: the nodes stay drained and their history records the rejection."""
     resumed = resumed or []
     done = {r["node"]: r for r in resumed}
+    rejected = rejection(approval) if selected.get("mode") == modes.APPROVE and not resumed else None
+    if rejected:
+        hist = history_store()
+        for p in probed or []:
+            node = str(p["node"])
+            why = rejected if p.get("clean") else f"{rejected}; the probe was not clean either"
+            history.record(
+                hist,
+                node,
+                history.RETURN_REFUSED,
+                _source(dag_run_id),
+                reason=why,
+                evidence={"rounds": p.get("rounds")},
+            )
+            done[node] = {"node": node, "returned": False, "why": why}
     missing = {
         n: selected["refused"].get(n) or (done.get(n) or {}).get("why") or "not probed"
         for n in selected["requested"]
