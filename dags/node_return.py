@@ -89,11 +89,16 @@ def node_return() -> None:
         run_id: str,
         ti: Any = None,
     ) -> dict[str, Any]:
+        from airflow.providers.standard.utils.skipmixin import XCOM_SKIPMIXIN_KEY
         from longrun.nodes.tasks import summary_task
 
         # Pulled, not passed: a task fed by approve_return would be skipped with `resume` on a Reject.
+        # A Reject pushes no return value (the skip ends the task first), only the skip record.
         approval = ti.xcom_pull(task_ids="approve_return") if ti is not None else None
-        return summary_task(selected, resumed, probed=probed, approval=approval, dag_run_id=run_id)
+        skipped = ti.xcom_pull(task_ids="approve_return", key=XCOM_SKIPMIXIN_KEY) if ti is not None else None
+        return summary_task(
+            selected, resumed, probed=probed, approval=approval, skipped=skipped, dag_run_id=run_id
+        )
 
     selected = select()
     probed = probe(selected)

@@ -36,6 +36,15 @@ def test_a_reject_is_recorded_and_fails_the_run(store):
     assert len(h.events(store, "n3")) == 1
 
 
+def test_a_reject_seen_as_the_skip_record(store):
+    """What Airflow 3.3.2 leaves on a Reject: no return value, the skip record naming `resume`."""
+    skipped = {"skipped": ["resume"]}
+    with pytest.raises(AirflowFailException, match="rejected the return"):
+        summary_task(SELECTED, None, probed=PROBED, approval=None, skipped=skipped, dag_run_id="manual__r2")
+    assert [e.kind for e in h.events(store, "n3")] == [h.RETURN_REFUSED]
+    assert rejection(None, {"skipped": ["summary"]}) is None
+
+
 def test_only_a_reject_in_approve_mode_counts(store):
     assert rejection({"chosen_options": ["Approve"]}) is None
     assert rejection(None) is None and rejection("Reject") is None

@@ -92,14 +92,18 @@ def resume_task(
     ]
 
 
-def rejection(approval: Any) -> str | None:
-    """Who rejected the return at `approve_return`, from its XCom (None: not asked, or approved)."""
-    if not isinstance(approval, Mapping) or list(approval.get("chosen_options") or []) != ["Reject"]:
-        return None
-    who = approval.get("responded_by_user")
-    if isinstance(who, Mapping):
-        who = who.get("name") or who.get("id")
-    return f"a person ({who or 'unknown'}) rejected the return at approve_return"
+def rejection(approval: Any, skipped: Any = None) -> str | None:
+    """Why `approve_return` stopped the return, from its XComs (None: not asked, or approved). A Reject
+    shows as the skip record naming `resume` (Airflow's ApprovalOperator pushes no return value then), or
+    as a returned answer."""
+    if isinstance(approval, Mapping) and list(approval.get("chosen_options") or []) == ["Reject"]:
+        who = approval.get("responded_by_user")
+        if isinstance(who, Mapping):
+            who = who.get("name") or who.get("id")
+        return f"a person ({who or 'unknown'}) rejected the return at approve_return"
+    if isinstance(skipped, Mapping) and "resume" in list(skipped.get("skipped") or []):
+        return "a person rejected the return at approve_return (the approval form says who and when)"
+    return None
 
 
 def summary_task(
@@ -108,13 +112,14 @@ def summary_task(
     *,
     probed: list[dict[str, Any]] | None = None,
     approval: Any = None,
+    skipped: Any = None,
     dag_run_id: str = "unknown",
 ) -> dict[str, Any]:
     """Fails the DAG run when a node the operator asked for was not returned (the log says why). A
     rejected approval skipped `resume`: the nodes stay drained and their history records the rejection."""
     resumed = resumed or []
     done = {r["node"]: r for r in resumed}
-    rejected = rejection(approval) if selected.get("mode") == modes.APPROVE and not resumed else None
+    rejected = rejection(approval, skipped) if selected.get("mode") == modes.APPROVE and not resumed else None
     if rejected:
         hist = history_store()
         for p in probed or []:
