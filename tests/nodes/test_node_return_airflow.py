@@ -7,7 +7,8 @@ training job included, is too slow for this tier: tests/e2e covers the incident 
 
     sick n2 (marker, diag-pass)           -> probe rounds fail: run failed, n2 drained diag-fail, replace mark
     transient n3 (one suspicion)          -> observe: nothing changes; act: every round passes, n3 resumed;
-                                             approve: resumed after a person approves
+                                             approve: resumed after a person approves; resume skipped,
+                                             n3 drained and `return_refused` recorded after a Reject
     repeat offender n4 (two suspicions)   -> refused before any probe: run failed, n4 still drained
     foreign drain n1 ("admin: fan")       -> refused: n1 keeps its reason
 """
@@ -19,7 +20,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.airflow_api import AirflowApi
+import requests
+from helpers.airflow_api import AirflowApi, AirflowApiError, trigger_retrying
 from longrun.monitor import lifecycle
 from longrun.nodes import history as h
 from longrun.slurm.client import make_client
@@ -79,24 +81,47 @@ class Ran(dict):
         return f"{dict(self)}\n{self.logs}"
 
 
-def approve_when_asked(api: AirflowApi, run_id: str, timeout_s: float = 600.0) -> None:
-    """Answer the run's approval (Airflow human-in-the-loop) once it waits for one; bounded."""
+def approve_when_asked(
+    api: AirflowApi, run_id: str, timeout_s: float = 900.0, answer: str = "Approve"
+) -> None:
+    """Answer the run's approval (Airflow human-in-the-loop) whenever a try waits for one, as a person
+    would, until the run ends; bounded. Each try once, and only once it is parked: in Airflow 3.3.2 the
+    try that receives the answer can fail on resume ("TaskInstance not in live table but archived") and
+    its retry asks again; an answer given before the park is stored but never resumes the task."""
     deadline = time.monotonic() + timeout_s
     url = f"{api.url}/api/v2/dags/{DAG}/dagRuns/{run_id}/taskInstances/approve_return/-1/hitlDetails"
+    answered: set[int] = set()
     while time.monotonic() < deadline:
-        resp = api.session.patch(url, json={"chosen_options": ["Approve"]}, timeout=api.timeout)
-        if resp.status_code < 400:
-            return
-        if api.run(DAG, run_id)["state"] in ("success", "failed"):
-            raise AssertionError(f"{run_id} ended before asking: {api.task_states(DAG, run_id)}")
         time.sleep(2)
-    raise AssertionError(f"{run_id}: no approval asked within {timeout_s} s: {api.task_states(DAG, run_id)}")
+        try:
+            state = api.run(DAG, run_id)["state"]
+            tis = api.task_instances(DAG, run_id)
+        except (requests.RequestException, AirflowApiError) as e:
+            print(f"approval poll: {e} (the API server is busy; asking again)")
+            continue
+        if state in ("success", "failed"):
+            if not answered:
+                raise AssertionError(f"{run_id} ended before asking: {api.task_states(DAG, run_id)}")
+            return
+        for ti in tis:
+            tries = int(ti.get("try_number") or 0)
+            if ti["task_id"] == "approve_return" and ti["state"] in ("awaiting_input", "deferred"):
+                if tries not in answered:
+                    try:
+                        resp = api.session.patch(url, json={"chosen_options": [answer]}, timeout=api.timeout)
+                    except requests.RequestException:
+                        continue  # asked again on the next poll; a 409 then means it went through
+                    if resp.status_code < 400 or resp.status_code == 409:
+                        answered.add(tries)
+    raise AssertionError(f"{run_id}: not ended within {timeout_s} s: {api.task_states(DAG, run_id)}")
 
 
-def run_dag(api: AirflowApi, node: str, mode: str = "act") -> tuple[str, Ran]:
-    run_id = api.trigger(DAG, conf={"node": node, "mode": mode, "repeats": 2})
+def run_dag(
+    api: AirflowApi, node: str, mode: str = "act", *, answer: str = "Approve", repeats: int = 2
+) -> tuple[str, Ran]:
+    run_id = trigger_retrying(api, DAG, {"node": node, "mode": mode, "repeats": repeats})
     if mode == "approve":
-        approve_when_asked(api, run_id)
+        approve_when_asked(api, run_id, answer=answer)
     state = api.wait_run(DAG, run_id, timeout=600)
     ran = Ran(api.task_states(DAG, run_id))
     for task_id, st in ran.items():
@@ -185,3 +210,30 @@ def test_transient_node_returns_in_act_and_approve_not_in_observe(api, airflow_s
     state, tasks = run_dag(api, "n3", mode="approve")
     assert state == "success" and tasks["approve_return"] == "success", tasks
     assert not client.node("n3").drain_flag
+
+
+@pytest.mark.timeout(1800)
+def test_a_rejected_return_keeps_the_node_drained_and_the_history_says_so(
+    api, airflow_stack, client, monkeypatch
+):
+    """approve mode, every round clean, and a person answers Reject in Airflow's human-in-the-loop form:
+    `resume` is skipped, the node keeps longrun's diag-pass drain, the history records who rejected it,
+    and the DAG run fails (the node asked for was not returned)."""
+    hist = use_stack_env(airflow_stack, monkeypatch)
+    run = f"nr-rej-{uuid.uuid4().hex[:6]}"
+    reason = f"longrun:diag-pass:{run}:7"
+    client.drain("n3", reason)
+    seed(hist, "n3", run, [f"inc-{run}"])
+    state, tasks = run_dag(api, "n3", mode="approve", answer="Reject", repeats=1)
+    assert state == "failed", tasks
+    assert tasks["probe"] == "success" and tasks["approve_return"] == "success", tasks
+    assert tasks["resume"] == "skipped" and tasks["summary"] == "failed", tasks
+    n3 = client.node("n3")
+    assert n3.drain_flag and n3.reason == reason, n3
+    evs = [e for e in h.events(hist, "n3") if e.source.startswith("node_return")]
+    kinds = [e.kind for e in evs]
+    assert h.RETURNED not in kinds and h.WOULD_RETURN not in kinds, kinds
+    assert [e.verdict for e in evs if e.kind == h.DIAGNOSED] == ["pass"], evs
+    refused = [e for e in evs if e.kind == h.RETURN_REFUSED]
+    assert len(refused) == 1 and "rejected the return" in (refused[0].reason or ""), refused
+    assert h.state(h.events(hist, "n3")) == "diag-pass"
