@@ -23,8 +23,17 @@ if TYPE_CHECKING:
 #: (the diagnosis runs beside them, as a step of this job: longrun.incident.inalloc); after it the job
 #: ends with 93 and the full relaunch takes over.
 DIRECTIVE_WAIT_S = 300
-#: Attempts of one job get distinct rendezvous ports: port = base + (job id * PORT_STRIDE + attempt) mod span.
-PORT_STRIDE = 7
+#: Attempt a of job j rendezvous on base + (j + a * span // 2) mod span: attempt 0 on the plain launch's
+#: port (longrun.launch), the next half a span away. Job ids map to ports one to one, as on the plain path,
+#: so a site (or the local stack, whose job ids and service ports are laid out apart) that keeps its job
+#: ids clear of its service ports keeps every attempt clear too. A multiplied job id landed anywhere: an
+#: attempt drew the local S3 server's port and could not host its rendezvous.
+
+
+def attempt_port_expr(nvrx: NvrxLaunch) -> str:
+    """The bash arithmetic for an attempt's rendezvous port (see above)."""
+    half = max(1, nvrx.port_span // 2)
+    return f"{nvrx.port_base} + (SLURM_JOB_ID + LONGRUN_ATTEMPT * {half}) % {nvrx.port_span}"
 
 
 def step_script(
@@ -51,7 +60,7 @@ def step_script(
         "FIRST_NODE=${LONGRUN_STEP_NODES%%,*}",
         "MASTER_ADDR=$(scontrol -o show node \"$FIRST_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
         'if [ -z "$MASTER_ADDR" ]; then echo "longrun: no NodeAddr for $FIRST_NODE" >&2; exit 1; fi',
-        f"MASTER_PORT=$(({nvrx.port_base} + (SLURM_JOB_ID * {PORT_STRIDE} + LONGRUN_ATTEMPT) % {nvrx.port_span}))",
+        f"MASTER_PORT=$(({attempt_port_expr(nvrx)}))",
         "export MASTER_ADDR MASTER_PORT",
         # the drill fires in the first attempt only; a relaunch resumes from the directed checkpoint
         f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then {fault}; else FAULT=(); fi',
