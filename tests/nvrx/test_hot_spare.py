@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from longrun.incident.jobstep import batch_host
 from longrun.launch import job_spec_for_run, run_dir_for
 from longrun.runspec import Drill, RunSpec
 from longrun.slurm import ops
@@ -95,8 +96,11 @@ def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp,
         # the orchestrator's part: drain, release the node from the job, direct the next attempt
         client.drain(suspect, REASON)
         keep = [n for n in held if n != suspect]
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"],
-                       env=slurm_cluster.client_env(), check=True, timeout=30)  # fmt: skip
+        # Which node holds rank 1 is the rendezvous' choice. The node running the batch script (the
+        # supervisor) is never released, as in sdc_incident: it stays in the job, drained and undirected.
+        if suspect != batch_host(client, job_id):
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"],
+                           env=slurm_cluster.client_env(), check=True, timeout=30)  # fmt: skip
         ckpt = schema.store_key(run.run_name, schema.checkpoint_dir(PICK))
         _wait(
             "pick's manifest", lambda: store.head(schema.store_key(run.run_name, schema.manifest_path(PICK)))
