@@ -114,8 +114,13 @@ def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp,
         node = client.node(suspect)
         assert node.drain_flag and node.reason == REASON
     finally:
-        if suspect is not None and client.node(suspect).reason == REASON:
+        # Leave the cluster as found whatever failed: a still-running job is cancelled, the node resumed.
+        try:
             ops.wait_for(client, job_id, lambda s: s.status not in ACTIVE, timeout_s=60)
+        except Exception:
+            client.cancel(job_id)
+            ops.wait_for(client, job_id, lambda s: s.status not in ACTIVE, timeout_s=60)
+        if suspect is not None and client.node(suspect).reason == REASON:
             client.resume(suspect)
     first, relaunch = _segments(store, run.run_name)
     assert first.job_id == relaunch.job_id == str(job_id)  # no new job, no queue
