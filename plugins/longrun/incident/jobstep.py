@@ -9,11 +9,10 @@ from the job is killed (measured on Slurm 22.05: exit 137).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 
 from longrun.slurm import validate as v
-from longrun.slurm.cli_backend import STEP_EXPORT
+from longrun.slurm.cli_backend import STEP_EXPORT, run_srun
 from longrun.slurm.client import CommandResult, SlurmClient
 
 #: srun's name for the diagnostic steps inside a job (squeue -s shows it beside the training steps).
@@ -55,29 +54,7 @@ def run_step(
         *(["--overlap"] if overlap else []),
         *cmd,
     ]
-    proc = subprocess.Popen(
-        full,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(client),
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        # SIGINT twice within a second is srun's "cancel the step"; then make sure it is gone.
-        proc.send_signal(signal.SIGINT)
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate(timeout=10)
-        return CommandResult(
-            exit_code=124, stdout=out, stderr=err + f"\nlongrun: timed out after {timeout_s} s"
-        )
-    return CommandResult(exit_code=proc.returncode, stdout=out, stderr=err)
+    return run_srun(full, env=_env(client), timeout_s=timeout_s)
 
 
 def batch_host(client: SlurmClient, job_id: int) -> str | None:

@@ -321,29 +321,29 @@ class CliSlurmClient:
             f"--export={','.join(STEP_EXPORT)}",
             *cmd,
         ]
-        proc = subprocess.Popen(
-            full,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=self._env,
-            start_new_session=True,
-        )
+        return run_srun(full, env=self._env, timeout_s=timeout_s)
+
+
+def run_srun(argv: list[str], *, env: dict[str, str], timeout_s: float) -> CommandResult:
+    """Run an srun command line; past `timeout_s` cancel its step (exit code 124, said in stderr)."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # SIGINT twice within a second is srun's "cancel the step"; then make sure it is gone.
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
         try:
-            out, err = proc.communicate(timeout=timeout_s)
+            out, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
-            # SIGINT twice within a second is srun's "cancel the step"; then make sure it is gone.
-            proc.send_signal(signal.SIGINT)
-            proc.send_signal(signal.SIGINT)
-            try:
-                out, err = proc.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate(timeout=10)
-            return CommandResult(
-                exit_code=124, stdout=out, stderr=err + f"\nlongrun: timed out after {timeout_s} s"
-            )
-        return CommandResult(exit_code=proc.returncode, stdout=out, stderr=err)
+            proc.kill()
+            out, err = proc.communicate(timeout=10)
+        return CommandResult(
+            exit_code=124, stdout=out, stderr=err + f"\nlongrun: timed out after {timeout_s} s"
+        )
+    return CommandResult(exit_code=proc.returncode, stdout=out, stderr=err)
 
 
 def _check_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
