@@ -110,8 +110,9 @@ PARAMS = {
         title="Drill",
         description='null, or {"kind": one of '
         + ", ".join(FAULT_KINDS)
-        + ', "step": N, "target": rank number '
-        "or, for sick-node, a node name}. Announced loudly in the job log; never re-injected on a relaunch.",
+        + ', "step": N, "target": rank number or node name}. A node is pinned into the job; sick-node '
+        "perturbs every rank on it, other kinds fire on its lowest rank. Announced loudly in the job log; "
+        "never re-injected on a relaunch.",
         properties={
             "kind": {"type": "string", "enum": list(FAULT_KINDS)},
             "step": {"type": "integer", "minimum": 1},

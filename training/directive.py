@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from training.records.base import need, opt_float, opt_int, opt_str, opt_strs, stamped
+from training.schema import NODE_NAME
 
 DIRECTIVE_SCHEMA_VERSION = 1
 DIRECTIVES_DIR = "directives/"
 
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 _REF = re.compile(r"^[A-Za-z0-9._/-]{1,512}$")
 
 
@@ -62,7 +62,7 @@ class Directive:
         if not nodes or len(set(nodes)) != len(nodes):
             raise ValueError(f"field 'nodes' = {list(nodes)!r} must name distinct nodes")
         for n in (*nodes, *exclude):
-            if not isinstance(n, str) or not _NODE.match(n):
+            if not isinstance(n, str) or not NODE_NAME.match(n):
                 raise ValueError(f"field 'nodes' has a bad node name {n!r}")
         if clash := sorted(set(nodes) & set(exclude)):
             raise ValueError(f"field 'nodes' includes excluded node(s) {clash}")

@@ -11,6 +11,10 @@ A fault is `KIND:STEP:TARGET` (CLI `--fault`, repeatable; or LONGRUN_FAULTS, com
                  replay probe, a relaunch) sick too
     crash        rank TARGET SIGKILLs itself at the start of STEP
     hang         rank TARGET sleeps at the start of STEP (bounded by LONGRUN_HANG_S, default 3600 s)
+
+TARGET is a rank number or a node name. For every kind but sick-node a node name means the lowest rank
+placed on that node: the rendezvous decides which rank lands where, so a drill that must hit one node
+names the node.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from training.schema import FAULT_KINDS
+from training.schema import FAULT_KINDS, NODE_NAME
 
 log = logging.getLogger("training.faults")
 
@@ -49,9 +53,10 @@ class Fault:
     step: int
     """The step (>= 1) at which it fires (from which on, for sick-node)."""
     rank: int | None = None
-    """Target rank (every kind but sick-node-by-name)."""
+    """Target rank."""
     node: str | None = None
-    """Target node name (sick-node only)."""
+    """Target node name: sick-node perturbs every rank on it; any other kind fires on the node's lowest rank,
+    so a drill can name the node it means whatever rank the rendezvous placed there."""
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -60,8 +65,12 @@ class Fault:
             raise FaultSpecError(f"fault step must be >= 1, got {self.step}")
         if (self.rank is None) == (self.node is None):
             raise FaultSpecError(f"fault {self.kind} needs exactly one target, a rank or a node name")
-        if self.node is not None and self.kind != "sick-node":
-            raise FaultSpecError(f"fault {self.kind} targets a rank number, got node name {self.node!r}")
+        if self.node is not None and not NODE_NAME.match(self.node):
+            raise FaultSpecError(
+                f"fault {self.kind}: target {self.node!r} is neither a rank number nor a node name"
+            )
+        if self.rank is not None and self.rank < 0:
+            raise FaultSpecError(f"fault {self.kind}: rank {self.rank} is negative")
 
     def spec(self) -> str:
         return f"{self.kind}:{self.step}:{self.node if self.node is not None else self.rank}"
@@ -79,8 +88,6 @@ def parse_fault(spec: str) -> Fault:
         raise FaultSpecError(f"fault {spec!r}: STEP {step_s!r} is not an integer") from None
     if target.isdigit():
         return Fault(kind=kind, step=step, rank=int(target))
-    if kind != "sick-node":
-        raise FaultSpecError(f"fault {spec!r}: TARGET {target!r} must be a rank number for {kind}")
     return Fault(kind=kind, step=step, node=target)
 
 
@@ -136,10 +143,13 @@ class Injector:
             )
 
     def _targets_me(self, f: Fault, nodes: list[str]) -> bool:
+        """`nodes` is the node of each rank, in rank order."""
         if f.kind == "sick-node":
             if f.node is not None:
                 return f.node == self.node
             return f.rank is not None and f.rank < len(nodes) and nodes[f.rank] == self.node
+        if f.node is not None:  # the lowest rank on that node: one replica is wrong, as with a rank target
+            return f.node in nodes and nodes.index(f.node) == self.rank
         return f.rank == self.rank
 
     def _due(self, kind: str, step: int) -> bool:

@@ -55,6 +55,8 @@ FINITE_VALUE_CHECKS = ("recompute", "weight_vote")
 CHECKS_FOR_ALERT = {c: tuple(dict.fromkeys((c, *FINITE_VALUE_CHECKS))) for c in CHECKS}
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: A Slurm node (or partition) name as longrun accepts it from a conf, a directive or a fault spec.
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 
 
 class SchemaError(ValueError):

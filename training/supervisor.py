@@ -96,7 +96,7 @@ class Supervisor:
 
     def __call__(self) -> int:
         held = self._allocation()
-        # nodes that must train in the first attempt (a sick-node drill's target), then the rest in order
+        # nodes that must train in the first attempt (a drill's target node), then the rest in order
         first = [n for n in held if n in self.include] + [n for n in held if n not in self.include]
         nodes = [n for n in held if n in first[: self.width]]
         if len(nodes) < self.width:

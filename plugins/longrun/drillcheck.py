@@ -1,14 +1,14 @@
 """A drill either fires or says why not: preflight refuses a drill whose target it cannot reach.
 
-The trainer injects a fault only on its target (a rank, or for `sick-node` a node) at its step. A
+The trainer injects a fault only on its target (a rank, or a node) at its step. A
 target outside the run means a run that trains cleanly and reads "success" while proving nothing, so
 preflight refuses it with the reason; what preflight cannot see (the step is never trained for another
 reason) the finish catches from the trainer's fault records (longrun.incident.recovery.drill_outcome).
 
 Rank beyond the world size and step beyond the run are refused by RunSpec itself; this adds what needs
 the cluster or the checkpoint: the node is unknown, drained, down or excluded, or the run resumes past the
-drill's step. A `sick-node` target is also pinned into the job's node list (launch.py), so Slurm cannot
-leave it out of the allocation.
+drill's step. A node target is also pinned into the job's node list (launch.py), so Slurm cannot leave it
+out of the allocation.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def refusal(spec: RunSpec, nodes: Sequence[NodeState]) -> str | None:
     start = resume_step(spec.resume_from)
     if start is not None and drill.step <= start:
         return f"step {drill.step} is at or before the resumed checkpoint's step {start}: it is never trained"
-    if drill.kind != "sick-node":
+    target = drill.node
+    if target is None:
         return None
-    target = drill.target
     by_name = {n.name: n for n in nodes}
     node = by_name.get(target)
     if node is None:

@@ -90,8 +90,8 @@ def supervised_command(
         run, run_dir=run_dir, python=python, launcher=launcher, nvrx=nvrx, store_flag=store_flag
     )
     resume = f" --resume-from {q(run.resume_from)}" if run.resume_from else ""
-    if run.drill and run.drill.kind == "sick-node":  # the drill's node trains in the first attempt
-        resume += f" --include {q(run.drill.target)}"
+    if run.drill and run.drill.node:  # the drill's node trains in the first attempt
+        resume += f" --include {q(run.drill.node)}"
     return [
         "set -uo pipefail",
         f"mkdir -p {q(run_dir)}",

@@ -225,8 +225,8 @@ def job_spec_for_run(
         exclusive=gpu,
         time_limit_min=run.time_limit_min,
         exclude=run.exclude,
-        # A sick-node drill must land on its node (longrun.drillcheck): pin it into the allocation.
-        nodelist=(run.drill.target,) if run.drill and run.drill.kind == "sick-node" else (),
+        # A drill that names a node must land on it (longrun.drillcheck): pin it into the allocation.
+        nodelist=(run.drill.node,) if run.drill and run.drill.node else (),
         # sbatch opens these before the script runs, so they must already exist: the root does.
         workdir=run_dir_root,
         output=f"{run_dir}.slurm-%j.out",

@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS, check_run_name
+from training.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS, NODE_NAME, check_run_name
 
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 _CKPT_REF = re.compile(r"^[A-Za-z0-9._/-]{1,512}$")
 
 
@@ -44,7 +43,8 @@ class Drill:
     step: int
     """The step at which the fault starts."""
     target: str
-    """A global rank number ("1"), or a node name for `sick-node`."""
+    """A global rank number ("1"), or a node name ("n2"): the job is pinned to that node, and the fault
+    fires on it (every rank for `sick-node`, the node's lowest rank for the other kinds)."""
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -52,11 +52,15 @@ class Drill:
         _int("drill.step", self.step, 1, 10_000_000)
         target = str(self.target)
         object.__setattr__(self, "target", target)
-        if self.kind == "sick-node":
-            if not _NODE.match(target):
-                raise RunSpecError("drill.target", target, "must be a node name for a sick-node drill")
-        elif not target.isdigit():
-            raise RunSpecError("drill.target", target, "must be a rank number")
+        if self.kind == "sick-node" and not NODE_NAME.match(target):
+            raise RunSpecError("drill.target", target, "must be a node name for a sick-node drill")
+        if not target.isdigit() and not NODE_NAME.match(target):
+            raise RunSpecError("drill.target", target, "must be a rank number or a node name")
+
+    @property
+    def node(self) -> str | None:
+        """The node the drill names, or None when it names a rank."""
+        return None if self.target.isdigit() else self.target
 
     def flag(self) -> str:
         """The trainer's `--fault KIND:STEP:TARGET` value."""
@@ -114,7 +118,7 @@ class RunSpec:
             raise RunSpecError("run_name", self.run_name, str(e)) from None
         _int("nodes", self.nodes, 1, 4096)
         _int("gpus_per_node", self.gpus_per_node, 0, 64)
-        if not _NODE.match(str(self.partition)):
+        if not NODE_NAME.match(str(self.partition)):
             raise RunSpecError("partition", self.partition, "must be a plain Slurm partition name")
         if self.model not in MODEL_PRESETS:
             raise RunSpecError("model", self.model, f"must be one of {', '.join(MODEL_PRESETS)}")
@@ -134,13 +138,13 @@ class RunSpec:
         if self.drill is not None:
             if self.drill.step > self.steps:
                 raise RunSpecError("drill.step", self.drill.step, f"is after the last step ({self.steps})")
-            if self.drill.kind != "sick-node" and int(self.drill.target) >= self.world_size:
+            if self.drill.node is None and int(self.drill.target) >= self.world_size:
                 raise RunSpecError(
                     "drill.target", self.drill.target, f"no such rank in a world of {self.world_size}"
                 )
         exclude = tuple(self.exclude)
         for node in exclude:
-            if not _NODE.match(str(node)):
+            if not NODE_NAME.match(str(node)):
                 raise RunSpecError("exclude", node, "must be a node name")
         object.__setattr__(self, "exclude", exclude)
         if self.resume_from is not None and (

@@ -52,6 +52,9 @@ def test_preflight_refuses_a_drill_it_cannot_reach(tmp_path, client, slurm_clust
             lifecycle.preflight(store, client, params("pf", {**sick, "target": "n9"}))
         with pytest.raises(RuntimeError, match="node n2 is excluded"):
             lifecycle.preflight(store, client, params("pf", {**sick, "target": "n2"}, exclude=["n2"]))
+        # a transient fault aimed at a node is held to the same rules
+        with pytest.raises(RuntimeError, match=r"nan:5:n3 refused: node n3 is drained"):
+            lifecycle.preflight(store, client, params("pf", {"kind": "nan", "step": 5, "target": "n3"}))
         resumed = params("pf", {"kind": "nan", "step": 8, "target": "1"},
                          resume_from="runs/pf/checkpoints/step-00000010/")  # fmt: skip
         with pytest.raises(RuntimeError, match="step 8 is at or before the resumed checkpoint's step 10"):
@@ -76,6 +79,16 @@ def test_a_sick_node_target_is_in_the_allocation(tmp_path, client, monkeypatch):
     )
     job = lifecycle.make_job(spec, JobTag(dag_id="training_run", run_id="pin", task_id="submit"))
     assert job.nodelist == ("n4",)
+    flip = {"kind": "weight-flip", "step": 5, "target": "n4"}
+    by_node = lifecycle.spec_from_params(params("pin", flip, nodes=1))
+    assert lifecycle.make_job(
+        by_node, JobTag(dag_id="training_run", run_id="pin", task_id="submit")
+    ).nodelist == ("n4",)
+    by_rank = lifecycle.spec_from_params(params("pin", {**flip, "target": "0"}, nodes=1))
+    assert (
+        lifecycle.make_job(by_rank, JobTag(dag_id="training_run", run_id="pin", task_id="submit")).nodelist
+        == ()
+    )
     # Run only a sleep with the same placement (the trainer is not the point here).
     job_id = client.submit(dataclasses.replace(job, command=("sleep 60",), env={}))
     try:

@@ -14,7 +14,7 @@ from training.config import CheckConfig, ModelConfig, TrainConfig, model_preset
 from training.data import micro_batch
 from training.dist import placement_from_env
 from training.events import EventWriter
-from training.faults import Fault, FaultSpecError, faults_from, parse_fault
+from training.faults import Fault, FaultSpecError, Injector, faults_from, parse_fault
 from training.fingerprint import combine, fingerprint_state, fingerprint_tensor, from_int64, hex64, to_int64
 from training.model import build_model
 from training.store import LocalDirStore, get_json
@@ -94,6 +94,7 @@ def test_parse_fault_specs():
     assert parse_fault(" sick-node:7:n2 ") == Fault(kind="sick-node", step=7, node="n2")
     assert parse_fault("sick-node:7:3") == Fault(kind="sick-node", step=7, rank=3)
     assert parse_fault("weight-flip:9:0").spec() == "weight-flip:9:0"
+    assert parse_fault("nan:5:n2") == Fault(kind="nan", step=5, node="n2")
     env = {"LONGRUN_FAULTS": "crash:3:0, hang:4:1"}
     assert [f.kind for f in faults_from(["scale:2:1"], env)] == ["scale", "crash", "hang"]
     assert faults_from([], {}) == ()
@@ -107,13 +108,24 @@ def test_parse_fault_specs():
         ("bogus:5:1", "unknown"),
         ("nan:five:1", "STEP 'five' is not an integer"),
         ("nan:0:1", "step must be >= 1"),
-        ("nan:5:n2", "must be a rank number"),
-        ("scale:5:-1", "must be a rank number"),
+        ("scale:5:-1", "neither a rank number nor a node name"),
+        ("nan:5:n2;rm", "neither a rank number nor a node name"),
     ],
 )
 def test_bad_fault_specs_say_what_is_wrong(spec, message):
     with pytest.raises(FaultSpecError, match=message):
         parse_fault(spec)
+
+
+def test_a_fault_aimed_at_a_node_hits_its_lowest_rank_only(tmp_path):
+    """The rendezvous decides where each rank runs; a drill that names a node still hits one replica."""
+    nodes = ["n3", "n1", "n2", "n1"]  # the node of each rank
+    faults = (parse_fault("nan:5:n1"), parse_fault("weight-flip:6:n2"), parse_fault("scale:7:n9"))
+    hit = {
+        rank: [f.kind for f in Injector(faults, rank=rank, node=node, nodes=nodes, state_dir=tmp_path).mine]
+        for rank, node in enumerate(nodes)
+    }
+    assert hit == {0: [], 1: ["nan"], 2: ["weight-flip"], 3: []}
 
 
 def test_cli_rejects_a_bad_fault_before_starting(tmp_path, capsys):
