@@ -190,8 +190,9 @@ class RunSpec:
         out["extra_env"] = dict(self.extra_env)
         return out
 
-    def relaunch(self, *, resume_from: str, exclude: tuple[str, ...]) -> RunSpec:
-        """The spec of the launch after an incident: no drill, the bad nodes excluded, resumed."""
+    def relaunch(self, *, resume_from: str | None, exclude: tuple[str, ...]) -> RunSpec:
+        """The spec of the launch after an incident: no drill, the bad nodes excluded, resumed from
+        `resume_from` (None: nothing provably clean, so the next attempt starts over)."""
         return dataclasses.replace(
             self,
             drill=None,

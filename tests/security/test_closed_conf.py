@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from longrun.launch import JOB_EXPORT, job_spec_for_run
 from longrun.monitor import lifecycle
-from longrun.runspec import RunSpec
+from longrun.runspec import Drill, RunSpec
 from longrun.security_events import SecurityEvent
 from longrun.slurm.errors import InvalidSpecError
 from longrun.slurm.render import render_sbatch
@@ -23,6 +23,13 @@ def test_a_relaunch_hands_over_only_declared_params() -> None:
     conf = lifecycle.conf_of(spec.relaunch(resume_from="runs/r1/checkpoints/step-00000010/", exclude=("n2",)))
     assert set(conf) <= set(lifecycle.RUN_PARAMS) and "extra_env" not in conf
     assert lifecycle.spec_from_params(conf).exclude == ("n2",)
+
+
+def test_a_relaunch_without_a_clean_checkpoint_starts_over_without_the_drill() -> None:
+    drill = Drill(kind="nan", step=5, target="n3")
+    spec = RunSpec(run_name="r1", gpus_per_node=0, exclude=("n4",), drill=drill, attempt=2)
+    again = spec.relaunch(resume_from=None, exclude=("n2", "n4"))
+    assert (again.resume_from, again.drill, again.attempt, again.exclude) == (None, None, 3, ("n4", "n2"))
 
 
 def test_the_job_environment_is_an_allow_list() -> None:

@@ -43,17 +43,7 @@ def relaunch_spec(
     inc: Incident, *, resume_from: str | None, exclude: tuple[str, ...], healthy: int
 ) -> tuple[RunSpec, str]:
     """The RunSpec of the relaunch: the same world when enough healthy nodes remain, else smaller."""
-    base = run_spec(inc)
-    if resume_from is None:  # nothing provably clean: start over (drill off, node excluded)
-        spec = dataclasses.replace(
-            base,
-            drill=None,
-            resume_from=None,
-            exclude=tuple(dict.fromkeys((*base.exclude, *exclude))),
-            attempt=base.attempt + 1,
-        )
-    else:
-        spec = base.relaunch(resume_from=resume_from, exclude=exclude)
+    spec = run_spec(inc).relaunch(resume_from=resume_from, exclude=exclude)
     note = f"world kept: {spec.nodes} node(s)"
     # a full relaunch holds only the spares that are left (it would pend forever waiting for more)
     spec = dataclasses.replace(spec, spare_nodes=min(spec.spare_nodes, max(0, healthy - spec.nodes)))
