@@ -133,8 +133,9 @@ def assert_resumed_as_picked(result):
 
 
 def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
-    """spare_nodes=1: the job holds 4 nodes and trains on 3. The sick node is drained, diagnosed, released
-    from the job, and the run continues INSIDE the same job (no new job, no queue) from the pick."""
+    """spare_nodes=1: the job holds 4 nodes and trains on 3. The sick node is drained, diagnosed as a step
+    of the same job (no MAINT reservation), released from the job still drained with the failing verdict,
+    and the run continues INSIDE the same job (no new job, no queue) from the pick."""
     client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
     return_to_service(client)
     drill = {"kind": "sick-node", "step": 17, "target": "n2"}
@@ -152,10 +153,25 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
     first, again = result.segments[0], result.segments[-1]
     assert first["job_id"] == again["job_id"] == str(relaunch["job_id"]), "the job id changed"
     assert node in first["nodes"] and node not in again["nodes"]
-    # Not yet: the diagnosis in the job's allocation. With every node of this 4-node cluster held by the
-    # job, the probe's reference finds no idle healthy node, so the node stays drained with the SDC reason.
+    # the diagnosis ran inside the job's allocation (longrun.incident.inalloc), not in a MAINT reservation,
+    # and convicted the sick node (its fault persists: the probe's fingerprint differs from the reference's)
+    diag = inc.diagnosis
+    assert diag.get("where") == "in_job", diag
+    assert diag["job_id"] == relaunch["job_id"] and diag["node"] == node, diag
+    assert diag["verdict"] == "fail", diag["summary"]
+    assert diag["details"]["probe"]["verdict"] == "fail", diag["details"]
+    assert diag["reference_node"] and diag["reference_node"] != node, diag
+    assert "diagnosis_in_job_skipped" not in events and "diagnosed" in events, events
+    assert inc.event("diagnosed").details.get("where") == "in_job"
+    # released from the job after the verdict (a release before it would have killed the probe step)
+    released = inc.event("released")
+    assert released is not None and released.details["node"] == node, released
+    assert node not in released.details["kept"] and len(released.details["kept"]) == 3, released
+    # ... still drained, the reason carrying the failing verdict, the run and the detection step
+    reason = f"longrun:diag-fail:{name('hotspare')}:{result.detection_step}"
+    assert diag["reason"] == reason
     state = client.node(node)
-    assert state.drain_flag and state.reason and state.reason.startswith("longrun:")
+    assert state.drain_flag and state.reason == reason, (state.state, state.reason)
     assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"
     assert_resumed_as_picked(result)
     print(f"HOT SPARE DRILL: alert -> first healthy step {result.to_training_s} s (in-job)")
