@@ -17,6 +17,7 @@ import pytest
 from helpers.signed_job import sign_as_job
 from longrun import alert_auth
 from longrun.incident import inalloc, injob, record, steps
+from longrun.incident.events import Event
 from longrun.incident.ratelimit import DrainPolicy
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, make_client
@@ -97,7 +98,8 @@ def test_a_sick_node_is_convicted_inside_the_job_and_released(tmp_path, client):
     assert rec["diagnosis"] == out and rec["reference"]["fingerprint"]
     assert rec["diagnosis"]["reason"] == "longrun:diag-fail:inj1:17"
     events = [e["event"] for e in rec["timeline"]]
-    assert {"reference", "diagnosed", "released"} <= set(events) and inalloc.SKIPPED not in events
+    assert {"reference", "diagnosed", "released"} <= set(events)
+    assert Event.DIAGNOSIS_IN_JOB_SKIPPED not in events
     # released from the job, which keeps running on the rest; the node stays drained with the verdict
     job = client.job(inc.job_id)
     assert job.status is JobStatus.RUNNING and job.nodes == NODES[:2], job.describe()
@@ -119,7 +121,7 @@ def test_no_verdict_from_the_step_falls_back_after_releasing_the_node(tmp_path, 
     out = inalloc.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug", python="/bin/false")
     assert out is None
     rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
-    skipped = record.event(rec, inalloc.SKIPPED)
+    skipped = record.event(rec, Event.DIAGNOSIS_IN_JOB_SKIPPED)
     assert skipped and "no verdict" in skipped["why"] and "reservation" in skipped["fallback"]
     assert "diagnosis" not in rec or not rec.get("diagnosis")
     # the node left the job (the reservation's diagnostic can start there) and kept its SDC drain

@@ -27,7 +27,7 @@ WRITTEN_BEFORE = {
     "drain_refused", "foreign_drain", "restored", "reference", "diagnosed", "would_diagnose", "picked",
     "relaunch_submitted", "relaunch_failed", "relaunched_running", "would_relaunch", "no_spare_left",
     "released", "directive_written", "directive_not_followed", "kept_job_cancelled",
-    "first_healthy_step", "closed",
+    "first_healthy_step", "closed", "release_refused", "release_deferred", "diagnosis_in_job_skipped",
 }  # fmt: skip
 
 

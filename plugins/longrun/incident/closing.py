@@ -18,10 +18,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from longrun.incident import record
+from longrun.incident.events import Event
 from training import schema
+from training.records import IncidentStatus
 from training.store import NotFound, ObjectStore
 
-CLOSED = "closed"
+CLOSED = IncidentStatus.CLOSED
 #: Steps past the resume point, without an alert, after which a relaunched incident closes (the default;
 #: `checkpoint_audit`'s Param `healthy_steps`, else the Variable below, overrides it).
 HEALTHY_STEPS = 20
@@ -46,7 +48,7 @@ def _set_closed(store: ObjectStore, run: str, incident_id: str, block: dict[str,
             return  # closed before: keep the first closing
         r["status"] = CLOSED
         r["closed"] = block
-        r["timeline"].append({"event": "closed", "time": block["time"], "by": block["by"]})
+        r["timeline"].append({"event": Event.CLOSED.value, "time": block["time"], "by": block["by"]})
 
     return record.update(store, run=run, incident_id=incident_id, change=change)
 
@@ -91,7 +93,9 @@ def healthy_why(store: ObjectStore, rec: Mapping[str, Any], healthy_steps: int) 
     """Why a relaunched incident may close now, or None."""
     if rec.get("status") != record.RELAUNCHED:
         return None
-    relaunched = next((e for e in rec.get("timeline", ()) if e.get("event") == "relaunched_running"), None)
+    relaunched = next(
+        (e for e in rec.get("timeline", ()) if e.get("event") == Event.RELAUNCHED_RUNNING), None
+    )
     if relaunched is None or not isinstance(relaunched.get("time"), int | float):
         return None
     resume_step = int((rec.get("checkpoint") or {}).get("step") or 0)

@@ -36,6 +36,8 @@ class Event(StrEnum):
     """The probe's known-good fingerprint, before the diagnostic runs."""
     DIAGNOSED = "diagnosed"
     WOULD_DIAGNOSE = "would_diagnose"
+    DIAGNOSIS_IN_JOB_SKIPPED = "diagnosis_in_job_skipped"
+    """The diagnosis could not run inside the kept job (the event says why): the reservation path runs it."""
     # pick
     PICKED = "picked"
     # relaunch (full)
@@ -46,6 +48,11 @@ class Event(StrEnum):
     # relaunch inside the kept job (incident/injob.py)
     NO_SPARE_LEFT = "no_spare_left"
     RELEASED = "released"
+    """The suspect left the kept job's allocation (incident/inalloc.py); it stays drained."""
+    RELEASE_DEFERRED = "release_deferred"
+    """The suspect stays in the kept job until its diagnosis has run there (a release kills its steps)."""
+    RELEASE_REFUSED = "release_refused"
+    """The suspect could not leave the kept job (it hosts the batch script, or Slurm refused the shrink)."""
     DIRECTIVE_WRITTEN = "directive_written"
     DIRECTIVE_NOT_FOLLOWED = "directive_not_followed"
     KEPT_JOB_CANCELLED = "kept_job_cancelled"

@@ -25,13 +25,21 @@ from typing import Any, Literal
 
 from longrun.incident import record
 from training import schema
+from training.records import IncidentStatus
 from training.store import NotFound, ObjectStore, PreconditionFailed, put_json
 
 LOCK_PATH = "incident-lock.json"
 SCHEMA_VERSION = 1
 LOCK_TTL_S = 6 * 3600.0
 FINAL_STATUSES = frozenset(
-    {record.AMBIGUOUS, record.OBSERVED, record.REJECTED, record.RELAUNCHED, record.FAILED, "closed"}
+    {
+        record.AMBIGUOUS,
+        record.OBSERVED,
+        record.REJECTED,
+        record.RELAUNCHED,
+        record.FAILED,
+        IncidentStatus.CLOSED,
+    }
 )
 JOIN_WAIT_S = 120.0  # the holder writes its record right after taking the lock
 

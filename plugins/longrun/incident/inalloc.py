@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from longrun.incident import dcgm, diagnose, injob, node_check, record, runbooks
+from longrun.incident.events import Event
 from longrun.incident.jobstep import batch_host, run_step
 from longrun.slurm import validate as v
 from longrun.slurm.client import JobState, SlurmClient
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from longrun.incident.steps import Incident
     from training.store import ObjectStore
 
-SKIPPED = "diagnosis_in_job_skipped"
 IN_JOB = "in_job"
 
 
@@ -68,21 +68,26 @@ def release(store: ObjectStore, client: SlurmClient, inc: Incident, node: str) -
     if not state.is_active or node not in state.nodes:
         return False
     if batch_host(client, inc.job_id) == node:
-        inc.event(store, "release_refused", node=node, why="it runs the job's batch script (supervisor)")
+        inc.event(store, Event.RELEASE_REFUSED, node=node, why="it runs the job's batch script (supervisor)")
         return False
     keep = [n for n in state.nodes if n != node]
     try:
         injob.release_node(client, inc.job_id, keep)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         # Slurm 22.05 without accounting shrinks a job once; a second update is refused ("DB index")
-        inc.event(store, "release_refused", node=node, why=str(e)[:500])
+        inc.event(store, Event.RELEASE_REFUSED, node=node, why=str(e)[:500])
         return False
-    inc.event(store, "released", node=node, job_id=inc.job_id, kept=keep)
+    inc.event(store, Event.RELEASED, node=node, job_id=inc.job_id, kept=keep)
     return True
 
 
 def _skip(store: ObjectStore, client: SlurmClient, inc: Incident, node: str, why: str) -> None:
-    inc.event(store, SKIPPED, why=why[:500], fallback="MAINT reservation (steps.run_diagnosis)")
+    inc.event(
+        store,
+        Event.DIAGNOSIS_IN_JOB_SKIPPED,
+        why=why[:500],
+        fallback="MAINT reservation (steps.run_diagnosis)",
+    )
     if inc.plan.changes:
         release(store, client, inc, node)
 
@@ -180,7 +185,7 @@ def diagnose_in_job(
         steps.remember_reference(store, partition, ref)
     inc.event(
         store,
-        "reference",
+        Event.REFERENCE,
         fields={"reference": ref},
         node=ref.get("node"),
         fingerprint=ref.get("fingerprint"),
@@ -238,10 +243,10 @@ def diagnose_in_job(
     def change(r: dict[str, Any]) -> None:
         r["diagnosis"] = out
         record.add_runbook(r, d.runbook)
-        if not record.has_event(r, "diagnosed"):
+        if not record.has_event(r, Event.DIAGNOSED):
             r["timeline"].append(
                 {
-                    "event": "diagnosed",
+                    "event": Event.DIAGNOSED.value,
                     "time": time.time(),
                     "verdict": d.verdict,
                     "reason": d.reason,

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from longrun.incident import record, recovery
+from longrun.incident.events import Event
 from longrun.slurm import validate as v
 from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from training import schema
@@ -54,7 +55,7 @@ def freeze_kept(store: ObjectStore, client: SlurmClient, inc: Incident) -> dict[
     state = kept_job(client, inc)
     if state is None:
         return None
-    inc.event(store, "frozen", state=f"kept for a hot spare: {state.describe()}", kept=True)
+    inc.event(store, Event.FROZEN, state=f"kept for a hot spare: {state.describe()}", kept=True)
     return {"job_id": inc.job_id, "state": state.describe(), "kept": True}
 
 
@@ -125,7 +126,7 @@ def direct(
     out = {n.name for n in client.nodes() if n.drain_flag or n.is_down}
     keep = [n for n in held if n != node and n not in out]
     if len(keep) < spec.nodes:
-        inc.event(store, "no_spare_left", held=held, node=node)
+        inc.event(store, Event.NO_SPARE_LEFT, held=held, node=node)
         return None
     if node in held:
         # verified against the allocation before it changes (a rerun finds the node released already)
@@ -135,9 +136,9 @@ def direct(
 
             inalloc.release(store, client, inc, node)
         else:  # releasing kills steps on the node: the diagnosis runs there first, then releases it
-            inc.event(store, "release_deferred", node=node, why="diagnosed as a step of this job first")
+            inc.event(store, Event.RELEASE_DEFERRED, node=node, why="diagnosed as a step of this job first")
     rec = inc.rec(store)
-    written = record.event(rec, "directive_written")
+    written = record.event(rec, Event.DIRECTIVE_WRITTEN)
     attempt = int(written["attempt"]) if written else _next_attempt(store, inc.run, inc.job_id)
     d = _write(
         store,
@@ -152,10 +153,10 @@ def direct(
             issued_at=time.time(),
         ),
     )
-    inc.event(store, "directive_written", attempt=d.attempt, nodes=list(d.nodes), job_id=inc.job_id)
+    inc.event(store, Event.DIRECTIVE_WRITTEN, attempt=d.attempt, nodes=list(d.nodes), job_id=inc.job_id)
     seg = _followed(store, client, d, follow_timeout_s)
     if seg is None:
-        inc.event(store, "directive_not_followed", state=client.job(inc.job_id).describe())
+        inc.event(store, Event.DIRECTIVE_NOT_FOLLOWED, state=client.job(inc.job_id).describe())
         return None
     relaunched, _ = relaunch_spec(inc, resume_from=str(resume), exclude=(node,), healthy=len(keep))
     # the declared params only (closed conf): what reenter_monitoring hands to training_run
@@ -173,7 +174,7 @@ def direct(
     started = seg.started_at  # the attempt's trainer was up: the in-job counterpart of RUNNING
     inc.event(
         store,
-        "relaunched_running",
+        Event.RELAUNCHED_RUNNING,
         fields={
             "relaunch": result,
             "time_to_recover_s": round(started - float(inc.alert.get("time") or started), 3),
@@ -189,7 +190,7 @@ def direct(
 
 def end_kept(store: ObjectStore, client: SlurmClient, inc: Incident, *, timeout_s: float = 60.0) -> None:
     """Before a full relaunch: cancel the job freeze kept, if it still runs (no spare, no directive)."""
-    frozen = record.event(inc.rec(store), "frozen")
+    frozen = record.event(inc.rec(store), Event.FROZEN)
     if not frozen or not frozen.get("kept") or inc.job_id is None:
         return
     if client.job(inc.job_id).is_active:
@@ -197,4 +198,4 @@ def end_kept(store: ObjectStore, client: SlurmClient, inc: Incident, *, timeout_
         from longrun.slurm import ops
 
         ops.wait_for(client, inc.job_id, lambda s: s.is_terminal, timeout_s=timeout_s)
-        inc.event(store, "kept_job_cancelled", job_id=inc.job_id)
+        inc.event(store, Event.KEPT_JOB_CANCELLED, job_id=inc.job_id)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from longrun.incident import diagnose, ratelimit, record, runbooks
+from longrun.incident.events import Event
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import SlurmCommandError
@@ -125,7 +126,7 @@ def drained_nodes(store: ObjectStore, rec: dict[str, Any], incident_id: str) -> 
     """The nodes longrun drained for the incident: the record's drain, and the ledger's grants (a drain task
     that died between its grant and its `drained` event leaves only the grant)."""
     nodes = []
-    if record.has_event(rec, "drained") and (rec.get("drain") or {}).get("node"):
+    if record.has_event(rec, Event.DRAINED) and (rec.get("drain") or {}).get("node"):
         nodes.append(str(rec["drain"]["node"]))
     for e in ratelimit.entries(store):
         if isinstance(e, dict) and e.get("incident_id") == incident_id and isinstance(e.get("node"), str):
@@ -155,7 +156,7 @@ def restore(store: ObjectStore, client: SlurmClient, inc: Incident) -> Restored:
             redrained.append(node)
     out = Restored(removed_reservations=removed, redrained=tuple(redrained), nodes=nodes)
     if out.removed_reservations or out.redrained:
-        entry = {"event": "restored", "time": time.time(), **out.to_dict()}
+        entry = {"event": Event.RESTORED.value, "time": time.time(), **out.to_dict()}
 
         def change(r: dict[str, Any]) -> None:
             r["timeline"].append(entry)  # every time: each restore is part of the story

@@ -19,6 +19,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from longrun.incident import runbooks
+from longrun.incident.events import Event
 from training import schema
 from training.records import IncidentStatus
 from training.store import ObjectStore, PreconditionFailed
@@ -63,7 +64,7 @@ def open_incident(
         incident_id=incident_id,
         alert=dict(alert),
         alert_key=alert_key,
-        timeline=[{"event": "opened", "time": _now(), "alert_time": alert.get("time")}],
+        timeline=[{"event": Event.OPENED.value, "time": _now(), "alert_time": alert.get("time")}],
         mode=mode,
         status=OPEN,
         runbooks=[runbooks.for_check(str(alert.get("check")))],
@@ -103,11 +104,11 @@ def update(
     raise RuntimeError(f"incident record {key} kept changing under us ({MAX_ATTEMPTS} attempts)")
 
 
-def has_event(rec: Mapping[str, Any], event: str) -> bool:
+def has_event(rec: Mapping[str, Any], event: Event) -> bool:
     return any(e.get("event") == event for e in rec.get("timeline", ()))
 
 
-def event(rec: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+def event(rec: Mapping[str, Any], name: Event) -> dict[str, Any] | None:
     return next((e for e in rec.get("timeline", ()) if e.get("event") == name), None)
 
 
@@ -116,7 +117,7 @@ def add_event(
     *,
     run: str,
     incident_id: str,
-    name: str,
+    name: Event,
     fields: Mapping[str, Any] | None = None,
     **data: Any,
 ) -> dict[str, Any]:
@@ -124,7 +125,7 @@ def add_event(
 
     def change(rec: dict[str, Any]) -> None:
         if not has_event(rec, name):
-            rec["timeline"].append({"event": name, "time": _now(), **data})
+            rec["timeline"].append({"event": str(name), "time": _now(), **data})
         if fields:
             rec.update(fields)
 

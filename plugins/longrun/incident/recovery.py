@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from longrun.incident.events import Event
 from training import schema
 from training.segment import FAULTS_DIR, SEGMENTS_DIR, FaultFired, Segment, lost_steps, ordered
 from training.store import ObjectStore, StoreError
@@ -23,11 +24,11 @@ log = logging.getLogger("longrun.incident.recovery")
 MILESTONES = (
     "fault_injected",
     "alert_written",
-    "alert_seen",
-    "drained",
-    "relaunch_submitted",
-    "relaunched_running",
-    "first_healthy_step",
+    Event.ALERT_SEEN.value,
+    Event.DRAINED.value,
+    Event.RELAUNCH_SUBMITTED.value,
+    Event.RELAUNCHED_RUNNING.value,
+    Event.FIRST_HEALTHY_STEP.value,
 )
 
 
@@ -108,21 +109,18 @@ def measure(incident: Mapping[str, Any], segs: list[Segment], fired: list[FaultF
     for e in incident.get("timeline", ()):
         if e.get("event") in times and times[e["event"]] is None:
             times[e["event"]] = float(e["time"])
-        if e.get("event") == "directive_written" and times["relaunch_submitted"] is None:
-            times["relaunch_submitted"] = float(e["time"])
+        if e.get("event") == Event.DIRECTIVE_WRITTEN and times[Event.RELAUNCH_SUBMITTED] is None:
+            times[Event.RELAUNCH_SUBMITTED] = float(e["time"])
     after = relaunch_segment(segs, incident)
     if after is not None:
-        times["first_healthy_step"] = after.first_healthy_time
+        times[Event.FIRST_HEALTHY_STEP] = after.first_healthy_time
     previous = [s for s in segs if after is not None and s.started_at < after.started_at]
     pick_step = (incident.get("checkpoint") or {}).get("step")
     first_step = after.first_step if after else None
+    healthy_at = times[Event.FIRST_HEALTHY_STEP]
     out: dict[str, Any] = {
         "milestones_s": {k: None if t is None else round(t - alert_time, 3) for k, t in times.items()},
-        "alert_to_first_healthy_step_s": (
-            None
-            if times["first_healthy_step"] is None
-            else round(times["first_healthy_step"] - alert_time, 3)
-        ),
+        "alert_to_first_healthy_step_s": None if healthy_at is None else round(healthy_at - alert_time, 3),
         "relaunch_segment": after.segment_id if after else None,
         "pick_step": pick_step,
         "start_step": after.start_step if after else None,
@@ -142,7 +140,7 @@ def record(store: ObjectStore, run: str, incident_id: str) -> dict[str, Any] | N
     from longrun.incident import record as incident_record
 
     rec = incident_record.load(store, run=run, incident_id=incident_id)
-    if (done := rec.get("recovery")) and incident_record.has_event(rec, "first_healthy_step"):
+    if (done := rec.get("recovery")) and incident_record.has_event(rec, Event.FIRST_HEALTHY_STEP):
         return dict(done)
     result = measure(rec, segments(store, run), faults(store, run))
     after = relaunch_segment(segments(store, run), rec)
@@ -152,7 +150,7 @@ def record(store: ObjectStore, run: str, incident_id: str) -> dict[str, Any] | N
         store,
         run=run,
         incident_id=incident_id,
-        name="first_healthy_step",
+        name=Event.FIRST_HEALTHY_STEP,
         fields={"recovery": result},
         time=after.first_healthy_time,
         step=after.first_healthy_step,

@@ -80,13 +80,12 @@ class Incident:
         return record.load(store, run=self.run, incident_id=self.incident_id)
 
     def event(
-        self, store: ObjectStore, name: str, fields: Mapping[str, Any] | None = None, **data: Any
+        self, store: ObjectStore, name: Event, fields: Mapping[str, Any] | None = None, **data: Any
     ) -> dict[str, Any]:
         """Append event `name` now, in the middle of an action (e.g. `relaunch_submitted` before the wait
-        for RUNNING, so a try that dies there leaves the trace). `name` is an Event or, from a module
-        that has not named its events yet, any string."""
+        for RUNNING, so a try that dies there leaves the trace)."""
         return record.add_event(
-            store, run=self.run, incident_id=self.incident_id, name=str(name), fields=fields, **data
+            store, run=self.run, incident_id=self.incident_id, name=name, fields=fields, **data
         )
 
 
