@@ -21,7 +21,8 @@ from typing import Any
 from longrun.incident import runbooks
 from longrun.incident.events import Event
 from training import schema
-from training.records import IncidentStatus
+from training.records import Alert, IncidentStatus
+from training.records import Incident as IncidentRecord
 from training.store import ObjectStore, PreconditionFailed
 
 MAX_ATTEMPTS = 8
@@ -147,28 +148,29 @@ def lost_steps(*, alert_step: int, checkpoint_step: int) -> int:
 
 def summary(rec: Mapping[str, Any]) -> str:
     """Lines for the task log: what happened, what was done, what to read next."""
-    alert = rec.get("alert", {})
+    r = IncidentRecord.from_json(rec)
+    alert = Alert.from_json(r.alert)
     lines = [
-        f"incident {rec['incident_id']} of run {rec['run']} ({rec.get('status')}, mode {rec['mode']})",
-        f"  alert: {alert.get('check')} at step {alert.get('step')}, suspect nodes {alert.get('suspect_nodes')}"
-        f" ranks {alert.get('suspect_ranks')}",
+        f"incident {r.incident_id} of run {r.run} ({r.status}, mode {r.mode})",
+        f"  alert: {alert.check} at step {alert.step}, suspect nodes {list(alert.suspect_nodes)}"
+        f" ranks {list(alert.suspect_ranks)}",
     ]
-    if att := rec.get("attribution"):
+    if att := r.attribution:
         lines.append(f"  attribution: {att.get('verdict')} {att.get('node') or ''} - {att.get('reason')}")
-    if diag := rec.get("diagnosis"):
+    if diag := r.diagnosis:
         lines.append(f"  diagnosis: {diag.get('verdict')} - {diag.get('summary')}")
-    if ck := rec.get("checkpoint"):
+    if ck := r.checkpoint:
         lines.append(f"  checkpoint: step {ck.get('step')} ({ck.get('why')})")
-    if rec.get("lost_steps") is not None:
-        lines.append(f"  lost steps: {rec['lost_steps']}")
-    if rl := rec.get("relaunch"):
+    if r.lost_steps is not None:
+        lines.append(f"  lost steps: {r.lost_steps}")
+    if rl := r.relaunch:
         lines.append(f"  relaunch: job {rl.get('job_id')} on {rl.get('nodes')} excluding {rl.get('exclude')}")
-    if rec.get("time_to_recover_s") is not None:
-        lines.append(f"  alert -> relaunched RUNNING: {rec['time_to_recover_s']:.1f} s")
-    t0 = rec["timeline"][0]["time"] if rec.get("timeline") else 0
-    for e in rec.get("timeline", ()):
-        lines.append(f"    +{e['time'] - t0:7.2f}s {e['event']}")
-    for book in rec.get("runbooks", ()):
+    if r.time_to_recover_s is not None:
+        lines.append(f"  alert -> relaunched RUNNING: {r.time_to_recover_s:.1f} s")
+    t0 = (r.timeline[0].time or 0.0) if r.timeline else 0.0
+    for e in r.timeline:
+        lines.append(f"    +{(e.time or 0.0) - t0:7.2f}s {e.event}")
+    for book in r.runbooks:
         lines.append(f"  runbook: {book}")
     return "\n".join(lines)
 

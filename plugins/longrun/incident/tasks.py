@@ -19,6 +19,7 @@ from longrun.incident import approver, record, steps
 from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE, DrainPolicy
 from longrun.monitor import lifecycle
 from training import schema
+from training.records import Incident as IncidentRecord
 from training.store import ObjectStore, StoreError, store_from_env
 
 log = logging.getLogger("longrun.sdc_incident")
@@ -250,19 +251,21 @@ def _summary(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
         log.info("incident plots (also on the run-health page): %s", ", ".join(keys))
     except Exception as e:  # the plots illustrate the record; they must never fail the incident
         log.warning("incident plots not rendered: %s", e)
-    if rec.get("status") not in (record.RELAUNCHED, record.OBSERVED):
+    final = IncidentRecord.from_json(rec)
+    status = None if final.status is None else str(final.status)  # the text on the record
+    if status not in (record.RELAUNCHED, record.OBSERVED):
         # The DAG run must fail when the incident did not end in a relaunch (or an observation):
         # ambiguous evidence, a refused drain, a failed relaunch, a rejected approval.
         raise AirflowFailException(
-            f"incident {rec['incident_id']} ended {rec.get('status')!r}, not relaunched; runbooks: {rec.get('runbooks')}"
+            f"incident {final.incident_id} ended {status!r}, not relaunched; runbooks: {list(final.runbooks)}"
         )
     return {
-        "incident_id": rec["incident_id"],
-        "status": rec.get("status"),
-        "node": (rec.get("attribution") or {}).get("node"),
-        "diagnosis": (rec.get("diagnosis") or {}).get("verdict"),
-        "checkpoint_step": (rec.get("checkpoint") or {}).get("step"),
-        "lost_steps": rec.get("lost_steps"),
-        "time_to_recover_s": rec.get("time_to_recover_s"),
-        "runbooks": rec.get("runbooks", []),
+        "incident_id": final.incident_id,
+        "status": status,
+        "node": final.attribution.get("node"),
+        "diagnosis": final.diagnosis.get("verdict"),
+        "checkpoint_step": final.checkpoint.get("step"),
+        "lost_steps": final.lost_steps,
+        "time_to_recover_s": final.time_to_recover_s,
+        "runbooks": list(final.runbooks),
     }

@@ -31,6 +31,7 @@ from longrun.monitor.gate import gate_checkpoint
 from longrun.monitor.trigger import RunMonitorTrigger
 from longrun.runbooks import runbook_path
 from training import schema
+from training.records import Alert
 from training.store import ObjectStore, store_from_env
 
 CHECKPOINTS_ALIAS = AssetAlias(name="longrun_checkpoints")
@@ -153,13 +154,12 @@ class RunMonitorOperator(BaseOperator):
             if not self._authentic(seen, event):
                 self._defer(watch.handled(seen, event), carry)  # keep watching the real job
                 return None
+            a = Alert.from_json(alert)
             # Checkpoints already in the store from before the alert's step may be the restart point:
             # gate them now (cheap). Ones still uploading are gated by sdc_incident's pick, after the job
             # has ended: the hand-over does not wait for the job's exit.
             pending = sorted(
-                s
-                for s in watch.manifest_steps(self.store, seen.run)
-                if s not in seen.steps and s < int(alert["step"])
+                s for s in watch.manifest_steps(self.store, seen.run) if s not in seen.steps and s < a.step
             )
             for step in pending:
                 result = gate_checkpoint(self.store, seen.run, step, log=self.log, by=_promoter(context))
@@ -168,10 +168,10 @@ class RunMonitorOperator(BaseOperator):
             self.log.error(
                 "SDC ALERT in run %s: %s at step %s, suspect nodes %s; handing over to sdc_incident (runbook: %s)",
                 seen.run,
-                alert.get("check"),
-                alert.get("step"),
-                alert.get("suspect_nodes"),
-                runbook_path(str(alert.get("check"))),
+                a.check,
+                a.step,
+                list(a.suspect_nodes),
+                runbook_path(a.check),
             )
             return {
                 "outcome": ALERTED,

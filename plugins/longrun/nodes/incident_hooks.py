@@ -15,6 +15,7 @@ from typing import Any
 from longrun.incident import record
 from longrun.nodes import history as h
 from longrun.nodes.policy import NodePolicy, standing
+from training.records import Alert
 from training.store import ObjectStore
 
 REPEAT_OFFENDER_RUNBOOK = "runbooks/repeat-offender.md"
@@ -25,12 +26,8 @@ def _common(inc: Any) -> dict[str, Any]:
 
 
 def _suspicion(alert: Mapping[str, Any], verdict: Any) -> dict[str, Any]:
-    return {
-        "check": alert.get("check"),
-        "step": alert.get("step"),
-        "suspect_ranks": list(alert.get("suspect_ranks") or []),
-        "verdict": verdict,
-    }
+    a = Alert.from_json(alert)
+    return {"check": a.check, "step": a.step, "suspect_ranks": list(a.suspect_ranks), "verdict": verdict}
 
 
 def after_attribute(
@@ -39,14 +36,13 @@ def after_attribute(
     node = out.get("node")
     if not node or out.get("ambiguous"):
         return None
-    alert = inc.alert
     h.record(
         hist,
         node,
         h.SUSPECTED,
         inc.incident_id,
         **_common(inc),
-        evidence=_suspicion(alert, out.get("verdict")),
+        evidence=_suspicion(inc.alert, out.get("verdict")),
     )
     st = standing(node, h.events(hist, node), policy)
     if st.repeat_offender:
