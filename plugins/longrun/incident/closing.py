@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from longrun.incident import record
 from longrun.incident.events import Event
 from training import schema
-from training.records import IncidentStatus
+from training.records import Incident as IncidentRecord
+from training.records import IncidentStatus, Progress
 from training.store import NotFound, ObjectStore
 
 CLOSED = IncidentStatus.CLOSED
@@ -69,11 +69,9 @@ def close(store: ObjectStore, *, run: str, incident_id: str, by: str, reason: st
     return _set_closed(store, run, incident_id, block)
 
 
-def _progress(store: ObjectStore, run: str) -> Mapping[str, Any] | None:
+def _progress(store: ObjectStore, run: str) -> Progress | None:
     try:
-        obj = json.loads(store.get_bytes(schema.store_key(run, schema.PROGRESS_PATH)))
-        schema.validate("progress", obj)
-        return obj
+        return Progress.from_json(json.loads(store.get_bytes(schema.store_key(run, schema.PROGRESS_PATH))))
     except (NotFound, ValueError, schema.SchemaError):
         return None
 
@@ -89,23 +87,20 @@ def _alert_after(store: ObjectStore, run: str, since: float) -> bool:
     return False
 
 
-def healthy_why(store: ObjectStore, rec: Mapping[str, Any], healthy_steps: int) -> str | None:
+def healthy_why(store: ObjectStore, rec: IncidentRecord, healthy_steps: int) -> str | None:
     """Why a relaunched incident may close now, or None."""
-    if rec.get("status") != record.RELAUNCHED:
+    if rec.status != record.RELAUNCHED:
         return None
-    relaunched = next(
-        (e for e in rec.get("timeline", ()) if e.get("event") == Event.RELAUNCHED_RUNNING), None
-    )
-    if relaunched is None or not isinstance(relaunched.get("time"), int | float):
+    relaunched = rec.event(Event.RELAUNCHED_RUNNING)
+    if relaunched is None or relaunched.time is None:
         return None
-    resume_step = int((rec.get("checkpoint") or {}).get("step") or 0)
-    run = str(rec["run"])
-    prog = _progress(store, run)
-    if prog is None or prog["time"] <= relaunched["time"] or prog["step"] < resume_step + healthy_steps:
+    resume_step = int(rec.checkpoint.get("step") or 0)
+    prog = _progress(store, rec.run)
+    if prog is None or prog.time <= relaunched.time or prog.step < resume_step + healthy_steps:
         return None
-    if _alert_after(store, run, float(relaunched["time"])):
+    if _alert_after(store, rec.run, relaunched.time):
         return None
-    return f"relaunched, step {prog['step']} reached ({healthy_steps}+ past {resume_step}), no alert since"
+    return f"relaunched, step {prog.step} reached ({healthy_steps}+ past {resume_step}), no alert since"
 
 
 def close_healthy(store: ObjectStore, run: str, *, healthy_steps: int = HEALTHY_STEPS) -> list[str]:
@@ -116,15 +111,15 @@ def close_healthy(store: ObjectStore, run: str, *, healthy_steps: int = HEALTHY_
         if "/" in rel or not rel.endswith(".json"):
             continue  # attachments (plots) of an incident
         try:
-            rec = record.load(store, run=run, incident_id=rel[: -len(".json")])
+            rec = IncidentRecord.from_json(record.load(store, run=run, incident_id=rel[: -len(".json")]))
         except (NotFound, ValueError, schema.SchemaError):
             continue
         why = healthy_why(store, rec, healthy_steps)
         if why is None:
             continue
         block = {"time": time.time(), "by": "longrun", "reason": why, "healthy_steps": healthy_steps}
-        _set_closed(store, run, rec["incident_id"], block)
-        closed.append(rec["incident_id"])
+        _set_closed(store, run, rec.incident_id, block)
+        closed.append(rec.incident_id)
     return closed
 
 
