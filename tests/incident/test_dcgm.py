@@ -66,6 +66,22 @@ def test_runtime_error_fails():
     assert "could not run" in v.summary()
 
 
+def test_describe_reads_the_verdict_as_the_incident_record_keeps_it():
+    """node_check prints `to_dict()` and the record keeps it: the one line for people comes from that."""
+    failing = dcgm.parse((DATA / "dcgmi_diag_r3_fail.json").read_text(), level=3)
+    assert dcgm.describe(failing.to_dict()) == "dcgmi diag -r 3: FAILED Diagnostic@gpu3"  # not the warning
+    passing = dcgm.parse((DATA / "dcgmi_diag_r2_pass.json").read_text(), level=2)
+    assert dcgm.describe(passing.to_dict()) == "dcgmi diag -r 2: passed (4 results)"
+    assert dcgm.describe(None) == "dcgmi absent on the node"
+    # node_check's own failure records (a timeout, unparseable output) carry no level and no failures
+    assert dcgm.describe({"passed": False, "runtime_error": "timed out after 5 s"}) == (
+        "dcgmi diag could not run: timed out after 5 s"
+    )
+    # an overall Fail with no failing result named is still a failure, never "passed"
+    overall = dcgm.parse('{"DCGM Diagnostic": {"test_categories": [], "Overall Result": "Fail"}}', level=1)
+    assert not overall.passed and overall.summary() == "dcgmi diag -r 1: FAILED Fail"
+
+
 def test_log_lines_before_the_json_are_skipped():
     v = dcgm.parse('Successfully ran diagnostic\n{"DCGM Diagnostic": {"test_categories": []}}')
     assert v.passed and v.tests_run == 0

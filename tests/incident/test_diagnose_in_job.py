@@ -4,19 +4,22 @@ allocation, the verdict is recorded as the reservation path records it, and the 
 drained with the verdict. A step that gives no verdict falls back to the reservation path (the record
 says why) after releasing the node; a forged alert probes, drains and releases nothing.
 
-Real parts: Slurm (srun --jobid, scontrol), the replay probe, node_check, a signed alert, a local store.
-Mocked: nothing (no GPU here: DCGM is absent and the probe carries the verdict, as on every CPU node).
+Real parts: Slurm (srun --jobid, scontrol), the replay probe, node_check, the dcgmi JSON parser, a signed
+alert, a local store. Mocked: `dcgmi` alone, in its own test. DCGM cannot run here (no GPU, no DCGM host
+engine): elsewhere it is absent and the probe carries the verdict, as on every CPU node.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from helpers.signed_job import sign_as_job
 from longrun import alert_auth
-from longrun.incident import inalloc, injob, record, steps
+from longrun.incident import dcgm, inalloc, injob, record, runbooks, steps
 from longrun.incident.events import Event
 from longrun.incident.ratelimit import DrainPolicy
 from longrun.slurm import ops
@@ -142,3 +145,68 @@ def test_a_forged_alert_probes_and_releases_nothing(tmp_path, client):
     assert client.node("n2").reason == "longrun:sdc:inj3:17"
     rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
     assert not rec.get("diagnosis") and not record.has_event(rec, "released")
+
+
+DATA = Path(__file__).parent / "data"
+FAKE_DCGMI = """#!/bin/sh
+# stands in for NVIDIA's dcgmi (no GPU, no DCGM here): records its arguments, prints a dcgmi diag -j document
+printf '%s\\n' "$*" >> '{calls}'
+cat '{doc}'
+exit {rc}
+"""
+
+
+@pytest.mark.parametrize(
+    ("doc", "verdict"), [("dcgmi_diag_r3_fail.json", "fail"), ("dcgmi_diag_r2_pass.json", "pass")]
+)
+def test_dcgmi_on_the_step_path_decides_the_verdict(tmp_path, client, monkeypatch, doc, verdict):
+    """DCGM cannot run here (no GPU, no DCGM host engine), so a fake `dcgmi` executable prints a
+    hand-written `dcgmi diag -j` document (tests/incident/data). It is found the way the real one is, with
+    no hook in the code: node_check looks `dcgmi` up on its PATH, and the step takes PATH from the
+    orchestrator's environment (`srun --export`'s allow-list), so the fake's folder goes first on this
+    process's PATH. The node is healthy (no sick marker: the probe passes), so DCGM's result alone decides
+    the verdict: the failing document convicts the node, the passing one leaves it diag-pass."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "dcgmi-calls"
+    fake = bin_dir / "dcgmi"
+    # the exit code is not what decides: node_check parses the JSON
+    fake.write_text(FAKE_DCGMI.format(calls=calls, doc=DATA / doc, rc=0 if verdict == "pass" else 1))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    store = LocalDirStore(tmp_path / "store")
+    run = f"dcgm{verdict}"
+    inc = kept_incident(tmp_path, client, store, run=run)
+    steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
+    out = inalloc.diagnose_in_job(
+        store, client, inc, node=SUSPECT, partition="debug", state_dir=str(tmp_path / "no-faults"),
+        python=sys.executable,
+    )  # fmt: skip
+    assert out is not None and out["where"] == "in_job", out
+    # dcgmi ran once, in the step on the suspect, at the level a recompute alert calls for
+    assert calls.read_text().splitlines() == ["diag -r 3 -j"]
+    rec = record.load(store, run=run, incident_id=inc.incident_id)
+    diag = rec["diagnosis"]
+    assert diag == out and diag["dcgm_level"] == 3
+    assert diag["details"]["probe"]["verdict"] == "pass", diag["details"]["probe"]
+    seen = diag["details"]["dcgm"]
+    assert seen is not None and seen["level"] == 3, diag["details"]
+    assert diag["verdict"] == verdict, diag["summary"]
+    assert diag["reason"] == f"longrun:diag-{verdict}:{run}:17"
+    # the record's one line names DCGM's result: the failing test and GPU, or the results that passed
+    if verdict == "fail":
+        assert seen["passed"] is False and seen["version"] == "3.3.5"
+        failed = [(f["category"], f["test"], f["gpu"]) for f in seen["failures"] if f["status"] == "fail"]
+        assert failed == [("Hardware", "Diagnostic", "3")], seen
+        assert "; dcgmi diag -r 3: FAILED Diagnostic@gpu3;" in diag["summary"], diag["summary"]
+        assert diag["runbook"] == runbooks.DIAGNOSTIC_FAILED
+    else:
+        assert seen["passed"] is True and not seen["failures"] and seen["version"] == "4.1.0"
+        line = f"; dcgmi diag -r 3: passed ({seen['tests_run']} results);"
+        assert seen["tests_run"] > 0 and line in diag["summary"], diag["summary"]
+        assert diag["runbook"] == runbooks.DIAGNOSTIC_PASSED
+    assert dcgm.describe(seen) in diag["summary"] and "dcgmi absent" not in diag["summary"]
+    # the node left the job, drained with the verdict DCGM's result decided
+    assert SUSPECT not in client.job(inc.job_id).nodes
+    node = client.node(SUSPECT)
+    assert node.drain_flag and node.reason == diag["reason"]

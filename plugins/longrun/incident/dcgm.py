@@ -109,13 +109,24 @@ class DcgmVerdict:
         }
 
     def summary(self) -> str:
-        if self.runtime_error:
-            return f"dcgmi diag could not run: {self.runtime_error}"
-        bad = [f for f in self.failures if f.status == "fail"]
-        if not bad:
-            return f"dcgmi diag -r {self.level}: passed ({self.tests_run} results)"
-        parts = [f"{f.test}@gpu{f.gpu}" if f.gpu is not None else f.test for f in bad]
-        return f"dcgmi diag -r {self.level}: FAILED {', '.join(parts)}"
+        return describe(self.to_dict())
+
+
+def describe(result: Mapping[str, Any] | None) -> str:
+    """One line for people from a verdict's `to_dict()` (as node_check prints it and the incident record
+    keeps it); None: dcgmi is not on the node."""
+    if result is None:
+        return "dcgmi absent on the node"
+    if result.get("runtime_error"):
+        return f"dcgmi diag could not run: {result['runtime_error']}"
+    bad = [f for f in result.get("failures") or () if isinstance(f, Mapping) and f.get("status") == "fail"]
+    if not bad and result.get("passed"):
+        return f"dcgmi diag -r {result.get('level')}: passed ({result.get('tests_run', 0)} results)"
+    parts = [
+        f"{f.get('test')}@gpu{f['gpu']}" if f.get("gpu") is not None else str(f.get("test")) for f in bad
+    ]
+    named = ", ".join(parts) or result.get("overall_result") or "no failing test named"
+    return f"dcgmi diag -r {result.get('level')}: FAILED {named}"
 
 
 class DcgmParseError(ValueError):

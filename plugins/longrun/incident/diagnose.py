@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from longrun.incident import node_check, runbooks
+from longrun.incident import dcgm, node_check, runbooks
 from longrun.slurm import ops
 from longrun.slurm import validate as v
 from longrun.slurm.client import CommandResult, NodeState, SlurmClient
@@ -157,10 +157,7 @@ def _summary(node: str, d: dict[str, Any]) -> str:
         parts.append(
             f"fingerprint {res.get('fingerprint')} (expected {res.get('expect') or res.get('expected')})"
         )
-    if d.get("dcgm") is None:
-        parts.append("dcgmi absent on the node")
-    else:
-        parts.append(f"dcgm {'passed' if d['dcgm'].get('passed') else 'FAILED'}")
+    parts.append(dcgm.describe(d.get("dcgm")))
     return "; ".join(parts)
 
 

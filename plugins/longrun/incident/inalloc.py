@@ -126,12 +126,7 @@ def _summary(node: str, seen: dict[str, Any]) -> str:
         parts.append(
             f"fingerprint {res['fingerprint']} (expected {res.get('expect') or res.get('expected')})"
         )
-    dcgm_result = seen.get("dcgm")
-    parts.append(
-        "dcgmi absent on the node"
-        if dcgm_result is None
-        else f"dcgm {'passed' if dcgm_result.get('passed') else 'FAILED'}"
-    )
+    parts.append(dcgm.describe(seen.get("dcgm")))
     return "; ".join(parts)
 
 
