@@ -134,6 +134,8 @@ def test_cell(rest, clean, local_stack, airflow_stack, cell_done, step: str, com
         assert len(relaunched) <= 1, relaunched  # a finished job may be forgotten; two never
         assert _jobs_named(local_stack, run) == 2, "the run must have had exactly 2 jobs (first + relaunch)"
         assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from a clean run"
+        # What was broken where, also when the cell passes: the step reached and the process killed.
+        print("\n".join(line for line in lines if line.startswith("reached ") or "chaos:" in line))
         # The only way a cell passes (tests/chaos/verdict.py): without this line it fails.
         cell_done(f"CELL {step} x {component}: relaunched once, weights equal; " + result.summary())
     except BaseException:
