@@ -149,7 +149,9 @@ def _details(result: CommandResult) -> dict[str, Any]:
     return obj
 
 
-def _summary(node: str, d: dict[str, Any]) -> str:
+def summarize(node: str, d: dict[str, Any]) -> str:
+    """One line for people from node_check's JSON: the verdict, the probe's fingerprints, DCGM's result.
+    Both diagnosis paths use it (the MAINT reservation here, the kept job's step in incident/inalloc.py)."""
     probe = d.get("probe") or {}
     res = probe.get("result") or {}
     parts = [f"{node}: {d.get('verdict')}", f"probe {probe.get('verdict')}"]
@@ -212,7 +214,7 @@ def diagnose(
         node=node,
         verdict=outcome,
         reason=verdict_reason(run, step, outcome),
-        summary=_summary(node, seen),
+        summary=summarize(node, seen),
         runbook=book,
         duration_s=time.monotonic() - started,
         exit_code=result.exit_code,

@@ -30,9 +30,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from longrun.incident import dcgm, diagnose, injob, node_check, record, runbooks
+from longrun.incident import dcgm, diagnose, injob, node_check, runbooks
 from longrun.incident.events import Event
 from longrun.incident.jobstep import batch_host, run_step
+from longrun.incident.runner import Outcome, write
 from longrun.slurm import validate as v
 from longrun.slurm.client import JobState, SlurmClient
 
@@ -118,18 +119,6 @@ def reference_in_job(
     return obj
 
 
-def _summary(node: str, seen: dict[str, Any]) -> str:
-    probe = seen.get("probe") or {}
-    res = probe.get("result") or {}
-    parts = [f"{node}: {seen.get('verdict')}", f"probe {probe.get('verdict')}"]
-    if res.get("fingerprint"):
-        parts.append(
-            f"fingerprint {res['fingerprint']} (expected {res.get('expect') or res.get('expected')})"
-        )
-    parts.append(dcgm.describe(seen.get("dcgm")))
-    return "; ".join(parts)
-
-
 def _healthy(client: SlurmClient, held: tuple[str, ...], suspect: str) -> tuple[str, ...]:
     states = {n.name: n for n in client.nodes()}
     return tuple(
@@ -209,7 +198,7 @@ def diagnose_in_job(
         return None
     outcome = str(seen["verdict"])
     probe = (seen.get("probe") or {}).get("result") or {}
-    summary = _summary(node, seen)
+    summary = diagnose.summarize(node, seen)
     if outcome == node_check.FAIL and probe and not steps.reference_matches(ref, probe):
         outcome = node_check.ERROR  # different torch / CPU level / threads: not comparable, not a verdict
         summary += "; the reference's environment differs from the node's: not comparable"
@@ -234,22 +223,11 @@ def diagnose_in_job(
         "where": IN_JOB,
         "job_id": inc.job_id,
     }
-
-    def change(r: dict[str, Any]) -> None:
-        r["diagnosis"] = out
-        record.add_runbook(r, d.runbook)
-        if not record.has_event(r, Event.DIAGNOSED):
-            r["timeline"].append(
-                {
-                    "event": Event.DIAGNOSED.value,
-                    "time": time.time(),
-                    "verdict": d.verdict,
-                    "reason": d.reason,
-                    "where": IN_JOB,
-                }
-            )
-
-    record.update(store, run=inc.run, incident_id=inc.incident_id, change=change)
+    # recorded as the reservation path records its verdict (step_diagnose), plus where it ran
+    verdict = {"verdict": d.verdict, "reason": d.reason, "where": IN_JOB}
+    write(
+        store, inc, Outcome(event=Event.DIAGNOSED, data=verdict, fields={"diagnosis": out}, runbook=d.runbook)
+    )
     release(store, client, inc, node)
     return out
 
