@@ -97,17 +97,35 @@ def test_snapshot_is_taken_when_save_returns(store: ObjectStore, run: str, tmp_p
     assert float(loaded.model_state["w"].abs().sum()) == 0.0
 
 
-def test_save_returns_before_the_write(tmp_path: Path) -> None:
+def test_save_returns_before_the_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shown by the order of events, not by timing: the real write is held at a gate until save() has
+    returned, so a save() that wrote in the caller (or waited for the write) would find it still shut."""
+    import threading
+
+    from training import checkpointing
+
+    real_write = checkpointing.write_payload
+    gate = threading.Event()
+    seen: dict[str, object] = {}
+
+    def gated_write(ckpt_dir: Path, item: object) -> None:  # the real write, run once the gate opens
+        seen["thread"] = threading.current_thread()
+        seen["opened"] = gate.wait(120)
+        real_write(ckpt_dir, item)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(checkpointing, "write_payload", gated_write)
     store = LocalDirStore(tmp_path / "store")
-    big = {"w": torch.randn(16 << 20)}  # 64 MiB: torch.save + fsync + hash + copy take far longer than save()
+    model = {"w": torch.randn(1 << 16)}
     with CheckpointSaver(run="r", run_dir=tmp_path / "run", store=store, settings=_fast()) as saver:
-        saver.save(step=1, model_state=big)
-        assert saver.pending() == 1
+        ckpt = saver.save(step=1, model_state=model)
+        assert saver.pending() == 1 and not (ckpt / "manifest.json").exists()  # returned; nothing written
+        gate.set()
         assert saver.wait(120)
-    assert saver.results[0].ok
-    # Against the same save's own write, not a wall-clock bound: the caller was held for the snapshot,
-    # a small part of what the background write then took.
-    assert saver.stall_s[0] < saver.results[0].duration_s / 2, (saver.stall_s, saver.results[0])
+    assert seen["opened"] is True, "save() did not return while its write was held"
+    assert seen["thread"] is not threading.current_thread()
+    assert saver.results[0].ok and (ckpt / "manifest.json").exists()
+    loaded = load_checkpoint(schema.store_key("r", schema.checkpoint_dir(1)), store)
+    assert torch.equal(loaded.model_state["w"], model["w"])
 
 
 def test_a_published_step_is_never_overwritten(store: ObjectStore, run: str, tmp_path: Path) -> None:
