@@ -27,6 +27,7 @@ from training.store import ObjectStore
 
 AIRFLOW_DAEMONS = ("scheduler", "triggerer", "dag-processor")
 COMPONENTS = (*AIRFLOW_DAEMONS, "task", "slurmctld", "slurmd", "s3")
+TASK_WAIT_S = 180.0  # for a task process to start once its step is reached (a resumed deferred task)
 STEPS = ("monitor", "hand_over", "freeze", "drain", "diagnose", "relaunch", "reenter", "promotion")
 
 
@@ -140,7 +141,7 @@ class Breaker:
         elif component == "s3":
             rec = self.stack.s3.live_record("weed")
         elif component == "task":
-            return self._kill_running_task(w)
+            return self._kill_task_when_running(w)
         else:
             raise ValueError(f"component must be one of {COMPONENTS}, got {component!r}")
         if rec is None:
@@ -151,6 +152,24 @@ class Breaker:
             time.sleep(0.05)
         self.say(f"chaos: SIGKILL {component} (pid {rec.pid})")
         return rec.pid
+
+    def _kill_task_when_running(
+        self, w: Where, *, wait_s: float = TASK_WAIT_S, poll: float = 0.2
+    ) -> int | None:
+        """At a step a deferred task does between deferrals (promotion: the monitor resumes to validate and
+        promote), no task process may run at the moment the step is seen: wait (bounded) for the one that
+        acts on it to start, then kill it."""
+        t0 = time.monotonic()
+        while True:
+            try:
+                pid = self._kill_running_task(w)
+            except sa.exc.OperationalError:  # SQLite under load: "database is locked"; look again
+                pid = None
+            if pid is not None or time.monotonic() - t0 >= wait_s:
+                if pid is not None and time.monotonic() - t0 >= 1.0:
+                    self.say(f"chaos: waited {time.monotonic() - t0:.1f} s for a running task")
+                return pid
+            time.sleep(poll)
 
     def _kill_running_task(self, w: Where) -> int | None:
         """The task process of whichever longrun task of this run is running now."""
