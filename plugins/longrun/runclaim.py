@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from training import schema
+from training.records.base import need, opt_float, opt_str, stamped
+from training.schema import SchemaError
 from training.store import NotFound, ObjectStore, PreconditionFailed, put_json
 
+KIND = "run_claim"
 CLAIM_PATH = "claim.json"
 SCHEMA_VERSION = 1
 
@@ -41,33 +44,37 @@ class RunClaim:
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        schema.check_run_name(self.run)
+        try:
+            schema.check_run_name(self.run)
+        except SchemaError as e:
+            raise SchemaError(f"{KIND} record field 'run': {e}") from None
         if not isinstance(self.dag_run_id, str) or not self.dag_run_id:
-            raise ValueError(f"dag_run_id={self.dag_run_id!r}: must be a non-empty string")
+            raise SchemaError(
+                f"{KIND} record field 'dag_run_id' = {self.dag_run_id!r}: must be a non-empty string"
+            )
         if isinstance(self.claimed_at, bool) or not isinstance(self.claimed_at, int | float):
-            raise ValueError(f"claimed_at={self.claimed_at!r}: must be epoch seconds")
+            raise SchemaError(
+                f"{KIND} record field 'claimed_at' = {self.claimed_at!r}: must be epoch seconds"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
-            "kind": "run_claim",
+            "kind": KIND,
             "run": self.run,
             "dag_run_id": self.dag_run_id,
             "claimed_at": self.claimed_at,
         }
 
     @classmethod
-    def from_json(cls, obj: Any) -> RunClaim:
-        if not isinstance(obj, dict):
-            raise ValueError(f"run claim: must be an object, got {type(obj).__name__}")
-        for name in ("schema_version", "run", "dag_run_id", "claimed_at"):
-            if name not in obj:
-                raise ValueError(f"run claim: field {name!r} is missing")
-        if obj["schema_version"] != SCHEMA_VERSION:
-            raise ValueError(
-                f"run claim: schema_version={obj['schema_version']!r}, expected {SCHEMA_VERSION}"
-            )
-        return cls(run=obj["run"], dag_run_id=obj["dag_run_id"], claimed_at=obj["claimed_at"])
+    def from_json(cls, raw: Any) -> RunClaim:
+        obj = stamped(KIND, raw, SCHEMA_VERSION)
+        return cls(
+            run=need(KIND, obj, "run", opt_str),
+            dag_run_id=need(KIND, obj, "dag_run_id", opt_str),
+            claimed_at=need(KIND, obj, "claimed_at", opt_float),
+            schema_version=obj["schema_version"],
+        )
 
 
 def claim_key(run: str) -> str:

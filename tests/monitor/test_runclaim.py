@@ -3,6 +3,7 @@ refused before anything reaches Slurm, unless it continues the run (a relaunch a
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from pathlib import Path
@@ -69,17 +70,48 @@ def test_of_two_runs_racing_for_a_name_exactly_one_wins(store: ObjectStore) -> N
     assert runclaim.read_claim(store, run).dag_run_id == won[0]  # type: ignore[union-attr]
 
 
+# A claim as the code before the shared record readers wrote it (put_json: sorted keys, indent 1).
+OLD_CLAIM = (
+    b'{\n "claimed_at": 1764493964.512345,\n "dag_run_id": "manual__2026-11-30T09:12:44+00:00",\n'
+    b' "kind": "run_claim",\n "run": "r1",\n "schema_version": 1\n}'
+)
+
+
+def test_a_claim_written_before_still_reads_and_is_written_the_same(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "store")
+    store.put_bytes(runclaim.claim_key("r1"), OLD_CLAIM)
+    held = runclaim.read_claim(store, "r1")
+    assert held == runclaim.RunClaim(
+        run="r1", dag_run_id="manual__2026-11-30T09:12:44+00:00", claimed_at=1764493964.512345
+    )
+    assert json.dumps(held.to_json(), sort_keys=True, indent=1).encode() == OLD_CLAIM
+    with pytest.raises(runclaim.RunNameInUse, match="manual__2026-11-30T09:12:44"):
+        runclaim.claim(store, "r1", "manual__other", continues=False)
+
+
+GOOD = {"schema_version": 1, "kind": "run_claim", "run": "r1", "dag_run_id": "x", "claimed_at": 1.0}
+
+
 @pytest.mark.parametrize(
-    ("obj", "field"),
+    ("change", "field"),
     [
-        ({"run": "r1", "dag_run_id": "x", "claimed_at": 1.0}, "schema_version"),
-        ({"schema_version": 1, "run": "r1", "claimed_at": 1.0}, "dag_run_id"),
-        ({"schema_version": 1, "run": "r1", "dag_run_id": "", "claimed_at": 1.0}, "dag_run_id"),
-        ({"schema_version": 1, "run": "r1", "dag_run_id": "x", "claimed_at": "now"}, "claimed_at"),
+        ({"schema_version": None}, "'schema_version'"),
+        ({"schema_version": 2}, "'schema_version'"),
+        ({"kind": None}, "'kind'"),
+        ({"kind": "security_event"}, "'kind'"),
+        ({"run": None}, "'run'"),
+        ({"run": "../x"}, "'run'"),
+        ({"dag_run_id": None}, "'dag_run_id'"),
+        ({"dag_run_id": ""}, "'dag_run_id'"),
+        ({"dag_run_id": 7}, "'dag_run_id'"),
+        ({"claimed_at": "now"}, "'claimed_at'"),
+        ({"claimed_at": True}, "'claimed_at'"),
     ],
 )
-def test_claim_record_validation_names_the_field(obj: dict, field: str) -> None:
-    with pytest.raises(ValueError, match=field):
+def test_claim_record_validation_names_the_field(change: dict, field: str) -> None:
+    obj = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    with pytest.raises(schema.SchemaError, match=field):
         runclaim.RunClaim.from_json(obj)
-    good = runclaim.RunClaim(run="r1", dag_run_id="x", claimed_at=1.0)
-    assert runclaim.RunClaim.from_json(good.to_json()) == good
+    with pytest.raises(ValueError, match=field):  # what callers catch
+        runclaim.RunClaim.from_json(json.dumps(obj))
+    assert runclaim.RunClaim.from_json(GOOD).to_json() == GOOD
