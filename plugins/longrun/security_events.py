@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training import schema
+from training.records.base import need, opt_dict, opt_float, opt_str, stamped
+from training.schema import SchemaError
 from training.store import ObjectStore, StoreError, put_json
 
 log = logging.getLogger("longrun.security")
@@ -51,18 +53,22 @@ class SecurityEvent:
     def __post_init__(self) -> None:
         try:
             schema.check_run_name(self.run)
-        except ValueError as e:
-            raise ValueError(f"run: {e}") from None
+        except SchemaError as e:
+            raise SchemaError(f"{KIND} record field 'run': {e}") from None
         if not isinstance(self.reason, str) or not _REASON.match(self.reason):
-            raise ValueError(f"reason={self.reason!r}: must be a short code ([a-z][a-z0-9_]*)")
+            raise SchemaError(
+                f"{KIND} record field 'reason' = {self.reason!r}: must be a short code ([a-z][a-z0-9_]*)"
+            )
         if not isinstance(self.details, Mapping):
-            raise ValueError(f"details={self.details!r}: must be an object")
+            raise SchemaError(f"{KIND} record field 'details' = {self.details!r:.80}: must be an object")
         if isinstance(self.at, bool) or not isinstance(self.at, int | float) or self.at < 0:
-            raise ValueError(f"at={self.at!r}: must be epoch seconds")
+            raise SchemaError(f"{KIND} record field 'at' = {self.at!r}: must be epoch seconds")
         if self.kind != KIND:
-            raise ValueError(f"kind={self.kind!r}: must be {KIND!r}")
+            raise SchemaError(f"{KIND} record field 'kind' = {self.kind!r}; expected {KIND!r}")
         if self.schema_version != SCHEMA_VERSION:
-            raise ValueError(f"schema_version={self.schema_version!r}: this reader knows {SCHEMA_VERSION}")
+            raise SchemaError(
+                f"{KIND} record field 'schema_version' = {self.schema_version!r}; this reader knows {SCHEMA_VERSION}"
+            )
         object.__setattr__(self, "details", dict(self.details))
         if not self.at:
             object.__setattr__(self, "at", time.time())
@@ -71,14 +77,17 @@ class SecurityEvent:
         return {**dataclasses.asdict(self), "details": dict(self.details), "runbook": RUNBOOK}
 
     @classmethod
-    def from_json(cls, obj: Any) -> SecurityEvent:
-        if not isinstance(obj, Mapping):
-            raise ValueError(f"security event: expected a JSON object, got {type(obj).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        for f in ("run", "reason", "at", "kind", "schema_version"):
-            if f not in obj:
-                raise ValueError(f"security event lacks field {f!r}")
-        return cls(**{k: v for k, v in obj.items() if k in names})
+    def from_json(cls, raw: Any) -> SecurityEvent:
+        """The event in a stored record (JSON text or object); the `runbook` it carries is not a field."""
+        obj = stamped(KIND, raw, SCHEMA_VERSION)
+        return cls(
+            run=need(KIND, obj, "run", opt_str),
+            reason=need(KIND, obj, "reason", opt_str),
+            details=opt_dict(KIND, obj, "details"),
+            at=need(KIND, obj, "at", opt_float),
+            kind=obj["kind"],
+            schema_version=obj["schema_version"],
+        )
 
 
 def raise_event(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from longrun import security_events
 from longrun.launch import JOB_EXPORT, job_spec_for_run
 from longrun.monitor import lifecycle
 from longrun.runspec import Drill, RunSpec
@@ -10,6 +13,10 @@ from longrun.security_events import SecurityEvent
 from longrun.slurm.errors import InvalidSpecError
 from longrun.slurm.render import render_sbatch
 from longrun.slurm.spec import JobSpec, JobTag
+
+from training import schema
+from training.schema import SchemaError
+from training.store import LocalDirStore
 
 
 @pytest.mark.parametrize("key", ["extra_env", "max_restarts", "seed", "time_limit_min", "typo"])
@@ -70,3 +77,55 @@ def test_security_event_round_trip_and_validation() -> None:
         SecurityEvent.from_json(
             {"run": "r1", "reason": "unsigned", "kind": "security_event", "schema_version": 1}
         )
+
+
+# A security event as the code before the shared record readers wrote it (put_json: sorted keys, indent 1).
+OLD_EVENT = (
+    b'{\n "at": 1764493964.25,\n "details": {\n  "job_id": "4711",\n'
+    b'  "key": "runs/r1/alerts/00000040-loss_spike-1a2b.json",\n  "nodes": [\n   "n2"\n  ]\n },\n'
+    b' "kind": "security_event",\n "reason": "bad_signature",\n "run": "r1",\n'
+    b' "runbook": "runbooks/security-event.md",\n "schema_version": 1\n}'
+)
+
+
+def test_a_security_event_written_before_still_reads_and_a_bad_one_is_skipped(tmp_path) -> None:
+    store = LocalDirStore(tmp_path / "store")
+    store.put_bytes(
+        schema.store_key("r1", f"{security_events.FOLDER}1764493964.250-1a2b3c4d.json"), OLD_EVENT
+    )
+    bad = {**json.loads(OLD_EVENT), "reason": "Bad Signature!"}  # events() catches the ValueError
+    store.put_bytes(
+        schema.store_key("r1", f"{security_events.FOLDER}1764493965.000-5e6f7a8b.json"),
+        json.dumps(bad).encode(),
+    )
+    [ev] = security_events.events(store, "r1")
+    assert ev == SecurityEvent(
+        run="r1",
+        reason="bad_signature",
+        details={"job_id": "4711", "key": "runs/r1/alerts/00000040-loss_spike-1a2b.json", "nodes": ["n2"]},
+        at=1764493964.25,
+    )
+    assert json.dumps(ev.to_json(), sort_keys=True, indent=1).encode() == OLD_EVENT
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"schema_version": None}, "'schema_version'"),
+        ({"schema_version": 2}, "'schema_version'"),
+        ({"kind": None}, "'kind'"),
+        ({"kind": "run_claim"}, "'kind'"),
+        ({"run": None}, "'run'"),
+        ({"run": "../x"}, "'run'"),
+        ({"reason": None}, "'reason'"),
+        ({"reason": "Bad Signature!"}, "'reason'"),
+        ({"details": ["job_id"]}, "'details'"),
+        ({"at": None}, "'at'"),
+        ({"at": "now"}, "'at'"),
+        ({"at": -1.0}, "'at'"),
+    ],
+)
+def test_a_malformed_security_event_is_refused_naming_the_field(change: dict, field: str) -> None:
+    obj = {k: v for k, v in {**json.loads(OLD_EVENT), **change}.items() if v is not None}
+    with pytest.raises(SchemaError, match=field):  # a ValueError, which events() skips
+        SecurityEvent.from_json(obj)
