@@ -1,6 +1,8 @@
 """Session fixtures that bring up the parts of the local stack a test needs, once per session.
 
 - `slurm_cluster`: munge + slurmctld + slurmd n1..n4 (a `SlurmCluster`).
+- `slurm_restored` (automatic for every test that uses the session's cluster, outside tests/slurm whose
+  `clean_cluster` is stricter): what the test added to the cluster is undone afterwards, even on failure.
 - `s3_store_env`: SeaweedFS S3; a dict of AWS_* and LONGRUN_BUCKET.
 - `fleet_records_isolated` (automatic for every test that uses the session's S3 store): the fleet-wide
   records (node history, drain ledger) start empty and are restored afterwards (helpers.fleet_records).
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.cluster_state import restore_snapshot, snapshot
 from helpers.fleet_records import fleet_records_set_aside
 from helpers.stack_fixtures import AirflowStack, SlurmCluster, claim_port_base
 from longrun.stack import Stack, StackError, default_state_dir
@@ -102,6 +105,23 @@ def airflow_stack(
         password=env["LONGRUN_AIRFLOW_PASSWORD"],
         env=env,
     )
+
+
+@pytest.fixture(autouse=True)
+def slurm_restored(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that uses the session's cluster leaves it as it found it, also when it fails half-way: the
+    jobs it left active are cancelled, its reservations deleted, the nodes it drained or took down resumed,
+    a slurmd it killed started again (helpers.cluster_state.restore_snapshot). State that was there before
+    the test (a module fixture's job) is left alone."""
+    if "slurm_cluster" not in request.fixturenames or "clean_cluster" in request.fixturenames:
+        yield
+        return
+    cluster = request.getfixturevalue("slurm_cluster")
+    before = snapshot(cluster)
+    yield
+    left = restore_snapshot(cluster, before)
+    if left:
+        pytest.fail(f"the test left the Slurm cluster changed and it could not be restored: {left}")
 
 
 @pytest.fixture(autouse=True)
