@@ -35,6 +35,7 @@ def test_the_monitor_watches_through_a_store_outage(
     for k, v in {**s3_store_env, **slurm_cluster.env}.items():
         monkeypatch.setenv(k, v)
     run = f"outage-{uuid.uuid4().hex[:6]}"
+    finish = tmp_path / "finish"
     store = store_from_env()
     client = make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
     job = client.submit(
@@ -47,10 +48,15 @@ def test_the_monitor_watches_through_a_store_outage(
             workdir=str(tmp_path),
             output=f"{tmp_path}/slurm-%j.out",
             comment=f"longrun/test_outage/{run}/t/-1/1",
-            command=[f"sleep {OUTAGE_S + 14:.0f}"],
+            command=[f"while [ ! -e {finish} ]; do sleep 0.2; done"],  # ends when the test says
         )
     )
-    put_json(store, schema.store_key(run, schema.PROGRESS_PATH), schema.record("progress", run=run, step=1, loss=1.0, step_time_s=0.1))  # fmt: skip
+    key = schema.store_key(run, schema.PROGRESS_PATH)
+
+    def heartbeat(step: int) -> None:
+        put_json(store, key, schema.record("progress", run=run, step=step, loss=1.0, step_time_s=0.1))
+
+    heartbeat(1)
     seen = watch.Seen(run=run, job_id=job, stale_after_s=STALE_AFTER_S, since=time.time())
     trigger = RunMonitorTrigger(
         seen=watch.seen_to_dict(seen),
@@ -60,17 +66,28 @@ def test_the_monitor_watches_through_a_store_outage(
         max_errors=2,  # Slurm hiccups still count; store outages must not
     )
     say: list[str] = []
+    logs: list[str] = []  # the trigger logs through Airflow's structlog (stderr), not caplog
+
+    def logged() -> str:
+        out, err = capfd.readouterr()
+        logs.append(out + err)
+        return caplog.text + "".join(logs)
 
     async def main() -> dict[str, Any]:
         async def outage() -> None:
-            await asyncio.sleep(2.0)
+            # The trainer's heartbeat until the store stops (a single old one could turn stale on a slow host).
+            for step in (2, 3):
+                await asyncio.sleep(1.0)
+                await asyncio.to_thread(heartbeat, step)
             await asyncio.to_thread(local_stack.s3.down, say.append)
             await asyncio.sleep(OUTAGE_S)
             await asyncio.to_thread(local_stack.s3.up, say.append)
-            # The trainer's heartbeat reaches the store again (it trained on through the outage).
-            for step in range(2, 200):
-                rec = schema.record("progress", run=run, step=step, loss=1.0, step_time_s=0.1)
-                await asyncio.to_thread(put_json, store, schema.store_key(run, schema.PROGRESS_PATH), rec)
+            # The trainer's heartbeat reaches the store again (it trained on through the outage). The job
+            # ends once the monitor has found the store again: in that order, however long each part took.
+            for step in range(4, 400):
+                await asyncio.to_thread(heartbeat, step)
+                if "store reachable again" in logged():
+                    finish.touch()
                 await asyncio.sleep(1.0)
 
         cut = asyncio.create_task(outage())
@@ -90,7 +107,6 @@ def test_the_monitor_watches_through_a_store_outage(
         client.cancel(job)
     assert payload["type"] == watch.JOB_DONE, payload
     assert payload["outcome"] == "success", payload
-    out, err = capfd.readouterr()  # the trigger logs through Airflow's structlog (stderr), not caplog
-    logged = caplog.text + out + err
-    assert "store unreachable for" in logged and "still watching" in logged, logged[-2000:]
-    assert "store reachable again" in logged, logged[-2000:]
+    text = logged()
+    assert "store unreachable for" in text and "still watching" in text, text[-2000:]
+    assert "store reachable again" in text, text[-2000:]
