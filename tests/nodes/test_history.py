@@ -9,6 +9,7 @@ from longrun.cli import main as longrun_main
 from longrun.nodes import history as h
 from longrun.nodes.policy import NodePolicy, standing
 
+from training.schema import SchemaError
 from training.store import LocalDirStore
 
 DAY = 86400.0
@@ -39,6 +40,72 @@ def test_round_trip_and_validation():
         h.NodeEvent.from_json({**bad, "extra": 1})
     with pytest.raises(ValueError, match="time"):
         h.NodeEvent.from_json({k: v for k, v in bad.items() if k != "time"})
+
+
+# Node events as the code before the shared record readers wrote them (append: json.dumps, sorted keys).
+OLD_EVENTS = {
+    "nodes/n2/1764493964750-diagnosed-inc-20261130-abc.json": (
+        b'{"evidence": {"dcgm_level": 2, "expected": "cd34", "fingerprint": "ab12"},'
+        b' "incident_id": "inc-20261130-abc", "kind": "diagnosed", "node": "n2", "reason": "longrun:sdc:r1:40",'
+        b' "run": "r1", "schema_version": 1, "source": "inc-20261130-abc", "time": 1764493964.75, "verdict": "fail"}'
+    ),
+    "nodes/n2/1764493970000-returned-node_return.manual__1.json": (
+        b'{"evidence": {}, "incident_id": null, "kind": "returned", "node": "n2", "reason": null, "run": null,'
+        b' "schema_version": 1, "source": "node_return.manual__1", "time": 1764493970.0, "verdict": null}'
+    ),
+}
+
+
+def test_events_written_before_still_read_and_are_written_the_same(store):
+    for key, data in OLD_EVENTS.items():
+        store.put_bytes(key, data)
+    evs = h.events(store, "n2")
+    assert evs == [
+        h.NodeEvent(
+            node="n2", kind=h.DIAGNOSED, time=1764493964.75, source="inc-20261130-abc", run="r1",
+            incident_id="inc-20261130-abc", verdict="fail", reason="longrun:sdc:r1:40",
+            evidence={"dcgm_level": 2, "expected": "cd34", "fingerprint": "ab12"},
+        ),
+        h.NodeEvent(node="n2", kind=h.RETURNED, time=1764493970.0, source="node_return.manual__1"),
+    ]  # fmt: skip
+    for ev, (key, data) in zip(evs, OLD_EVENTS.items(), strict=True):
+        assert ev.key == key and json.dumps(ev.to_json(), sort_keys=True).encode() == data
+    assert h.state(evs) == "returned"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"schema_version": None}, "'schema_version'"),
+        ({"schema_version": 2}, "'schema_version'"),
+        ({"node": None}, "'node'"),
+        ({"node": "ALL"}, "'node'"),
+        ({"kind": None}, "'kind'"),
+        ({"kind": "node_event"}, "'kind'"),
+        ({"time": None}, "'time'"),
+        ({"time": "yesterday"}, "'time'"),
+        ({"time": 0}, "'time'"),
+        ({"source": None}, "'source'"),
+        ({"source": "../x"}, "'source'"),
+        ({"run": 7}, "'run'"),
+        ({"incident_id": ["i1"]}, "'incident_id'"),
+        ({"verdict": "maybe"}, "'verdict'"),
+        ({"reason": False}, "'reason'"),
+        ({"evidence": "ok"}, "'evidence'"),
+        ({"note": "x"}, "unknown field.*'note'"),
+    ],
+)
+def test_a_malformed_event_is_refused_naming_the_field(store, change, field):
+    obj = {
+        k: v for k, v in {**json.loads(next(iter(OLD_EVENTS.values()))), **change}.items() if v is not None
+    }
+    with pytest.raises(SchemaError, match=field):
+        h.NodeEvent.from_json(obj)
+    key = "nodes/n2/1764493964750-diagnosed-inc-20261130-abc.json"
+    store.put_bytes(key, json.dumps(obj).encode())
+    with pytest.raises(ValueError, match=f"{key}: .*{field}"):  # events() names the key
+        h.events(store, "n2")
+    assert h.safe_events(store, "n2")[0] == []  # pages and logs catch the ValueError
 
 
 def test_append_is_idempotent_per_source_and_kind(store):

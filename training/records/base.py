@@ -108,15 +108,30 @@ def need(kind: str, obj: Mapping[str, Any], field: str, read: Reader) -> Any:
 def stamped(kind: str, raw: Any, version: int) -> dict[str, Any]:
     """The object of a record whose class is a dataclass of its own (not a `Record`): JSON text or an
     object, stamped with `kind` and a `schema_version` this reader knows (1..`version`)."""
+    obj = _object(kind, raw)
+    if obj.get("kind") != kind:
+        raise SchemaError(f"{kind} record field 'kind' = {obj.get('kind')!r}; expected {kind!r}")
+    return _known_version(kind, obj, version)
+
+
+def versioned(kind: str, raw: Any, version: int) -> dict[str, Any]:
+    """`stamped` for a kind whose `kind` field is data, not a stamp (a node event's names the event): the
+    object with a `schema_version` this reader knows; `kind` here only names the record in errors."""
+    return _known_version(kind, _object(kind, raw), version)
+
+
+def _object(kind: str, raw: Any) -> dict[str, Any]:
     obj = json.loads(raw) if isinstance(raw, str | bytes) else raw  # bad JSON: a ValueError too
     if not isinstance(obj, Mapping):
         raise SchemaError(f"{kind} record must be a JSON object, got {type(obj).__name__}")
-    if obj.get("kind") != kind:
-        raise SchemaError(f"{kind} record field 'kind' = {obj.get('kind')!r}; expected {kind!r}")
+    return dict(obj)
+
+
+def _known_version(kind: str, obj: dict[str, Any], version: int) -> dict[str, Any]:
     v = obj.get("schema_version")
     if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= version:
         raise SchemaError(f"{kind} record field 'schema_version' = {v!r}; this reader knows 1..{version}")
-    return dict(obj)
+    return obj
 
 
 class RecordType(Protocol):

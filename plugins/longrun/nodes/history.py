@@ -18,8 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longrun.slurm import validate as v
+from training.records.base import need, opt_dict, opt_float, opt_str, versioned
+from training.schema import SchemaError
 from training.store import NotFound, ObjectStore, PreconditionFailed, StoreError, store_from_env
 
+RECORD_KIND = "node_event"  # the registry's name (training.records.KINDS); not stored: `kind` is the event
 SCHEMA_VERSION = 1
 PREFIX = "nodes/"
 
@@ -72,23 +75,38 @@ class NodeEvent:
     """Version of this record's layout."""
 
     def __post_init__(self) -> None:
-        v.node("node", self.node)
+        try:
+            v.node("node", self.node)
+        except ValueError as e:
+            raise SchemaError(f"{RECORD_KIND} record field 'node': {e}") from None
         if self.kind not in KINDS:
-            raise ValueError(f"kind={self.kind!r}: expected one of {KINDS}")
+            raise SchemaError(f"{RECORD_KIND} record field 'kind' = {self.kind!r}; expected one of {KINDS}")
         if not isinstance(self.time, (int, float)) or isinstance(self.time, bool) or self.time <= 0:
-            raise ValueError(f"time={self.time!r}: expected epoch seconds > 0")
+            raise SchemaError(
+                f"{RECORD_KIND} record field 'time' = {self.time!r}; expected epoch seconds > 0"
+            )
         if not isinstance(self.source, str) or not _SOURCE.match(self.source):
-            raise ValueError(f"source={self.source!r}: expected 1-128 of [A-Za-z0-9._-]")
+            raise SchemaError(
+                f"{RECORD_KIND} record field 'source' = {self.source!r:.80}; expected 1-128 of [A-Za-z0-9._-]"
+            )
         for name in ("run", "incident_id", "verdict", "reason"):
             val = getattr(self, name)
             if val is not None and not isinstance(val, str):
-                raise ValueError(f"{name}={val!r}: expected a string or null")
+                raise SchemaError(
+                    f"{RECORD_KIND} record field {name!r} = {val!r:.80}; expected a string or null"
+                )
         if self.verdict is not None and self.verdict not in ("pass", "fail", "error"):
-            raise ValueError(f"verdict={self.verdict!r}: expected pass, fail or error")
+            raise SchemaError(
+                f"{RECORD_KIND} record field 'verdict' = {self.verdict!r}; expected pass, fail or error"
+            )
         if not isinstance(self.evidence, Mapping):
-            raise ValueError(f"evidence={self.evidence!r}: expected an object")
+            raise SchemaError(
+                f"{RECORD_KIND} record field 'evidence' = {self.evidence!r:.80}; expected an object"
+            )
         if self.schema_version != SCHEMA_VERSION:
-            raise ValueError(f"schema_version={self.schema_version!r}: expected {SCHEMA_VERSION}")
+            raise SchemaError(
+                f"{RECORD_KIND} record field 'schema_version' = {self.schema_version!r}; expected {SCHEMA_VERSION}"
+            )
 
     @property
     def key(self) -> str:
@@ -109,16 +127,25 @@ class NodeEvent:
         }
 
     @classmethod
-    def from_json(cls, obj: Any) -> NodeEvent:
-        if not isinstance(obj, Mapping):
-            raise ValueError(f"node event: expected an object, got {type(obj).__name__}")
-        unknown = set(obj) - {f for f in cls.__dataclass_fields__}
-        if unknown:
-            raise ValueError(f"node event: unknown field(s) {sorted(unknown)}")
-        for name in ("node", "kind", "time", "source"):
-            if name not in obj:
-                raise ValueError(f"node event: field {name!r} is missing")
-        return cls(**{k: obj[k] for k in obj if k != "evidence"}, evidence=dict(obj.get("evidence") or {}))
+    def from_json(cls, raw: Any) -> NodeEvent:
+        """The event in a stored record (JSON text or object). Its `kind` is the event, not a stamp; a field
+        this class does not know is refused (the record is written whole, once)."""
+        r = RECORD_KIND
+        obj = versioned(r, raw, SCHEMA_VERSION)
+        if unknown := sorted(set(obj) - set(cls.__dataclass_fields__)):
+            raise SchemaError(f"{r} record has unknown field(s) {unknown}")
+        return cls(
+            node=need(r, obj, "node", opt_str),
+            kind=need(r, obj, "kind", opt_str),
+            time=need(r, obj, "time", opt_float),
+            source=need(r, obj, "source", opt_str),
+            run=opt_str(r, obj, "run"),
+            incident_id=opt_str(r, obj, "incident_id"),
+            verdict=opt_str(r, obj, "verdict"),
+            reason=opt_str(r, obj, "reason"),
+            evidence=opt_dict(r, obj, "evidence"),
+            schema_version=obj["schema_version"],
+        )
 
 
 def _existing(store: ObjectStore, ev: NodeEvent) -> NodeEvent | None:
