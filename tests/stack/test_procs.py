@@ -24,7 +24,9 @@ def _sleeper(tmp_path: Path, name: str = "sleeper") -> procs.ProcRecord:
 def test_spawn_alive_stop(tmp_path: Path) -> None:
     rec = _sleeper(tmp_path)
     assert procs.alive(rec)
-    assert procs.stop([rec], timeout=5.0) == []
+    # SIGTERM alone ends it (nothing needed SIGKILL); stop() returns once it is gone, so the bound is only
+    # what a loaded host might take to let it die, never a wait.
+    assert procs.stop([rec], timeout=60.0) == []
     assert not procs.alive(rec)
 
 
