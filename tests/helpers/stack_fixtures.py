@@ -28,7 +28,9 @@ def claim_port_base(state_dir: Path) -> tuple[int, IO[str]]:
     session that finds the range still busy although its holder is gone (a killed pytest) stops that
     stack by its recorded PIDs before taking the range."""
     if env := os.environ.get("LONGRUN_TEST_PORT_BASE"):
-        candidates: tuple[int, ...] = (int(env),)
+        # the session's stack takes the given base; a test that starts a stack of its own beside it
+        # (tests/stack) takes one of the next two slots
+        candidates: tuple[int, ...] = tuple(int(env) + SLOT_WIDTH * i for i in range(3))
     else:
         candidates = TEST_PORT_BASES
     for base in candidates:
