@@ -10,7 +10,7 @@ with its `CELL ...` line. Around such tests this plugin makes sure that:
 - a cell interrupted where that cannot become a failure (during its setup, such as the clean reference
   run, or by a second Ctrl-C in its clean-up) is listed at the end as having no result;
 - the terminal summary has a "chaos cells" section: every cell that started, its outcome, duration
-  and verdict line.
+  (of its body, without the setup) and verdict line.
 
 Nothing here knows about Slurm, Airflow or the drill: tests/chaos/test_verdict.py checks it on stand-in
 tests in a pytest session of their own.
@@ -50,6 +50,7 @@ def is_cell(item: pytest.Item) -> bool:
 @dataclass
 class Cell:
     started: float
+    called: float | None = None  # when the test body began (after setup: stack, clean reference run)
     outcome: str | None = None  # None: no result (interrupted before pytest could report one)
     seconds: float | None = None
     line: str | None = None
@@ -85,6 +86,8 @@ class Verdicts:
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         if not is_cell(item):
             return (yield)
+        if (cell := self.cells.get(item.nodeid)) is not None:
+            cell.called = time.monotonic()
         try:
             return (yield)
         except KeyboardInterrupt as e:
@@ -106,7 +109,7 @@ class Verdicts:
         if cell is not None and (report.when == "call" or not report.passed):
             if cell.outcome is None or cell.outcome == "passed":  # a failed teardown still counts
                 cell.outcome = report.outcome
-            cell.seconds = time.monotonic() - cell.started
+            cell.seconds = time.monotonic() - (cell.called or cell.started)
             cell.line = line
         return report
 
