@@ -29,7 +29,9 @@ from longrun.slurm.errors import InvalidSpecError
 from longrun.slurm.spec import BASE_EXPORT, JobSpec, JobTag
 
 #: Rendezvous ports are 20000 + job id mod 20000 by default (the same rule as training.dist for plain
-#: srun), below Linux's ephemeral range (32768+).
+#: srun). Known limit: job ids whose remainder is 12768 or more give ports in Linux's default ephemeral
+#: range (32768+), where an outgoing connection on the host can hold the port for a moment; a site sets
+#: port_base/port_span (NvrxLaunch) to a range its nodes keep free.
 PORT_BASE = 20000
 PORT_SPAN = 20000
 #: The step time the default settings assume for CPU ranks (`gpus_per_node: 0`).
