@@ -16,7 +16,7 @@ Routes (relative to the mount point):
 Inside Airflow every route checks Airflow's permission on the DAG whose data it shows (the JWT cookie
 the UI sets, or a bearer token): run pages and runbooks read runs of `training_run`; node pages read runs
 of `sdc_incident` (node history comes from incidents and `node_return`); the DAG-run redirect reads the
-DAG it names. No route is without a check (tests/ui/test_app.py asserts it). Handlers are plain `def`:
+DAG it names. No route is without a check (tests/ui/test_node_page.py asserts it). Handlers are plain `def`:
 the store and Slurm calls block, so FastAPI runs them in its thread pool.
 """
 
