@@ -58,7 +58,13 @@ def _session(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProce
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_cells.py").write_text(textwrap.dedent(body))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}  # tests/: `chaos.verdict`
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-rA", "-c", "pytest.ini", *args]
+    # A session started in the background (nohup, `cmd &` in a script, some CI runners) inherits SIGINT
+    # ignored, and Python then keeps ignoring it: give the child Python's own Ctrl-C handler back.
+    launcher = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+        " sys.argv[0] = 'pytest'; runpy.run_module('pytest', run_name='__main__')"
+    )
+    cmd = [sys.executable, "-c", launcher, "-p", "no:cacheprovider", "-s", "-rA", "-c", "pytest.ini", *args]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
