@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 from helpers import airflow_db
-from longrun.dagrun_ids import attempt_run_id
+from longrun.dagrun_ids import attempt_run_id, incident_run_id
 from longrun.slurm.client import SlurmClient
 from longrun.stack import Stack, procs
 
@@ -28,7 +28,21 @@ from training.store import ObjectStore
 AIRFLOW_DAEMONS = ("scheduler", "triggerer", "dag-processor")
 COMPONENTS = (*AIRFLOW_DAEMONS, "task", "slurmctld", "slurmd", "s3")
 TASK_WAIT_S = 180.0  # for a task process to start once its step is reached (a resumed deferred task)
-STEPS = ("monitor", "hand_over", "freeze", "drain", "diagnose", "relaunch", "reenter", "promotion")
+STEPS = (
+    "monitor",
+    "hand_over",
+    "freeze",
+    "attribute",
+    "drain",
+    "diagnose",
+    "pick",
+    "relaunch",
+    "reenter",
+    "promotion",
+)
+# step -> the sdc_incident task that acts on it, for the steps whose task runs beside another one (attribute
+# beside freeze, pick beside diagnose): a "task" cell there kills that task's process, not any running task.
+STEP_TASK = {"attribute": "attribute", "pick": "pick_checkpoint"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +61,33 @@ def _alerts(w: Where) -> list[str]:
 
 def _incident_ids(w: Where) -> list[str]:
     return [o.key for o in w.store.list(schema.store_key(w.run, "incidents/")) if o.key.endswith(".json")]
+
+
+def _incident_run(w: Where) -> str | None:
+    """The sdc_incident DAG run id of the run's (first) alert."""
+    alerts = sorted(_alerts(w))
+    return incident_run_id(alerts[0]) if alerts else None
+
+
+def _timeline(w: Where) -> list[str]:
+    """The event names on the run's (first) incident record's timeline."""
+    keys = sorted(_incident_ids(w))
+    if not keys:
+        return []
+    return [str(e.get("event")) for e in json.loads(w.store.get_bytes(keys[0])).get("timeline", ())]
+
+
+def _task_started(task_id: str, event: str) -> Callable[[Where], bool]:
+    """The incident's `task_id` runs now (its task instance is `running`), or already wrote `event` on the
+    timeline (a short task can start and end between two looks)."""
+
+    def reached(w: Where) -> bool:
+        if event in _timeline(w):
+            return True
+        run_id = _incident_run(w)
+        return run_id is not None and _ti_state(w, "sdc_incident", run_id, task_id) == "running"
+
+    return reached
 
 
 def _drained(w: Where) -> bool:
@@ -101,8 +142,10 @@ REACHED: dict[str, Callable[[Where], bool]] = {
     "monitor": _first_monitor_deferred,
     "hand_over": lambda w: bool(_alerts(w)),
     "freeze": lambda w: bool(_incident_ids(w)),
+    "attribute": _task_started("attribute", "attributed"),
     "drain": _drained,
     "diagnose": lambda w: any(r.startswith("longrun_") for r in w.client.reservations()),
+    "pick": _task_started("pick_checkpoint", "picked"),
     "relaunch": lambda w: bool(_relaunch_jobs(w)),
     "reenter": lambda w: _ti_state(w, "training_run", attempt_run_id(w.run, 1), "monitor") is not None,
     "promotion": _unpromoted_relaunch_checkpoint,
@@ -130,8 +173,9 @@ class Breaker:
         self.stack = stack
         self.say = say
 
-    def kill(self, component: str, w: Where, *, node: str = "n1") -> int | None:
-        """SIGKILL `component`; returns the PID killed (None when there was nothing to kill)."""
+    def kill(self, component: str, w: Where, *, node: str = "n1", step: str | None = None) -> int | None:
+        """SIGKILL `component`; returns the PID killed (None when there was nothing to kill). For a task at
+        a step in STEP_TASK, only that task's process is killed."""
         if component in AIRFLOW_DAEMONS:
             rec = self.stack.airflow.live_record(component)
         elif component == "slurmctld":
@@ -141,7 +185,7 @@ class Breaker:
         elif component == "s3":
             rec = self.stack.s3.live_record("weed")
         elif component == "task":
-            return self._kill_task_when_running(w)
+            return self._kill_task_when_running(w, task_id=STEP_TASK.get(step or ""))
         else:
             raise ValueError(f"component must be one of {COMPONENTS}, got {component!r}")
         if rec is None:
@@ -154,15 +198,15 @@ class Breaker:
         return rec.pid
 
     def _kill_task_when_running(
-        self, w: Where, *, wait_s: float = TASK_WAIT_S, poll: float = 0.2
+        self, w: Where, *, task_id: str | None = None, wait_s: float = TASK_WAIT_S, poll: float = 0.2
     ) -> int | None:
         """At a step a deferred task does between deferrals (promotion: the monitor resumes to validate and
         promote), no task process may run at the moment the step is seen: wait (bounded) for the one that
-        acts on it to start, then kill it."""
+        acts on it to start, then kill it. With `task_id`, only the incident's task of that id."""
         t0 = time.monotonic()
         while True:
             try:
-                pid = self._kill_running_task(w)
+                pid = self._kill_running_task(w, task_id=task_id)
             except sa.exc.OperationalError:  # SQLite under load: "database is locked"; look again
                 pid = None
             if pid is not None or time.monotonic() - t0 >= wait_s:
@@ -171,14 +215,26 @@ class Breaker:
                 return pid
             time.sleep(poll)
 
-    def _kill_running_task(self, w: Where) -> int | None:
-        """The task process of whichever longrun task of this run is running now."""
-        q = sa.text(
-            "SELECT dag_id, task_id, pid FROM task_instance WHERE state = 'running' AND pid IS NOT NULL"
-            " AND dag_id IN ('training_run', 'sdc_incident')"
-        )
+    def _kill_running_task(self, w: Where, *, task_id: str | None = None) -> int | None:
+        """The task process of whichever longrun task of this run is running now (with `task_id`: that
+        task of the run's incident)."""
+        if task_id is None:
+            q = sa.text(
+                "SELECT dag_id, task_id, pid FROM task_instance WHERE state = 'running' AND pid IS NOT NULL"
+                " AND dag_id IN ('training_run', 'sdc_incident')"
+            )
+            args: dict[str, str] = {}
+        else:
+            run_id = _incident_run(w)
+            if run_id is None:
+                return None
+            q = sa.text(
+                "SELECT dag_id, task_id, pid FROM task_instance WHERE state = 'running' AND pid IS NOT NULL"
+                " AND dag_id = 'sdc_incident' AND run_id = :r AND task_id = :t"
+            )
+            args = {"r": run_id, "t": task_id}
         with w.db.connect() as conn:
-            rows = list(conn.execute(q).mappings())
+            rows = list(conn.execute(q, args).mappings())
         for row in rows:
             pid = int(row["pid"])
             try:

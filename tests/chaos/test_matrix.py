@@ -38,8 +38,12 @@ pytestmark = [
 
 DRILL = {"kind": "sick-node", "step": 17, "target": "n2"}
 STEP_TIMEOUT_S = 900.0
-# (step, component): the cells this suite runs, most valuable first (issue 14's priorities).
-CELLS = [
+# (step, component): every step of harness.STEPS x every component of harness.COMPONENTS (issue 14's 70).
+# First the 12 cells proven on both databases (docs/reliability.md), in the order they were proven; then
+# the rest, most valuable first: the steps that had no cell at all (attribute, pick), then the steps that
+# act on the cluster (relaunch, diagnose, drain, freeze), then the hand-overs and the monitor; within a
+# step, the components with the fewest cells first (a task process, then Slurm, then Airflow's daemons).
+PROVEN = [
     ("drain", "scheduler"),
     ("monitor", "triggerer"),
     ("relaunch", "task"),
@@ -53,6 +57,33 @@ CELLS = [
     ("promotion", "task"),
     ("drain", "s3"),
 ]
+REST = [
+    *(
+        ("attribute", c)
+        for c in ("task", "slurmctld", "dag-processor", "slurmd", "s3", "scheduler", "triggerer")
+    ),
+    *(("pick", c) for c in ("task", "slurmctld", "dag-processor", "slurmd", "s3", "scheduler", "triggerer")),
+    *(("relaunch", c) for c in ("dag-processor", "slurmd", "s3", "scheduler", "triggerer")),
+    *(("diagnose", c) for c in ("task", "slurmctld", "dag-processor", "s3", "scheduler", "triggerer")),
+    *(("drain", c) for c in ("slurmctld", "dag-processor", "slurmd", "triggerer")),
+    *(("freeze", c) for c in ("task", "slurmctld", "dag-processor", "slurmd", "s3", "scheduler")),
+    *(("hand_over", c) for c in ("task", "slurmctld", "dag-processor", "slurmd", "s3", "triggerer")),
+    *(("promotion", c) for c in ("slurmctld", "dag-processor", "slurmd", "scheduler", "triggerer")),
+    *(("reenter", c) for c in ("task", "slurmctld", "slurmd", "s3", "scheduler", "triggerer")),
+    *(("monitor", c) for c in ("task", "slurmctld", "dag-processor", "slurmd", "s3", "scheduler")),
+]
+CELLS = [*PROVEN, *REST]
+# cell -> why it cannot pass by construction (pytest.mark.xfail(strict=True)): what the operator sees and
+# the runbook that applies. Only cells that were run and seen to fail that way (docs/reliability.md).
+EXPECTED_FAIL: dict[tuple[str, str], str] = {}
+
+
+def _param(step: str, component: str) -> Any:
+    why = EXPECTED_FAIL.get((step, component))
+    marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+    return pytest.param(step, component, id=f"{step}-{component}", marks=marks)
+
+
 STAMP = time.strftime("%H%M%S")
 
 
@@ -86,7 +117,7 @@ def clean(rest) -> Any:
     return result
 
 
-@pytest.mark.parametrize(("step", "component"), CELLS, ids=[f"{s}-{c}" for s, c in CELLS])
+@pytest.mark.parametrize(("step", "component"), [_param(s, c) for s, c in CELLS])
 def test_cell(rest, clean, local_stack, airflow_stack, cell_done, step: str, component: str) -> None:
     run = f"chaos{STAMP}-{step}-{component}".replace("_", "-")
     store = store_from_env()
@@ -111,7 +142,7 @@ def test_cell(rest, clean, local_stack, airflow_stack, cell_done, step: str, com
     try:
         waited = wait_for_step(where, step, timeout=STEP_TIMEOUT_S)
         lines.append(f"reached {step} after {waited:.1f} s")
-        killed = breaker.kill(component, where)
+        killed = breaker.kill(component, where, step=step)
         if killed is None:
             pytest.fail(f"nothing to kill: {component} had no running process at {step}")
         time.sleep(3.0)  # let the rest of the system notice
