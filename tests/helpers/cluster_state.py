@@ -40,38 +40,6 @@ def _scontrol(env: dict[str, str], *args: str) -> None:
     subprocess.run(["scontrol", *args], env=env, capture_output=True, timeout=30, check=False)
 
 
-def restore_clean_cluster(cluster: Any) -> list[str]:
-    """Restore `cluster` (a helpers.stack_fixtures.SlurmCluster) to clean; what is still dirty after
-    SETTLE_S (empty list on success)."""
-    env = cluster.client_env()
-    client = CliSlurmClient(slurm_conf=cluster.env["SLURM_CONF"])
-    deadline = time.monotonic() + SETTLE_S
-    if not _dirt(client):
-        return []
-    for job in client.jobs():
-        if job.is_active:
-            subprocess.run(
-                ["scancel", str(job.job_id)], env=env, capture_output=True, timeout=30, check=False
-            )
-    for name in client.reservations():
-        _scontrol(env, "delete", f"ReservationName={name}")
-    repaired: set[str] = set()
-    while time.monotonic() < deadline:
-        left = _dirt(client)
-        if not left:
-            return []
-        for node in client.nodes():
-            if "DRAIN" in node.flags or node.state in ("drained", "draining"):
-                _scontrol(env, "update", f"NodeName={node.name}", "State=RESUME")
-            elif node.state == "down" and node.name not in repaired:
-                # A test killed its slurmd and died before restarting it: start it again (no-op if running).
-                repaired.add(node.name)
-                cluster.restart_slurmd(node.name)
-                _scontrol(env, "update", f"NodeName={node.name}", "State=RESUME")
-        time.sleep(POLL_S)
-    return _dirt(client)
-
-
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """What a test may change on the session's cluster, as it was before the test."""
@@ -137,3 +105,24 @@ def restore_snapshot(cluster: Any, before: Snapshot) -> list[str]:
                 _scontrol(env, "update", f"NodeName={node.name}", "State=RESUME")
         time.sleep(POLL_S)
     return _added(cluster, client, before)
+
+
+def clean_snapshot(cluster: Any) -> Snapshot:
+    """A clean cluster as a snapshot: no active job, no reservation, every node up with its slurmd running."""
+    none: frozenset[Any] = frozenset()
+    return Snapshot(jobs=none, reservations=none, drained=none, down=none, slurmd=frozenset(cluster.nodes))
+
+
+def restore_clean_cluster(cluster: Any) -> list[str]:
+    """Restore `cluster` (a helpers.stack_fixtures.SlurmCluster) to clean: `restore_snapshot` from the clean
+    snapshot, then wait (bounded) until no node shows any state or flag but idle. What is still dirty after
+    that (empty list on success)."""
+    client = CliSlurmClient(slurm_conf=cluster.env["SLURM_CONF"])
+    if not _dirt(client):
+        return []
+    if left := restore_snapshot(cluster, clean_snapshot(cluster)):
+        return left
+    deadline = time.monotonic() + SETTLE_S
+    while (left := _dirt(client)) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return left
