@@ -171,7 +171,9 @@ def run_slurm(a: argparse.Namespace, work: Path) -> str:
         max_restarts=2,
         time_limit_min=15,
     )
-    nvrx = dataclasses.replace(NvrxLaunch.for_step_time(0.5), port_base=a.port_base)
+    nvrx = NvrxLaunch.for_step_time(0.5)
+    if a.port_base is not None:
+        nvrx = dataclasses.replace(nvrx, port_base=a.port_base)
     env = {
         "SLURM_CONF": os.environ["SLURM_CONF"],
         "OMP_NUM_THREADS": "1",
@@ -206,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--json", action="store_true", help="print each timeline as JSON too")
     p.add_argument("--log-dir", help="keep each run's combined log here")
-    p.add_argument("--port-base", type=int, default=20000, help="slurm mode: rendezvous port base")
+    p.add_argument(
+        "--port-base", type=int, help="slurm mode: rendezvous port base (default: training.ports, 23500)"
+    )
     a = p.parse_args(argv)
     print("command: python bench/bench_nvrx.py " + " ".join(shlex.quote(x) for x in (argv or sys.argv[1:])))
     print(f"nodes {a.nodes} x 1 CPU rank, model {a.model}, steps {a.steps}, checkpoint every "

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from training import ports
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
@@ -69,9 +71,10 @@ def node_name(rank: int, env: dict[str, str] | None = None) -> str:
 
 
 def _default_port(env: dict[str, str]) -> str:
-    # Under srun without a launcher, derive a port from the job id so two jobs on a node do not collide.
+    # Under srun without a launcher, derive a port from the job id so two jobs on a node do not collide:
+    # the launch script's rule and default range (training.ports).
     job = env.get("SLURM_JOB_ID", "")
-    return str(20000 + int(job) % 20000) if job.isdigit() else "29500"
+    return str(ports.rendezvous_port(int(job))) if job.isdigit() else "29500"
 
 
 def init_process_group(placement: Placement, *, timeout_s: float) -> str:

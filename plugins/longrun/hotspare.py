@@ -15,6 +15,8 @@ import dataclasses
 import shlex
 from typing import TYPE_CHECKING
 
+from training import ports
+
 if TYPE_CHECKING:
     from longrun.launch import NvrxLaunch
     from longrun.runspec import RunSpec
@@ -23,17 +25,15 @@ if TYPE_CHECKING:
 #: (the diagnosis runs beside them, as a step of this job: longrun.incident.inalloc); after it the job
 #: ends with 93 and the full relaunch takes over.
 DIRECTIVE_WAIT_S = 300
-#: Attempt a of job j rendezvous on base + (j + a * span // 2) mod span: attempt 0 on the plain launch's
-#: port (longrun.launch), the next half a span away. Job ids map to ports one to one, as on the plain path,
-#: so a site (or the local stack, whose job ids and service ports are laid out apart) that keeps its job
-#: ids clear of its service ports keeps every attempt clear too. A multiplied job id landed anywhere: an
-#: attempt drew the local S3 server's port and could not host its rendezvous.
+#: Attempt a of job j rendezvous on base + (j + a * span // 2) mod span (training.ports, the one rule):
+#: attempt 0 on the plain launch's port (longrun.launch), the next half a span away, every attempt inside
+#: [base, base + span - 1] (23500-30999 by default: below the ephemeral range, clear of the local stack).
+#: A multiplied job id landed anywhere: an attempt drew the local S3 server's port.
 
 
 def attempt_port_expr(nvrx: NvrxLaunch) -> str:
     """The bash arithmetic for an attempt's rendezvous port (see above)."""
-    half = max(1, nvrx.port_span // 2)
-    return f"{nvrx.port_base} + (SLURM_JOB_ID + LONGRUN_ATTEMPT * {half}) % {nvrx.port_span}"
+    return ports.rendezvous_port_bash(base=nvrx.port_base, span=nvrx.port_span, attempt_var="LONGRUN_ATTEMPT")
 
 
 def step_script(

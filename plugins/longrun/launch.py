@@ -27,13 +27,14 @@ from longrun.runspec import RunSpec
 from longrun.slurm import validate as v
 from longrun.slurm.errors import InvalidSpecError
 from longrun.slurm.spec import BASE_EXPORT, JobSpec, JobTag
+from training import ports
 
-#: Rendezvous ports are 20000 + job id mod 20000 by default (the same rule as training.dist for plain
-#: srun). Known limit: job ids whose remainder is 12768 or more give ports in Linux's default ephemeral
-#: range (32768+), where an outgoing connection on the host can hold the port for a moment; a site sets
-#: port_base/port_span (NvrxLaunch) to a range its nodes keep free.
-PORT_BASE = 20000
-PORT_SPAN = 20000
+#: Rendezvous ports: PORT_BASE + job id mod PORT_SPAN, i.e. 23500-30999 by default, the one rule of
+#: training.ports (also hot-spare attempts and training.dist's plain srun). For any job id that stays below
+#: Linux's default ephemeral range (32768+) and clear of every local stack slot's ports (see there); a site
+#: sets port_base/port_span (NvrxLaunch) to a range its nodes keep free.
+PORT_BASE = ports.PORT_BASE
+PORT_SPAN = ports.PORT_SPAN
 #: The step time the default settings assume for CPU ranks (`gpus_per_node: 0`).
 CPU_STEP_S = 0.5
 #: The job's environment is an allow-list: these names (by value from the submitting environment, where
@@ -77,7 +78,7 @@ class NvrxLaunch:
     term_timeout_s: float = 60.0
     """SIGTERM-to-SIGKILL grace when Slurm cancels the job (the trainer flushes its records)."""
     port_base: int = PORT_BASE
-    """Rendezvous port = port_base + job id mod port_span."""
+    """Rendezvous port = port_base + job id mod port_span (training.ports; the defaults keep it in 23500-30999)."""
     port_span: int = PORT_SPAN
     """See port_base. Clusters that share one host (test sessions) give each a disjoint range."""
     min_timeout_s: float = 300.0
@@ -192,7 +193,7 @@ def job_spec_for_run(
         'FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "MASTER_ADDR=$(scontrol -o show node \"$FIRST_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
         'if [ -z "$MASTER_ADDR" ]; then echo "longrun: no NodeAddr for $FIRST_NODE" >&2; exit 1; fi',
-        f"MASTER_PORT=$(({nvrx.port_base} + SLURM_JOB_ID % {nvrx.port_span}))",
+        f"MASTER_PORT=$(({ports.rendezvous_port_bash(base=nvrx.port_base, span=nvrx.port_span)}))",
         "export MASTER_ADDR MASTER_PORT",
         'echo "longrun: job $SLURM_JOB_ID (slurm restart ${SLURM_RESTART_COUNT:-0}) rendezvous'
         ' $MASTER_ADDR:$MASTER_PORT on $SLURM_JOB_NODELIST"',

@@ -98,8 +98,8 @@ class Launcher:
 def launcher(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     root = tmp_path_factory.mktemp("nvrx-runs")
     conf = slurm_cluster.env["SLURM_CONF"]
-    # Each test session's cluster numbers its jobs from 1: give the rendezvous a port range of its own,
-    # derived from the session's (disjoint) stack port range.
+    # Give each session's rendezvous a port range of its own, derived from the session's (disjoint) stack
+    # port range, on top of the per-slot job id windows (longrun.stack.slurm_conf.first_job_id).
     base = slurm_cluster.stack.layout.port_base - 12000
     nvrx = dataclasses.replace(NvrxLaunch.for_step_time(STEP_S), port_base=base, port_span=150)
     env = {"SLURM_CONF": conf, "LONGRUN_STORE_DIR": str(root / "store"), "OMP_NUM_THREADS": "1"}

@@ -16,6 +16,8 @@ from longrun.slurm.errors import InvalidSpecError
 from longrun.slurm.render import render_sbatch
 from longrun.slurm.spec import JobTag
 
+from training import ports
+
 GOLDEN = Path(__file__).parent / "golden"
 TAG = JobTag(dag_id="training_run", run_id="manual__2026-11-29T16:00:00+00:00", task_id="submit")
 
@@ -99,8 +101,14 @@ def test_nvrx_launch_validation_names_the_field(field: str, value: object) -> No
     assert field in str(e.value)
 
 
-def test_port_and_address_resolution_in_a_shell(tmp_path: Path) -> None:
-    """The address/port lines of the script, run against a fake scontrol: NodeAddr of the FIRST node."""
+@pytest.mark.parametrize(
+    ("job_id", "port"),
+    # 23500 + id mod 7500; under the old rule (20000 + id mod 20000) 13020 drew 33020, in the ephemeral range
+    [("41234", "27234"), ("13020", "29020"), ("12345678", "24178"), ("4294967294", "25794")],
+)
+def test_port_and_address_resolution_in_a_shell(tmp_path: Path, job_id: str, port: str) -> None:
+    """The address/port lines of the script, run against a fake scontrol: NodeAddr of the FIRST node, and
+    the rendezvous port in the default range (training.ports) for any job id."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     fake = bindir / "scontrol"
@@ -115,9 +123,10 @@ def test_port_and_address_resolution_in_a_shell(tmp_path: Path) -> None:
     )
     lines = [ln for ln in spec.command if "MASTER_" in ln or "FIRST_NODE=" in ln]
     script = "\n".join([*lines, 'echo "$MASTER_ADDR $MASTER_PORT"'])
-    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[2-3]", "SLURM_JOB_ID": "41234"}
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[2-3]", "SLURM_JOB_ID": job_id}
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True).stdout
-    assert out.split()[-2:] == ["127.0.0.2", str(20000 + 41234 % 20000)]
+    assert out.split()[-2:] == ["127.0.0.2", port]
+    assert str(ports.rendezvous_port(int(job_id))) == port
 
 
 def test_cpu_runs_default_to_cpu_timeouts() -> None:

@@ -3,7 +3,9 @@
 All ports are offsets from one base (default 21800), a range no common service uses. SeaweedFS also
 listens on each of its ports + 10000 (gRPC); with a base up to 22600 those stay below Linux's
 ephemeral range (32768+), where an outgoing connection could hold one. One stack spans SLOT_WIDTH
-ports from its base (plus the gRPC ones), so stacks SLOT_WIDTH apart never collide.
+ports from its base (plus the gRPC ones), so stacks SLOT_WIDTH apart never collide. The default
+rendezvous ports of training jobs (training.ports: 23500-30999) lie between the slots and the gRPC ports
+of every base from 21050 to 23350: a new slot goes there.
 """
 
 from __future__ import annotations

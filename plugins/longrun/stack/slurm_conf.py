@@ -9,12 +9,14 @@ running anything. Why the less obvious lines are there:
 - `%n` in the slurmd paths: four slurmd on one host need their own spool, pid and log files.
 - `jobcomp/filetxt`: a durable record of finished jobs after slurmctld forgets them (no slurmdbd here).
 - `FirstJobId`: a window of job ids per port slot. Launches derive their NVRx rendezvous port from the
-  job id; clusters sharing this host (test sessions) that all began at job 1 collided there.
+  job id (training.ports); clusters sharing this host (test sessions) that all began at job 1 collided there.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from training import ports
 
 from .layout import HOST, NODES, PARTITION, SLOT_WIDTH, Layout
 from .slurm_version import SlurmVersion
@@ -24,10 +26,21 @@ CPUS_PER_NODE = 2
 REAL_MEMORY_MB = 2048
 
 
+JOB_ID_WINDOW = 250
+"""Job ids per port slot (a whole test session submits about 140 jobs)."""
+JOB_ID_WINDOWS = ports.attempt_offset(ports.PORT_SPAN) // JOB_ID_WINDOW
+"""How many slots get windows of their own: 15, so the slots with bases 21000-23249 all differ (the bench
+slots 21050-21650, the default stack 21800, the test slots 22000-22600, pinned test bases up to 22800
+with both of their extra slots)."""
+
+
 def first_job_id(layout: Layout) -> int:
-    """1 + 1000 x (the layout's port slot mod 20): the default stack and each test slot get their own
-    thousand job ids, so the rendezvous ports of their jobs (base + job id mod 20000) never meet."""
-    return 1 + (layout.port_base // SLOT_WIDTH % 20) * 1000
+    """1 + JOB_ID_WINDOW x (the layout's port slot mod JOB_ID_WINDOWS). The windows tile the first half of
+    the default rendezvous range (training.ports), and a hot-spare attempt's offset of half the range
+    moves them into the second half, so while each cluster stays within its first JOB_ID_WINDOW jobs, no
+    attempt of any job of one slot shares a rendezvous port with an attempt of another slot's job. Every
+    port of every job id lies clear of the stacks' own ports anyway (training.ports)."""
+    return 1 + (layout.port_base // SLOT_WIDTH % JOB_ID_WINDOWS) * JOB_ID_WINDOW
 
 
 def slurm_paths(layout: Layout) -> dict[str, Path]:
