@@ -92,7 +92,11 @@ def sdc_incident() -> None:
 
         return freeze_task(params, run_id)
 
-    @task(retries=0)
+    # Retried like every step (the DAG's default): the attribution is recomputed from the alert and
+    # recorded once, its node-history note is a no-op when already there, and an ambiguous verdict stops
+    # the incident with AirflowFailException, which is never retried. Without retries a task process lost
+    # here (SIGKILL, OOM, a worker restart) failed the incident before the drain (chaos cell attribute-task).
+    @task
     def attribute(params: dict[str, Any], run_id: str) -> dict[str, Any]:
         from longrun.incident.tasks import attribute_task
 
