@@ -32,9 +32,9 @@ lint: venv
 typecheck: venv
 	.venv/bin/mypy $(MYPY_TARGETS)
 
+# The suite, then the Slurm 25.11 tier; the tier's build runs beside the suite at low priority.
 test: setup lint typecheck
-	$(PY) -m pytest $(PYTEST_ARGS)
-	@$(MAKE) --no-print-directory test-slurm-25.11
+	@PYTEST_ARGS="$(PYTEST_ARGS)" scripts/test.sh
 
 # tests/slurm again on Slurm 25.11 built from source, with both backends (CLI and pyslurm); skipped with
 # its reason when the source tarball is absent (docs/slurm.md).
