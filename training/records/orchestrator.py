@@ -10,6 +10,7 @@ from typing import Any, Self
 
 from training import schema
 from training.records.base import Record, ints, opt_dict, opt_float, opt_int, opt_str, strs
+from training.records.diagnosis import Diagnosis
 from training.schema import SchemaError
 
 
@@ -163,7 +164,8 @@ class Incident(Record):
     alert_key: str | None = None
     attribution: Mapping[str, Any] = field(default_factory=dict)
     drain: Mapping[str, Any] = field(default_factory=dict)
-    diagnosis: Mapping[str, Any] = field(default_factory=dict)
+    diagnosis: Diagnosis = field(default_factory=Diagnosis)
+    """What the diagnose step found (empty: not diagnosed)."""
     checkpoint: Mapping[str, Any] = field(default_factory=dict)
     """The restart checkpoint: `step`, `key`, `why`."""
     relaunch: Mapping[str, Any] = field(default_factory=dict)
@@ -177,7 +179,7 @@ class Incident(Record):
         "alert_key": opt_str,
         "attribution": opt_dict,
         "drain": opt_dict,
-        "diagnosis": opt_dict,
+        "diagnosis": Diagnosis.read_or_empty,
         "checkpoint": opt_dict,
         "relaunch": opt_dict,
         "lost_steps": opt_int,

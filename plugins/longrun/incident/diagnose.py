@@ -27,6 +27,7 @@ from longrun.slurm import ops
 from longrun.slurm import validate as v
 from longrun.slurm.client import CommandResult, NodeState, SlurmClient
 from longrun.slurm.errors import ForeignDrainError, SlurmCommandError
+from training.records.diagnosis import NodeCheck
 
 SDC = "sdc"
 DIAG = "diag"
@@ -149,17 +150,14 @@ def _details(result: CommandResult) -> dict[str, Any]:
     return obj
 
 
-def summarize(node: str, d: dict[str, Any]) -> str:
+def summarize(node: str, d: NodeCheck) -> str:
     """One line for people from node_check's JSON: the verdict, the probe's fingerprints, DCGM's result.
     Both diagnosis paths use it (the MAINT reservation here, the kept job's step in incident/inalloc.py)."""
-    probe = d.get("probe") or {}
-    res = probe.get("result") or {}
-    parts = [f"{node}: {d.get('verdict')}", f"probe {probe.get('verdict')}"]
-    if res.get("fingerprint"):
-        parts.append(
-            f"fingerprint {res.get('fingerprint')} (expected {res.get('expect') or res.get('expected')})"
-        )
-    parts.append(dcgm.describe(d.get("dcgm")))
+    res = d.probe_result
+    parts = [f"{node}: {d.verdict}", f"probe {d.probe.verdict if d.probe else None}"]
+    if res.fingerprint:
+        parts.append(f"fingerprint {res.fingerprint} (expected {res.expected_fingerprint})")
+    parts.append(dcgm.describe(d.dcgm))
     return "; ".join(parts)
 
 
@@ -214,7 +212,7 @@ def diagnose(
         node=node,
         verdict=outcome,
         reason=verdict_reason(run, step, outcome),
-        summary=summarize(node, seen),
+        summary=summarize(node, NodeCheck.from_json(seen)),
         runbook=book,
         duration_s=time.monotonic() - started,
         exit_code=result.exit_code,

@@ -36,6 +36,8 @@ from longrun.incident.jobstep import batch_host, run_step
 from longrun.incident.runner import Outcome, write
 from longrun.slurm import validate as v
 from longrun.slurm.client import JobState, SlurmClient
+from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
+from training.schema import SchemaError
 
 if TYPE_CHECKING:
     from longrun.incident.steps import Incident
@@ -119,6 +121,14 @@ def reference_in_job(
     return obj
 
 
+def _node_check(seen: dict[str, Any]) -> NodeCheck | None:
+    """node_check's JSON line as a NodeCheck; None when it does not read as one (no verdict)."""
+    try:
+        return NodeCheck.from_json(seen)
+    except SchemaError:
+        return None
+
+
 def _healthy(client: SlurmClient, held: tuple[str, ...], suspect: str) -> tuple[str, ...]:
     states = {n.name: n for n in client.nodes()}
     return tuple(
@@ -141,10 +151,10 @@ def diagnose_in_job(
     from longrun.incident import steps
 
     rec = inc.rec(store)
-    if done := rec.get("diagnosis"):
-        if done.get("where") == IN_JOB and inc.plan.changes:
+    if done := Diagnosis.read("incident", rec, "diagnosis"):
+        if done.where == IN_JOB and inc.plan.changes:
             release(store, client, inc, node)  # a try that died between the verdict and the release
-        return dict(done)
+        return dict(rec["diagnosis"])  # the recorded object as it is (XCom unchanged)
     state, why = why_not(client, inc, node)
     if state is None or inc.job_id is None:
         if inc.plan.changes and injob.kept_job(client, inc) is not None:
@@ -152,7 +162,8 @@ def diagnose_in_job(
         return None
     steps.authenticate(store, client, inc, node=node)  # act only on a node of the signed alert's job
     t0 = time.time()
-    ref = rec.get("reference") or steps.cached_reference(store, partition)
+    recorded = ProbeResult.read("incident", rec, "reference")
+    ref = recorded.to_json() if recorded else steps.cached_reference(store, partition)
     if ref is None:
         try:
             ref = reference_in_job(
@@ -167,17 +178,18 @@ def diagnose_in_job(
             _skip(store, client, inc, node, f"reference: {e}")
             return None
         steps.remember_reference(store, partition, ref)
+    known = ProbeResult.from_json(ref)
     inc.event(
         store,
         Event.REFERENCE,
         fields={"reference": ref},
-        node=ref.get("node"),
-        fingerprint=ref.get("fingerprint"),
+        node=known.node,
+        fingerprint=known.fingerprint,
     )
     level = dcgm.level_for(check=str(inc.alert["check"]))
     argv = diagnose.node_check_argv(
         node=node,
-        expect=str(ref["fingerprint"]),
+        expect=str(known.fingerprint),
         dcgm_level=level,
         probe_timeout_s=max(30.0, timeout_s - 30),
         python=python,
@@ -186,7 +198,12 @@ def diagnose_in_job(
     started = time.monotonic()
     result = run_step(client, inc.job_id, node, argv, timeout_s=timeout_s)
     seen = node_check.last_json_line(result.stdout)
-    if seen is None or seen.get("verdict") not in (node_check.PASS, node_check.FAIL, node_check.ERROR):
+    checked = None if seen is None else _node_check(seen)
+    if (
+        seen is None
+        or checked is None
+        or checked.verdict not in (node_check.PASS, node_check.FAIL, node_check.ERROR)
+    ):
         # the step itself did not run (job ended, node left the allocation, srun refused): no verdict
         _skip(
             store,
@@ -196,10 +213,10 @@ def diagnose_in_job(
             f"the step gave no verdict (rc {result.exit_code}): {result.stderr[-300:]}",
         )
         return None
-    outcome = str(seen["verdict"])
-    probe = (seen.get("probe") or {}).get("result") or {}
-    summary = diagnose.summarize(node, seen)
-    if outcome == node_check.FAIL and probe and not steps.reference_matches(ref, probe):
+    outcome = str(checked.verdict)
+    probe = checked.probe_result
+    summary = diagnose.summarize(node, checked)
+    if outcome == node_check.FAIL and probe and known.env != probe.env:
         outcome = node_check.ERROR  # different torch / CPU level / threads: not comparable, not a verdict
         summary += "; the reference's environment differs from the node's: not comparable"
     reason = diagnose.verdict_reason(inc.run, inc.step, outcome)
@@ -217,7 +234,7 @@ def diagnose_in_job(
     )
     out = {
         **d.to_dict(),
-        "reference_node": ref.get("node"),
+        "reference_node": known.node,
         "dcgm_level": level,
         "total_s": round(time.time() - t0, 3),
         "where": IN_JOB,

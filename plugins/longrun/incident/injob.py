@@ -31,6 +31,7 @@ from longrun.slurm import validate as v
 from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from training import schema
 from training.directive import DIRECTIVES_DIR, Directive
+from training.records.diagnosis import Diagnosis
 from training.store import ObjectStore, PreconditionFailed
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ def direct(
     if node in held:
         # verified against the allocation before it changes (a rerun finds the node released already)
         authenticate(store, client, inc, node=node)
-        if inc.rec(store).get("diagnosis"):
+        if Diagnosis.read("incident", inc.rec(store), "diagnosis"):
             from longrun.incident import inalloc
 
             inalloc.release(store, client, inc, node)

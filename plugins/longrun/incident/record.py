@@ -158,7 +158,7 @@ def summary(rec: Mapping[str, Any]) -> str:
     if att := r.attribution:
         lines.append(f"  attribution: {att.get('verdict')} {att.get('node') or ''} - {att.get('reason')}")
     if diag := r.diagnosis:
-        lines.append(f"  diagnosis: {diag.get('verdict')} - {diag.get('summary')}")
+        lines.append(f"  diagnosis: {diag.verdict} - {diag.summary}")
     if ck := r.checkpoint:
         lines.append(f"  checkpoint: step {ck.get('step')} ({ck.get('why')})")
     if r.lost_steps is not None:

@@ -13,15 +13,11 @@ from typing import Any
 
 from longrun.incident import dcgm, diagnose, keep_drained, node_check, runbooks
 from longrun.incident.events import Event
-from longrun.incident.probe_reference import (
-    PROBE_ENV,
-    cached_reference,
-    reference_matches,
-    remember_reference,
-)
+from longrun.incident.probe_reference import cached_reference, remember_reference
 from longrun.incident.runner import Incident, IncidentStop, Outcome, Rec, run
 from longrun.incident.step_drain import restore_drain
 from longrun.slurm.client import SlurmClient
+from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
 from training.store import ObjectStore
 
 
@@ -41,7 +37,8 @@ def run_diagnosis(
         restore_drain(store, client, inc)  # a try that died inside the reservation left the node resumed
 
     def done(rec: Rec) -> dict[str, Any] | None:
-        return dict(rec["diagnosis"]) if rec.get("diagnosis") else None
+        # the recorded object as it is (XCom unchanged), once it reads as a diagnosis
+        return dict(rec["diagnosis"]) if Diagnosis.read("incident", rec, "diagnosis") else None
 
     def observe(rec: Rec) -> Outcome:
         return Outcome(
@@ -50,7 +47,8 @@ def run_diagnosis(
 
     def act(rec: Rec) -> Outcome:
         t0 = time.time()
-        ref = rec.get("reference") or cached_reference(store, partition)
+        recorded = ProbeResult.read("incident", rec, "reference")
+        ref = recorded.to_json() if recorded else cached_reference(store, partition)
         if ref is None:
             healthy = diagnose.pick_healthy(client.nodes(), exclude=[node], prefer=run_nodes)
             if healthy is None:
@@ -66,12 +64,13 @@ def run_diagnosis(
                 reservation=keep_drained.reservation_name(keep_drained.REF, inc.incident_id, healthy),
             )
             remember_reference(store, partition, ref)
+        known = ProbeResult.from_json(ref)
         inc.event(
             store,
             Event.REFERENCE,
             fields={"reference": ref},
-            node=ref.get("node"),
-            fingerprint=ref.get("fingerprint"),
+            node=known.node,
+            fingerprint=known.fingerprint,
         )
         level = dcgm.level_for(check=str(inc.alert["check"]))
         d = diagnose.diagnose(
@@ -79,7 +78,7 @@ def run_diagnosis(
             node=node,
             run=inc.run,
             step=inc.step,
-            expect=str(ref["fingerprint"]),
+            expect=str(known.fingerprint),
             dcgm_level=level,
             timeout_s=timeout_s,
             python=python,
@@ -87,18 +86,18 @@ def run_diagnosis(
             reservation=keep_drained.reservation_name(keep_drained.DIAG, inc.incident_id, node),
             hold_min=keep_drained.DIAG_HOLD_MIN,
         )
-        probe = (d.details.get("probe") or {}).get("result") or {}
-        if d.verdict == node_check.FAIL and probe and not reference_matches(ref, probe):
+        probe = NodeCheck.from_json(d.details).probe_result
+        if d.verdict == node_check.FAIL and probe and known.env != probe.env:
             # Different torch / CPU level / threads: the fingerprints cannot be compared. Not a verdict.
             d = dataclasses.replace(
                 d,
                 verdict=node_check.ERROR,
-                summary=d.summary + f"; reference environment {[ref.get(k) for k in PROBE_ENV]} differs from "
-                f"the node's {[probe.get(k) for k in PROBE_ENV]}: not comparable",
+                summary=d.summary + f"; reference environment {list(known.env)} differs from "
+                f"the node's {list(probe.env)}: not comparable",
             )
         result = {
             **d.to_dict(),
-            "reference_node": ref.get("node"),
+            "reference_node": known.node,
             "dcgm_level": level,
             "total_s": round(time.time() - t0, 3),
         }

@@ -263,7 +263,7 @@ def _summary(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
         "incident_id": final.incident_id,
         "status": status,
         "node": final.attribution.get("node"),
-        "diagnosis": final.diagnosis.get("verdict"),
+        "diagnosis": final.diagnosis.verdict,
         "checkpoint_step": final.checkpoint.get("step"),
         "lost_steps": final.lost_steps,
         "time_to_recover_s": final.time_to_recover_s,

@@ -16,6 +16,7 @@ from longrun.incident import record
 from longrun.nodes import history as h
 from longrun.nodes.policy import NodePolicy, standing
 from training.records import Alert
+from training.records.diagnosis import Diagnosis
 from training.store import ObjectStore
 
 REPEAT_OFFENDER_RUNBOOK = "runbooks/repeat-offender.md"
@@ -69,26 +70,28 @@ def after_drain(hist: ObjectStore, inc: Any, out: Mapping[str, Any]) -> None:
     h.record(hist, node, h.DRAINED, inc.incident_id, **_common(inc), reason=out.get("reason"))
 
 
-def probe_evidence(diag: Mapping[str, Any]) -> dict[str, Any]:
-    """The parts of a diagnosis worth keeping in the node's history."""
-    details = diag.get("details") or {}
-    probe = details.get("probe") or {}
-    res = probe.get("result") or {}
+def probe_evidence(diagnosis: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a diagnosis (a `Diagnosis`, or its JSON) worth keeping in the node's history."""
+    diag = diagnosis if isinstance(diagnosis, Diagnosis) else Diagnosis.from_json(diagnosis)
+    checked = diag.checked
+    res = checked.probe_result
     return {
-        "summary": diag.get("summary"),
-        "probe_verdict": probe.get("verdict"),
-        "fingerprint": res.get("fingerprint"),
-        "expected": res.get("expect") or res.get("expected"),
-        "probe_env": {k: res.get(k) for k in ("torch", "cpu_capability", "threads")},
-        "dcgm": details.get("dcgm"),
-        "dcgm_level": diag.get("dcgm_level"),
-        "exit_code": diag.get("exit_code"),
+        "summary": diag.summary,
+        "probe_verdict": checked.probe.verdict if checked.probe else None,
+        "fingerprint": res.fingerprint,
+        "expected": res.expected_fingerprint,
+        "probe_env": {"torch": res.torch, "cpu_capability": res.cpu_capability, "threads": res.threads},
+        "dcgm": checked.dcgm,
+        "dcgm_level": diag.dcgm_level,
+        "exit_code": diag.exit_code,
     }
 
 
 def after_diagnose(hist: ObjectStore, inc: Any, node: str, out: Mapping[str, Any]) -> None:
-    verdict = out.get("verdict")
-    if out.get("observe") or verdict not in ("pass", "fail", "error"):
+    """`out`: the diagnose step's result (a `Diagnosis`'s JSON)."""
+    diag = Diagnosis.from_json(out)
+    verdict = diag.verdict
+    if diag.observe or verdict not in ("pass", "fail", "error"):
         return
     h.record(
         hist,
@@ -97,8 +100,8 @@ def after_diagnose(hist: ObjectStore, inc: Any, node: str, out: Mapping[str, Any
         inc.incident_id,
         **_common(inc),
         verdict=verdict,
-        reason=out.get("reason"),
-        evidence=probe_evidence(out),
+        reason=diag.reason,
+        evidence=probe_evidence(diag),
     )
     if verdict == "fail":
         h.record(hist, node, h.REPLACE, inc.incident_id, **_common(inc), reason="a diagnostic failed")

@@ -128,7 +128,7 @@ def _incidents(view: RunView) -> tuple[IncidentView, ...]:
                 check=alert.get("check"),
                 suspect_nodes=tuple(alert.get("suspect_nodes") or ()),
                 status=inc.status,
-                verdict=inc.diagnosis.get("verdict") or inc.extra.get("verdict"),
+                verdict=inc.diagnosis.verdict or inc.extra.get("verdict"),
                 timeline=tuple(e.to_json() for e in inc.timeline),
                 runbooks=_runbook_names(inc),
                 restart_step=_int_or_none(inc.checkpoint.get("step")),
@@ -171,7 +171,7 @@ def _incident_facts(inc: Incident) -> tuple[tuple[str, str], ...]:
     )
     add("drain", " ".join(f"{k}={v}" for k, v in sorted(inc.drain.items()) if not isinstance(v, dict | list)))
     diag = inc.diagnosis
-    add("diagnosis", " - ".join(str(x) for x in (diag.get("verdict"), diag.get("summary")) if x))
+    add("diagnosis", " - ".join(str(x) for x in (diag.verdict, diag.summary) if x))
     ck = inc.checkpoint
     add(
         "restart checkpoint",

@@ -1,0 +1,151 @@
+"""The incident record's parts (training/records/incident.py): each reads the JSON the previous code
+wrote (literal objects below, as they sit in records and XCom today), gives the same object back, and
+refuses a wrong type with an error naming the field; an incident without a part still reads."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from training import schema
+from training.records import Incident
+from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
+
+T = 1764430000.5
+
+# The reservation path's diagnosis (step_diagnose): Diagnosis.to_dict() of incident/diagnose.py with
+# node_check's JSON as `details`, plus the reference node, the DCGM level and the total time.
+DIAGNOSIS_JSON = """{
+ "dcgm_level": 2,
+ "details": {
+  "dcgm": null,
+  "node": "n2",
+  "probe": {
+   "exit_code": 1,
+   "result": {
+    "cpu_capability": "AVX2",
+    "duration_s": 0.412,
+    "expect": "0123456789abcdef",
+    "fingerprint": "fedcba9876543210",
+    "node": "n2",
+    "threads": 1,
+    "torch": "2.6.0+cpu",
+    "verdict": "fail"
+   },
+   "stderr_tail": "",
+   "verdict": "fail"
+  },
+  "verdict": "fail"
+ },
+ "duration_s": 3.25,
+ "exit_code": 1,
+ "node": "n2",
+ "reason": "longrun:diag-fail:r1:17",
+ "reference_node": "n1",
+ "runbook": "runbooks/diagnostic-failed.md",
+ "summary": "n2: fail; probe fail; fingerprint fedcba9876543210 (expected 0123456789abcdef); dcgmi absent",
+ "total_s": 7.5,
+ "verdict": "fail"
+}"""
+
+# The in-job path (inalloc) adds where it ran and the job; node_check printed nothing here, so its
+# details are the error shape with the output's tails; a DCGM result is kept as DCGM wrote it.
+IN_JOB = {
+    "node": "n3",
+    "verdict": "error",
+    "reason": "longrun:diag-error:r1:17",
+    "summary": "n3: error; probe None; dcgmi absent on the node",
+    "runbook": "runbooks/diagnostic-failed.md",
+    "duration_s": 1.0,
+    "exit_code": 2,
+    "details": {"verdict": "error", "stdout_tail": "", "stderr_tail": "srun: error"},
+    "reference_node": None,
+    "dcgm_level": 3,
+    "total_s": 2.5,
+    "where": "in_job",
+    "job_id": 41,
+}
+
+
+def _incident(**parts: Any) -> dict[str, Any]:
+    return schema.record(
+        "incident",
+        run="r1",
+        incident_id="00000017-recompute-r001-1",
+        alert={"step": 17, "check": "recompute"},
+        timeline=[{"event": "opened", "time": T}],
+        mode="act",
+        status="relaunched",
+        **parts,
+    )
+
+
+def test_diagnosis_reads_what_was_written_and_gives_it_back() -> None:
+    written = json.loads(DIAGNOSIS_JSON)
+    d = Diagnosis.from_json(written)
+    assert d.verdict == "fail" and d.reference_node == "n1" and d.dcgm_level == 2 and d.where is None
+    assert d.checked.probe is not None and d.checked.probe.verdict == "fail"
+    res = d.checked.probe_result
+    assert res.fingerprint == "fedcba9876543210" and res.expected_fingerprint == "0123456789abcdef"
+    assert res.env == ("2.6.0+cpu", "AVX2", 1) and d.checked.dcgm is None
+    assert d.to_json() == written
+    assert json.dumps(d.to_json(), sort_keys=True, indent=1) == DIAGNOSIS_JSON  # null dcgm kept
+
+    in_job = Diagnosis.from_json(IN_JOB)
+    assert in_job.where == "in_job" and in_job.job_id == 41 and in_job.reference_node is None
+    assert in_job.checked.stderr_tail == "srun: error" and not in_job.checked.probe_result
+    assert in_job.to_json() == IN_JOB and "dcgm" not in in_job.to_json()["details"]
+
+    # a field a newer writer adds is kept; older probes said `expected`
+    newer = Diagnosis.from_json(
+        {**IN_JOB, "attempts": 2, "details": {"probe": {"result": {"expected": "ab"}}}}
+    )
+    assert newer.extra == {"attempts": 2} and newer.checked.probe_result.expected_fingerprint == "ab"
+
+
+def test_the_incident_holds_the_diagnosis_typed_and_old_records_still_read() -> None:
+    written = _incident(diagnosis=json.loads(DIAGNOSIS_JSON))
+    inc = Incident.from_json(copy.deepcopy(written))
+    assert isinstance(inc.diagnosis, Diagnosis) and inc.diagnosis.summary.startswith("n2: fail")
+    assert inc.to_json() == written
+
+    old = _incident()  # opened, never diagnosed (or written before the diagnosis existed)
+    inc = Incident.from_json(old)
+    assert not inc.diagnosis and inc.diagnosis.verdict is None and inc.to_json() == old
+    partial = _incident(diagnosis={"verdict": "pass"})
+    assert Incident.from_json(partial).diagnosis.verdict == "pass"
+    assert Incident.from_json(partial).to_json() == partial
+    # code that still looks fields up by name reads the same values
+    assert Incident.from_json(written).diagnosis["verdict"] == "fail"
+
+
+@pytest.mark.parametrize(
+    ("diagnosis", "field"),
+    [
+        ({"verdict": 3}, "verdict"),
+        ({"exit_code": "1"}, "exit_code"),
+        ({"details": []}, "details"),
+        ({"details": {"probe": "fail"}}, "probe"),
+        ({"details": {"probe": {"result": {"threads": "1"}}}}, "threads"),
+        ({"details": {"dcgm": "passed"}}, "dcgm"),
+        ({"job_id": 4.5}, "job_id"),
+    ],
+)
+def test_a_malformed_diagnosis_is_refused_naming_the_field(diagnosis: dict[str, Any], field: str) -> None:
+    with pytest.raises(schema.SchemaError, match=f"'{field}'"):
+        Diagnosis.from_json(diagnosis)
+    with pytest.raises(schema.SchemaError, match=f"'{field}'"):
+        Incident.from_json(_incident(diagnosis=diagnosis))
+
+
+def test_a_reference_and_node_check_read_alone() -> None:
+    ref = {"node": "n1", "verdict": "no-reference", "fingerprint": "ab", "expect": None, "threads": 1}
+    r = ProbeResult.from_json(ref)
+    assert r.node == "n1" and r.expect is None and r.to_json() == ref  # `expect: null` kept
+    nc = NodeCheck.from_json({"node": "n2", "verdict": "pass", "probe": None, "dcgm": {"passed": True}})
+    assert nc.probe is None and nc.dcgm == {"passed": True} and not nc.probe_result
+    with pytest.raises(schema.SchemaError, match="fingerprint"):
+        ProbeResult.from_json({"fingerprint": 12})

@@ -1,0 +1,161 @@
+"""The diagnosis part of an incident record, as the diagnose step returns it and the record keeps it: the
+step's verdict, node_check's JSON (`details`) and the replay probe's JSON inside it; a probe's JSON is
+also the diagnosis' reference. Reading and writing: training/records/parts.py."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import field
+from typing import Any
+
+from training.records.base import opt_bool, opt_float, opt_int, opt_str
+from training.records.parts import PART, Part, opt_job_id, opt_obj
+
+
+@PART
+class ProbeResult(Part):
+    """The replay probe's JSON (training.probe): on the suspect node, or on a healthy one as the
+    reference."""
+
+    PART = "probe result"
+    node: str | None = None
+    verdict: str | None = None
+    """`pass`, `fail` or `no-reference`."""
+    fingerprint: str | None = None
+    expect: str | None = None
+    """The fingerprint it was given to expect."""
+    expected: str | None = None
+    """`expect` as older probes named it."""
+    duration_s: float | None = None
+    torch: str | None = None
+    cpu_capability: str | None = None
+    threads: int | None = None
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {
+        "node": opt_str,
+        "verdict": opt_str,
+        "fingerprint": opt_str,
+        "expect": opt_str,
+        "expected": opt_str,
+        "duration_s": opt_float,
+        "torch": opt_str,
+        "cpu_capability": opt_str,
+        "threads": opt_int,
+    }
+
+    @property
+    def env(self) -> tuple[str | None, str | None, int | None]:
+        """What a reference must share with the probe run it is compared with (torch, CPU level,
+        threads)."""
+        return (self.torch, self.cpu_capability, self.threads)
+
+    @property
+    def expected_fingerprint(self) -> str | None:
+        return self.expect or self.expected
+
+
+@PART
+class Probe(Part):
+    """node_check's run of the probe: its verdict, exit code and JSON."""
+
+    PART = "probe"
+    verdict: str | None = None
+    exit_code: int | None = None
+    result: ProbeResult | None = None
+    error: str | None = None
+    stderr_tail: str | None = None
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {
+        "verdict": opt_str,
+        "exit_code": opt_int,
+        "result": ProbeResult.read,
+        "error": opt_str,
+        "stderr_tail": opt_str,
+    }
+
+
+@PART
+class NodeCheck(Part):
+    """node_check's JSON: the node's verdict, the probe and DCGM's result (None: dcgmi absent). When
+    node_check printed nothing, the verdict is `error` with the output's tails."""
+
+    PART = "diagnosis details"
+    node: str | None = None
+    verdict: str | None = None
+    probe: Probe | None = None
+    dcgm: Mapping[str, Any] | None = None
+    """DCGM's verdict as incident/dcgm.py writes it (read by `dcgm.describe`)."""
+    stdout_tail: str | None = None
+    stderr_tail: str | None = None
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {
+        "node": opt_str,
+        "verdict": opt_str,
+        "probe": Probe.read,
+        "dcgm": opt_obj,
+        "stdout_tail": opt_str,
+        "stderr_tail": opt_str,
+    }
+
+    @property
+    def probe_result(self) -> ProbeResult:
+        """The probe's JSON (the empty one when the probe gave none)."""
+        return (self.probe.result if self.probe else None) or ProbeResult()
+
+
+@PART
+class Diagnosis(Part):
+    """The diagnose step's result and the record's `diagnosis`; `observe` marks observe mode's
+    would-be result (only `node` besides)."""
+
+    PART = "diagnosis"
+    node: str | None = None
+    verdict: str | None = None
+    """`pass`, `fail` or `error`."""
+    reason: str | None = None
+    """The drain reason the node carries afterwards."""
+    summary: str | None = None
+    runbook: str | None = None
+    duration_s: float | None = None
+    exit_code: int | None = None
+    details: NodeCheck | None = None
+    reference_node: str | None = None
+    dcgm_level: int | None = None
+    total_s: float | None = None
+    where: str | None = None
+    """`in_job` when it ran as a step of the kept job; absent for the reservation path."""
+    job_id: int | str | None = None
+    observe: bool | None = None
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {
+        "node": opt_str,
+        "verdict": opt_str,
+        "reason": opt_str,
+        "summary": opt_str,
+        "runbook": opt_str,
+        "duration_s": opt_float,
+        "exit_code": opt_int,
+        "details": NodeCheck.read,
+        "reference_node": opt_str,
+        "dcgm_level": opt_int,
+        "total_s": opt_float,
+        "where": opt_str,
+        "job_id": opt_job_id,
+        "observe": opt_bool,
+    }
+
+    @property
+    def checked(self) -> NodeCheck:
+        """node_check's JSON (the empty one when the diagnosis has none)."""
+        return self.details or NodeCheck()
+
+
+__all__ = ["Diagnosis", "NodeCheck", "Part", "Probe", "ProbeResult"]
