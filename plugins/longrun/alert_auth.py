@@ -19,17 +19,18 @@ Anything else is a refusal with a reason code; the caller raises a security even
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from longrun.slurm.client import JobState, SlurmClient
 from longrun.slurm.errors import JobNotFoundError
 from longrun.slurm.spec import JobTag
 from training import schema, signing
+from training.records.base import need, opt_float, opt_int, opt_str, stamped
 from training.store import NotFound, ObjectStore, PreconditionFailed, StoreError, put_json
 
 KEY_FOLDER = "ops/alert-keys/"
@@ -47,38 +48,73 @@ def _job_key(job_id: int) -> str:
     return f"{KEY_FOLDER}job-{int(job_id)}.json"
 
 
-def _load(store: ObjectStore, key: str) -> dict[str, Any] | None:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlertKey:
+    """The `alert_key` record (`ops/alert-keys/`): a job's signing key, issued for its tag at submit
+    and, once the job has an id, bound to it (the same record with `job_id`)."""
+
+    KIND = "alert_key"
+    run: str
+    tag: str | None = None
+    key: str
+    """The key, hex."""
+    time: float | None = None
+    job_id: int | None = None
+    """Set in the record bound to the job (`bind`)."""
+    schema_version: int = 1
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Fields this reader does not know, kept as written."""
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Self:
+        obj = stamped(cls.KIND, raw, 1)
+        known = ("schema_version", "kind", "run", "tag", "key", "time", "job_id")
+        return cls(
+            run=need(cls.KIND, obj, "run", opt_str),
+            tag=opt_str(cls.KIND, obj, "tag"),
+            key=need(cls.KIND, obj, "key", opt_str),
+            time=None if opt_float(cls.KIND, obj, "time") is None else obj["time"],  # as written
+            job_id=opt_int(cls.KIND, obj, "job_id"),
+            schema_version=obj["schema_version"],
+            extra={k: v for k, v in obj.items() if k not in known},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema_version": self.schema_version, "kind": self.KIND, "run": self.run}
+        for name in ("tag", "key", "time"):
+            if (v := getattr(self, name)) is not None:
+                out[name] = v
+        out.update(self.extra)
+        if self.job_id is not None:
+            out["job_id"] = self.job_id
+        return out
+
+
+def _load(store: ObjectStore, key: str) -> AlertKey | None:
+    """The key record at `key`; None when there is none or it is not a well-formed one."""
     try:
-        rec = json.loads(store.get_bytes(key))
+        return AlertKey.from_json(store.get_bytes(key))
     except NotFound:
         return None
-    except ValueError:
+    except ValueError:  # bad JSON or a SchemaError naming the field
         return None
-    return rec if isinstance(rec, dict) and isinstance(rec.get("key"), str) else None
 
 
 def issue(store: ObjectStore, *, run: str, tag: str) -> bytes:
     """The key of the job submitted with `tag` (created now, or the one an earlier try created)."""
     schema.check_run_name(run)
     key = _tag_key(tag)
-    if (rec := _load(store, key)) is not None and rec.get("run") == run:
-        return signing.key_from_hex(rec["key"])
+    if (rec := _load(store, key)) is not None and rec.run == run:
+        return signing.key_from_hex(rec.key)
     fresh = signing.new_key()
-    body = {
-        "schema_version": 1,
-        "kind": "alert_key",
-        "run": run,
-        "tag": tag,
-        "key": fresh.hex(),
-        "time": time.time(),
-    }
+    body = AlertKey(run=run, tag=tag, key=fresh.hex(), time=time.time())
     try:
-        put_json(store, key, body, if_none_match=True)
+        put_json(store, key, body.to_json(), if_none_match=True)
     except PreconditionFailed:
         rec = _load(store, key)
-        if rec is None or rec.get("run") != run:
+        if rec is None or rec.run != run:
             raise RuntimeError(f"alert key for tag {tag!r} exists but belongs to another run") from None
-        return signing.key_from_hex(rec["key"])
+        return signing.key_from_hex(rec.key)
     return fresh
 
 
@@ -87,8 +123,9 @@ def bind(store: ObjectStore, *, run: str, tag: str, job_id: int) -> None:
     rec = _load(store, _tag_key(tag))
     if rec is None:
         return
+    bound = dataclasses.replace(rec, job_id=int(job_id))
     try:
-        put_json(store, _job_key(job_id), {**rec, "job_id": int(job_id)}, if_none_match=True)
+        put_json(store, _job_key(job_id), bound.to_json(), if_none_match=True)
     except PreconditionFailed:
         pass  # bound before (a retry); never overwritten
 
@@ -132,13 +169,13 @@ def job_key(store: ObjectStore, state: JobState, run: str) -> bytes | None:
     rec = _load(store, _job_key(state.job_id))
     if rec is None and state.comment:
         rec = _load(store, _tag_key(state.comment))
-    if rec is None or rec.get("run") != run:
+    if rec is None or rec.run != run:
         return None
-    if rec.get("job_id") is not None and rec.get("job_id") != state.job_id:
+    if rec.job_id is not None and rec.job_id != state.job_id:
         return None
-    if state.comment and rec.get("tag") != state.comment:
+    if state.comment and rec.tag != state.comment:
         return None
-    return signing.key_from_hex(str(rec["key"]))
+    return signing.key_from_hex(rec.key)
 
 
 def verify_alert(
