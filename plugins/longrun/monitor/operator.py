@@ -27,11 +27,13 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from longrun.hooks.slurm import SlurmHook
 from longrun.monitor import watch
+from longrun.monitor.event import Carry, MonitorEvent
 from longrun.monitor.gate import gate_checkpoint
 from longrun.monitor.trigger import RunMonitorTrigger
 from longrun.runbooks import runbook_path
 from training import schema
 from training.records import Alert
+from training.schema import SchemaError
 from training.store import ObjectStore, store_from_env
 
 CHECKPOINTS_ALIAS = AssetAlias(name="longrun_checkpoints")
@@ -84,11 +86,11 @@ class RunMonitorOperator(BaseOperator):
     def store(self) -> ObjectStore:
         return store_from_env()
 
-    def _defer(self, seen: watch.Seen, carry: Mapping[str, Any]) -> None:
+    def _defer(self, seen: watch.Seen, carry: Carry) -> None:
         self.defer(
             trigger=RunMonitorTrigger(
                 seen=watch.seen_to_dict(seen),
-                carry=dict(carry),
+                carry=carry.to_json(),
                 poll_s=self.poll_s,
                 max_poll_s=self.max_poll_s,
                 **self.hook.trigger_kwargs(),
@@ -127,34 +129,31 @@ class RunMonitorOperator(BaseOperator):
         self.log.info(
             "watching run %s, Slurm job %s (checkpoints already promoted: %s)", run, job_id, list(steps)
         )
-        self._defer(seen, {"promoted": [], "rejected": []})
+        self._defer(seen, Carry())
 
     def execute_complete(self, context: Any, event: Any = None) -> Any:
-        if not isinstance(event, dict) or "type" not in event or "seen" not in event:
-            raise AirflowFailException(f"malformed monitor event: {event!r}")
-        seen = watch.seen_from_dict(event["seen"])
-        carry = dict(event.get("carry") or {})
-        kind = event["type"]
-        if kind == watch.CHECKPOINT:
-            step = int(event["step"])
-            result = gate_checkpoint(self.store, seen.run, step, log=self.log, by=_promoter(context))
-            carry.setdefault("promoted" if result.get("promoted") else "rejected", []).append(result)
-            self._defer(watch.handled(seen, event), carry)
+        try:
+            ev = MonitorEvent.from_json(event)
+        except SchemaError as e:
+            raise AirflowFailException(f"malformed monitor event: {e}: {event!r:.2000}") from None
+        seen, carry = ev.seen, ev.carry
+        if ev.type == watch.CHECKPOINT:
+            assert ev.step is not None  # MonitorEvent refuses a checkpoint event without one
+            result = gate_checkpoint(self.store, seen.run, ev.step, log=self.log, by=_promoter(context))
+            self._defer(watch.handled(seen, event), carry.add(result))
             return None
-        if kind == watch.ERROR:
-            if event.get("retryable"):
-                raise RuntimeError(
-                    f"monitor of run {seen.run} could not look: {event.get('message')} (retrying)"
-                )
-            raise AirflowFailException(f"monitor of run {seen.run} failed: {event.get('message')}")
-        if kind == watch.STALE:
-            raise AirflowFailException(f"{event.get('message')}; runbook: {runbook_path('stale_heartbeat')}")
-        if kind == watch.ALERT:
-            alert = event["alert"]
-            if not self._authentic(seen, event):
+        if ev.type == watch.ERROR:
+            if ev.retryable:
+                raise RuntimeError(f"monitor of run {seen.run} could not look: {ev.message} (retrying)")
+            raise AirflowFailException(f"monitor of run {seen.run} failed: {ev.message}")
+        if ev.type == watch.STALE:
+            raise AirflowFailException(f"{ev.message}; runbook: {runbook_path('stale_heartbeat')}")
+        if ev.type == watch.ALERT:
+            assert ev.alert is not None  # MonitorEvent refuses an alert event without one
+            if not self._authentic(seen, ev):
                 self._defer(watch.handled(seen, event), carry)  # keep watching the real job
                 return None
-            a = Alert.from_json(alert)
+            a = Alert.from_json(ev.alert)
             # Checkpoints already in the store from before the alert's step may be the restart point:
             # gate them now (cheap). Ones still uploading are gated by sdc_incident's pick, after the job
             # has ended: the hand-over does not wait for the job's exit.
@@ -162,9 +161,10 @@ class RunMonitorOperator(BaseOperator):
                 s for s in watch.manifest_steps(self.store, seen.run) if s not in seen.steps and s < a.step
             )
             for step in pending:
-                result = gate_checkpoint(self.store, seen.run, step, log=self.log, by=_promoter(context))
-                carry.setdefault("promoted" if result.get("promoted") else "rejected", []).append(result)
-            self._emit_asset_events(context, seen.run, carry.get("promoted", []))
+                carry = carry.add(
+                    gate_checkpoint(self.store, seen.run, step, log=self.log, by=_promoter(context))
+                )
+            self._emit_asset_events(context, seen.run, carry.promoted)
             self.log.error(
                 "SDC ALERT in run %s: %s at step %s, suspect nodes %s; handing over to sdc_incident (runbook: %s)",
                 seen.run,
@@ -177,44 +177,44 @@ class RunMonitorOperator(BaseOperator):
                 "outcome": ALERTED,
                 "run": seen.run,
                 "job_id": seen.job_id,
-                "alert_key": event["alert_key"],
-                "alert": alert,
-                "seen_at": event.get("at"),
-                "promoted": carry.get("promoted", []),
-                "rejected": carry.get("rejected", []),
+                "alert_key": ev.alert_key,
+                "alert": ev.alert,
+                "seen_at": ev.at,
+                "promoted": list(carry.promoted),
+                "rejected": list(carry.rejected),
             }
-        if kind == watch.JOB_DONE:
-            self._emit_asset_events(context, seen.run, carry.get("promoted", []))
-            if event.get("outcome") != "success":
+        if ev.type == watch.JOB_DONE:
+            self._emit_asset_events(context, seen.run, carry.promoted)
+            if ev.outcome != "success":
                 raise AirflowFailException(
-                    f"run {seen.run}: Slurm job ended {event.get('message')}"
-                    + (" without an alert record in the store" if event.get("label") == "sdc_verdict" else "")
+                    f"run {seen.run}: Slurm job ended {ev.message}"
+                    + (" without an alert record in the store" if ev.label == "sdc_verdict" else "")
                 )
             self.log.info("run %s: job %s completed", seen.run, seen.job_id)
             return {
                 "outcome": COMPLETED,
                 "run": seen.run,
                 "job_id": seen.job_id,
-                "state": event.get("state"),
-                "promoted": carry.get("promoted", []),
-                "rejected": carry.get("rejected", []),
+                "state": ev.state,
+                "promoted": list(carry.promoted),
+                "rejected": list(carry.rejected),
             }
-        raise AirflowFailException(f"unknown monitor event type {kind!r}")
+        raise AirflowFailException(f"unknown monitor event type {ev.type!r}")
 
-    def _authentic(self, seen: watch.Seen, event: Mapping[str, Any]) -> bool:
+    def _authentic(self, seen: watch.Seen, event: MonitorEvent) -> bool:
         """Hand over only an alert signed by this job's key, about this run and job, naming nodes of its
         allocation; anything else is a security event and the watch goes on."""
         from longrun import alert_auth, security_events
 
         verdict = alert_auth.verify_alert(
-            self.store, self.hook.client, run=seen.run, job_id=seen.job_id, alert=event["alert"]
+            self.store, self.hook.client, run=seen.run, job_id=seen.job_id, alert=event.alert or {}
         )
         if not verdict.ok:
-            details = {**verdict.details, "alert_key": event.get("alert_key"), "by": "training_run.monitor"}
+            details = {**verdict.details, "alert_key": event.alert_key, "by": "training_run.monitor"}
             security_events.raise_event(self.store, run=seen.run, reason=verdict.reason, details=details)
         return verdict.ok
 
-    def _emit_asset_events(self, context: Any, run: str, promoted: list[dict[str, Any]]) -> None:
+    def _emit_asset_events(self, context: Any, run: str, promoted: Sequence[Mapping[str, Any]]) -> None:
         """One asset event per checkpoint this DAG run promoted, read back from the store's promotion
         history (so a retried try still reports what earlier tries promoted)."""
         from longrun.checkpoints import catalog
