@@ -4,6 +4,7 @@ blocks the run for good. On a local store and on SeaweedFS (whose conditional wr
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from pathlib import Path
@@ -13,7 +14,8 @@ from airflow.sdk.exceptions import AirflowSkipException
 from longrun.incident import exclusive, record, steps, tasks
 
 from training import schema
-from training.store import LocalDirStore, ObjectStore, store_from_env
+from training.schema import SchemaError
+from training.store import LocalDirStore, ObjectStore, put_json, store_from_env
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -104,6 +106,10 @@ def test_of_two_incidents_racing_exactly_one_acts(store: ObjectStore) -> None:
         ({"incident_id": ""}, "incident_id"),
         ({"job_id": "5"}, "job_id"),
         ({"acquired_at": None}, "acquired_at"),
+        ({"acquired_at": "noon"}, "acquired_at"),
+        ({"run": "bad run/name"}, "'run'"),
+        ({"incident_id": 7}, "incident_id"),
+        ({"kind": "incident"}, "'kind'"),
     ],
 )
 def test_lock_record_validation_names_the_field(change: dict, field: str) -> None:
@@ -111,3 +117,33 @@ def test_lock_record_validation_names_the_field(change: dict, field: str) -> Non
     assert exclusive.IncidentLock.from_json(good.to_json()) == good
     with pytest.raises(ValueError, match=field):
         exclusive.IncidentLock.from_json({**good.to_json(), **change})
+
+
+#: A lock as `enter` wrote it before the record was on the shared idiom (`put_json`: sorted, indent 1).
+LOCK_WRITTEN = (
+    b'{\n "acquired_at": 1767225600.5,\n "incident_id": "00000040-recompute-r000-1767225640",\n'
+    b' "job_id": 4711,\n "kind": "incident_lock",\n "run": "r1",\n "schema_version": 1\n}'
+)
+
+
+@pytest.mark.parametrize("job_id", [b"4711", b"null"])
+def test_a_lock_written_before_reads_and_writes_back_byte_for_byte(tmp_path: Path, job_id: bytes) -> None:
+    written = LOCK_WRITTEN.replace(b"4711", job_id)
+    lock = exclusive.IncidentLock.from_json(written)
+    assert (lock.run, lock.incident_id, lock.acquired_at) == (
+        "r1",
+        "00000040-recompute-r000-1767225640",
+        1767225600.5,
+    )
+    assert lock.job_id == (4711 if job_id == b"4711" else None)
+    store = LocalDirStore(tmp_path)
+    put_json(store, exclusive.lock_key("r1"), lock.to_json())
+    assert store.get_bytes(exclusive.lock_key("r1")) == written
+    assert exclusive.read(store, "r1")[0] == lock
+
+
+def test_a_lock_without_job_id_is_refused_naming_it() -> None:
+    obj = json.loads(LOCK_WRITTEN)
+    del obj["job_id"]
+    with pytest.raises(SchemaError, match="'job_id'"):
+        exclusive.IncidentLock.from_json(obj)

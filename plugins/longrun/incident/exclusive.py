@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from longrun.incident import record
 from training import schema
 from training.records import IncidentStatus
+from training.records.base import need, opt_float, opt_int, opt_str, stamped
+from training.schema import SchemaError
 from training.store import NotFound, ObjectStore, PreconditionFailed, put_json
 
 LOCK_PATH = "incident-lock.json"
@@ -58,19 +61,30 @@ class IncidentLock:
     """Epoch seconds."""
     schema_version: int = SCHEMA_VERSION
 
+    KIND = "incident_lock"
+
     def __post_init__(self) -> None:
-        schema.check_run_name(self.run)
+        try:
+            schema.check_run_name(self.run)
+        except SchemaError as e:
+            raise SchemaError(f"{self.KIND} record field 'run': {e}") from None
         if not isinstance(self.incident_id, str) or not self.incident_id:
-            raise ValueError(f"incident_id={self.incident_id!r}: must be a non-empty string")
+            raise SchemaError(
+                f"{self.KIND} record field 'incident_id' = {self.incident_id!r}: must be a non-empty string"
+            )
         if self.job_id is not None and (isinstance(self.job_id, bool) or not isinstance(self.job_id, int)):
-            raise ValueError(f"job_id={self.job_id!r}: must be a Slurm job id or null")
+            raise SchemaError(
+                f"{self.KIND} record field 'job_id' = {self.job_id!r}: must be a Slurm job id or null"
+            )
         if isinstance(self.acquired_at, bool) or not isinstance(self.acquired_at, int | float):
-            raise ValueError(f"acquired_at={self.acquired_at!r}: must be epoch seconds")
+            raise SchemaError(
+                f"{self.KIND} record field 'acquired_at' = {self.acquired_at!r}: must be epoch seconds"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
-            "kind": "incident_lock",
+            "kind": self.KIND,
             "run": self.run,
             "incident_id": self.incident_id,
             "job_id": self.job_id,
@@ -78,22 +92,23 @@ class IncidentLock:
         }
 
     @classmethod
-    def from_json(cls, obj: Any) -> IncidentLock:
-        if not isinstance(obj, dict):
-            raise ValueError(f"incident lock: must be an object, got {type(obj).__name__}")
-        for name in ("schema_version", "run", "incident_id", "job_id", "acquired_at"):
-            if name not in obj:
-                raise ValueError(f"incident lock: field {name!r} is missing")
-        if obj["schema_version"] != SCHEMA_VERSION:
-            raise ValueError(
-                f"incident lock: schema_version={obj['schema_version']!r}, expected {SCHEMA_VERSION}"
-            )
+    def from_json(cls, raw: Any) -> Self:
+        obj = stamped(cls.KIND, raw, SCHEMA_VERSION)
+        if "job_id" not in obj:  # always written, null when the alert named no job
+            raise SchemaError(f"{cls.KIND} record lacks field 'job_id'")
         return cls(
-            run=obj["run"],
-            incident_id=obj["incident_id"],
-            job_id=obj["job_id"],
-            acquired_at=obj["acquired_at"],
+            run=need(cls.KIND, obj, "run", opt_str),
+            incident_id=need(cls.KIND, obj, "incident_id", opt_str),
+            job_id=opt_int(cls.KIND, obj, "job_id"),
+            acquired_at=need(cls.KIND, obj, "acquired_at", _seconds),
+            schema_version=obj["schema_version"],
         )
+
+
+def _seconds(kind: str, obj: Mapping[str, Any], field: str) -> Any:
+    """Epoch seconds as written (an integer stays one, so the record writes back unchanged)."""
+    opt_float(kind, obj, field)
+    return obj[field]
 
 
 @dataclass(frozen=True, slots=True)
