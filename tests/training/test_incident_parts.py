@@ -13,6 +13,7 @@ import pytest
 from training import schema
 from training.records import Incident
 from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
+from training.records.incident import Attribution
 
 T = 1764430000.5
 
@@ -149,3 +150,40 @@ def test_a_reference_and_node_check_read_alone() -> None:
     assert nc.probe is None and nc.dcgm == {"passed": True} and not nc.probe_result
     with pytest.raises(schema.SchemaError, match="fingerprint"):
         ProbeResult.from_json({"fingerprint": 12})
+
+
+# The attribute step's result and the record's `attribution` (incident/attribution.py's to_dict()).
+ATTRIBUTED = {
+    "verdict": "node",
+    "node": "n2",
+    "ranks": [1],
+    "reason": "recompute at step 17: ranks [1] on n2 disagree with the majority",
+    "runbook": "runbooks/recompute-mismatch.md",
+}
+AMBIGUOUS = {
+    "verdict": "ambiguous",
+    "node": None,
+    "ranks": [],
+    "reason": "recompute at step 17: the evidence names no node",
+    "runbook": "runbooks/ambiguous-evidence.md",
+}
+
+
+def test_attribution_reads_what_was_written_and_gives_it_back() -> None:
+    from longrun.incident.attribution import attribute
+
+    alert = schema.record(
+        "alert", run="r1", step=17, check="recompute", suspect_ranks=[1], suspect_nodes=["n2"], evidence={}
+    )
+    assert attribute(alert).to_dict()["node"] == ATTRIBUTED["node"]  # the writer's shape
+    att = Attribution.from_json(ATTRIBUTED)
+    assert att.node == "n2" and att.ranks == (1,) and not att.ambiguous and att.to_json() == ATTRIBUTED
+    amb = Attribution.from_json(AMBIGUOUS)
+    assert amb.ambiguous and amb.node is None and amb.to_json() == AMBIGUOUS  # `node: null` kept
+    written = _incident(attribution=ATTRIBUTED)
+    assert Incident.from_json(written).attribution.node == "n2"
+    assert Incident.from_json(written).to_json() == written
+    assert not Incident.from_json(_incident()).attribution  # not attributed yet
+    for bad, field in (({"node": ["n2"]}, "node"), ({"ranks": ["1"]}, "ranks"), ("n2", "attribution")):
+        with pytest.raises(schema.SchemaError, match=f"'{field}'"):
+            Incident.from_json(_incident(attribution=bad))

@@ -11,6 +11,7 @@ from typing import Any, Self
 from training import schema
 from training.records.base import Record, ints, opt_dict, opt_float, opt_int, opt_str, strs
 from training.records.diagnosis import Diagnosis
+from training.records.incident import Attribution
 from training.schema import SchemaError
 
 
@@ -162,7 +163,8 @@ class Incident(Record):
     status: IncidentStatus | str | None = None
     """An `IncidentStatus`; a value this reader does not know stays the string the record holds."""
     alert_key: str | None = None
-    attribution: Mapping[str, Any] = field(default_factory=dict)
+    attribution: Attribution = field(default_factory=Attribution)
+    """Where the evidence points (empty: not attributed yet)."""
     drain: Mapping[str, Any] = field(default_factory=dict)
     diagnosis: Diagnosis = field(default_factory=Diagnosis)
     """What the diagnose step found (empty: not diagnosed)."""
@@ -177,7 +179,7 @@ class Incident(Record):
 
     OPTIONAL = {
         "alert_key": opt_str,
-        "attribution": opt_dict,
+        "attribution": Attribution.read_or_empty,
         "drain": opt_dict,
         "diagnosis": Diagnosis.read_or_empty,
         "checkpoint": opt_dict,

@@ -156,7 +156,7 @@ def summary(rec: Mapping[str, Any]) -> str:
         f" ranks {list(alert.suspect_ranks)}",
     ]
     if att := r.attribution:
-        lines.append(f"  attribution: {att.get('verdict')} {att.get('node') or ''} - {att.get('reason')}")
+        lines.append(f"  attribution: {att.verdict} {att.node or ''} - {att.reason}")
     if diag := r.diagnosis:
         lines.append(f"  diagnosis: {diag.verdict} - {diag.summary}")
     if ck := r.checkpoint:

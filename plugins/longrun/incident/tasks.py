@@ -20,6 +20,7 @@ from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE, DrainPolicy
 from longrun.monitor import lifecycle
 from training import schema
 from training.records import Incident as IncidentRecord
+from training.records.incident import Attribution
 from training.store import ObjectStore, StoreError, store_from_env
 
 log = logging.getLogger("longrun.sdc_incident")
@@ -125,7 +126,7 @@ def attribute_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]
         except (StoreError, ValueError) as e:
             # This task has no retries and the drain must not wait on a note: the drain task records
             # the suspicion again (idempotent, with retries); only the note on the record is missing.
-            log.warning("node history not updated for %s: %s", out.get("node"), e)
+            log.warning("node history not updated for %s: %s", Attribution.from_json(out).node, e)
             hist = None
         return {**out, "node_history": hist} if hist else out
 
@@ -262,7 +263,7 @@ def _summary(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
     return {
         "incident_id": final.incident_id,
         "status": status,
-        "node": final.attribution.get("node"),
+        "node": final.attribution.node,
         "diagnosis": final.diagnosis.verdict,
         "checkpoint_step": final.checkpoint.get("step"),
         "lost_steps": final.lost_steps,

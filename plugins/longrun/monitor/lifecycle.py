@@ -175,10 +175,10 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
             {
                 "incident_id": i.incident_id,
                 "status": None if i.status is None else str(i.status),  # plain JSON for the XCom
-                # the incident's copy of its alert and its attribution are free-form objects
+                # the incident's copy of its alert is a free-form object
                 "alert_step": i.alert.get("step"),
                 "check": i.alert.get("check"),
-                "node": i.attribution.get("node"),
+                "node": i.attribution.node,
                 "lost_steps": i.lost_steps,
                 "time_to_recover_s": i.time_to_recover_s,
                 "recovery": i.extra.get("recovery"),

@@ -17,6 +17,7 @@ from longrun.nodes import history as h
 from longrun.nodes.policy import NodePolicy, standing
 from training.records import Alert
 from training.records.diagnosis import Diagnosis
+from training.records.incident import Attribution
 from training.store import ObjectStore
 
 REPEAT_OFFENDER_RUNBOOK = "runbooks/repeat-offender.md"
@@ -34,8 +35,10 @@ def _suspicion(alert: Mapping[str, Any], verdict: Any) -> dict[str, Any]:
 def after_attribute(
     store: ObjectStore, hist: ObjectStore, inc: Any, out: Mapping[str, Any], policy: NodePolicy
 ) -> dict[str, Any] | None:
-    node = out.get("node")
-    if not node or out.get("ambiguous"):
+    """`out`: the attribute step's result (an `Attribution`'s JSON)."""
+    att = Attribution.from_json(out)
+    node = att.node
+    if not node or att.ambiguous:
         return None
     h.record(
         hist,
@@ -43,7 +46,7 @@ def after_attribute(
         h.SUSPECTED,
         inc.incident_id,
         **_common(inc),
-        evidence=_suspicion(inc.alert, out.get("verdict")),
+        evidence=_suspicion(inc.alert, att.verdict),
     )
     st = standing(node, h.events(hist, node), policy)
     if st.repeat_offender:

@@ -1,0 +1,37 @@
+"""The parts of an incident record besides the diagnosis (training/records/diagnosis.py): the attribution,
+the drain, the restart checkpoint and the relaunch, as sdc_incident's steps return them and the record
+keeps them. Reading and writing: training/records/parts.py."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import field
+from typing import Any
+
+from training.records.base import opt_str
+from training.records.parts import PART, Part, opt_ints
+
+
+@PART
+class Attribution(Part):
+    """The attribute step's result and the record's `attribution` (incident/attribution.py writes it)."""
+
+    PART = "attribution"
+    verdict: str | None = None
+    """`node` (one suspect node) or `ambiguous` (suspect software; drain nothing)."""
+    node: str | None = None
+    """The suspect node when the verdict is `node` (null otherwise)."""
+    ranks: tuple[int, ...] | None = None
+    reason: str | None = None
+    runbook: str | None = None
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {"verdict": opt_str, "node": opt_str, "ranks": opt_ints, "reason": opt_str, "runbook": opt_str}
+
+    @property
+    def ambiguous(self) -> bool:
+        return self.verdict == "ambiguous"
+
+
+__all__ = ["Attribution"]
