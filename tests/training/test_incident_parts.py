@@ -13,7 +13,7 @@ import pytest
 from training import schema
 from training.records import Incident
 from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
-from training.records.incident import Attribution
+from training.records.incident import Attribution, RestartCheckpoint
 
 T = 1764430000.5
 
@@ -187,3 +187,20 @@ def test_attribution_reads_what_was_written_and_gives_it_back() -> None:
     for bad, field in (({"node": ["n2"]}, "node"), ({"ranks": ["1"]}, "ranks"), ("n2", "attribution")):
         with pytest.raises(schema.SchemaError, match=f"'{field}'"):
             Incident.from_json(_incident(attribution=bad))
+
+
+def test_restart_checkpoint_reads_what_was_written_and_gives_it_back() -> None:
+    picked = {"step": 10, "key": "runs/r1/checkpoints/00000010", "why": "last validated before step 17"}
+    clean = {"step": 0, "key": None, "why": "no checkpoint; restarting from step 0"}
+    result = {**picked, "lost_steps": 7}  # the pick step's XCom result
+    for written in (picked, clean, result):
+        assert RestartCheckpoint.from_json(written).to_json() == written
+    assert (
+        RestartCheckpoint.from_json(clean).key is None and RestartCheckpoint.from_json(result).lost_steps == 7
+    )
+    inc = _incident(checkpoint=picked, lost_steps=7)
+    assert Incident.from_json(inc).checkpoint.step == 10 and Incident.from_json(inc).to_json() == inc
+    assert Incident.from_json(_incident()).checkpoint.step is None
+    for bad, field in (({"step": "10"}, "step"), ({"key": 3}, "key"), ({"step": True}, "step")):
+        with pytest.raises(schema.SchemaError, match=f"'{field}'"):
+            Incident.from_json(_incident(checkpoint=bad))

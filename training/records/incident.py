@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
-from training.records.base import opt_str
+from training.records.base import opt_int, opt_str
 from training.records.parts import PART, Part, opt_ints
 
 
@@ -34,4 +34,20 @@ class Attribution(Part):
         return self.verdict == "ambiguous"
 
 
-__all__ = ["Attribution"]
+@PART
+class RestartCheckpoint(Part):
+    """The pick step's choice and the record's `checkpoint`: the step to resume from (0: a clean start),
+    its store key (null for a clean start) and why; the step's result adds the lost steps."""
+
+    PART = "checkpoint"
+    step: int | None = None
+    key: str | None = None
+    why: str | None = None
+    lost_steps: int | None = None
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {"step": opt_int, "key": opt_str, "why": opt_str, "lost_steps": opt_int}
+
+
+__all__ = ["Attribution", "RestartCheckpoint"]

@@ -11,7 +11,7 @@ from typing import Any, Self
 from training import schema
 from training.records.base import Record, ints, opt_dict, opt_float, opt_int, opt_str, strs
 from training.records.diagnosis import Diagnosis
-from training.records.incident import Attribution
+from training.records.incident import Attribution, RestartCheckpoint
 from training.schema import SchemaError
 
 
@@ -168,8 +168,8 @@ class Incident(Record):
     drain: Mapping[str, Any] = field(default_factory=dict)
     diagnosis: Diagnosis = field(default_factory=Diagnosis)
     """What the diagnose step found (empty: not diagnosed)."""
-    checkpoint: Mapping[str, Any] = field(default_factory=dict)
-    """The restart checkpoint: `step`, `key`, `why`."""
+    checkpoint: RestartCheckpoint = field(default_factory=RestartCheckpoint)
+    """The restart checkpoint: `step`, `key`, `why` (empty: not picked yet)."""
     relaunch: Mapping[str, Any] = field(default_factory=dict)
     lost_steps: int | None = None
     time_to_recover_s: float | None = None
@@ -182,7 +182,7 @@ class Incident(Record):
         "attribution": Attribution.read_or_empty,
         "drain": opt_dict,
         "diagnosis": Diagnosis.read_or_empty,
-        "checkpoint": opt_dict,
+        "checkpoint": RestartCheckpoint.read_or_empty,
         "relaunch": opt_dict,
         "lost_steps": opt_int,
         "time_to_recover_s": opt_float,

@@ -94,7 +94,7 @@ def healthy_why(store: ObjectStore, rec: IncidentRecord, healthy_steps: int) -> 
     relaunched = rec.event(Event.RELAUNCHED_RUNNING)
     if relaunched is None or relaunched.time is None:
         return None
-    resume_step = int(rec.checkpoint.get("step") or 0)
+    resume_step = int(rec.checkpoint.step or 0)
     prog = _progress(store, rec.run)
     if prog is None or prog.time <= relaunched.time or prog.step < resume_step + healthy_steps:
         return None

@@ -32,6 +32,7 @@ from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from training import schema
 from training.directive import DIRECTIVES_DIR, Directive
 from training.records.diagnosis import Diagnosis
+from training.records.incident import RestartCheckpoint
 from training.store import ObjectStore, PreconditionFailed
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def direct(
     from longrun.monitor.lifecycle import conf_of
 
     state = kept_job(client, inc)
-    resume = checkpoint.get("key")
+    resume = RestartCheckpoint.from_json(checkpoint).key  # the pick step's result
     if state is None or inc.job_id is None or not resume or node is None:
         return None
     spec = run_spec(inc)

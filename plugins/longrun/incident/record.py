@@ -160,7 +160,7 @@ def summary(rec: Mapping[str, Any]) -> str:
     if diag := r.diagnosis:
         lines.append(f"  diagnosis: {diag.verdict} - {diag.summary}")
     if ck := r.checkpoint:
-        lines.append(f"  checkpoint: step {ck.get('step')} ({ck.get('why')})")
+        lines.append(f"  checkpoint: step {ck.step} ({ck.why})")
     if r.lost_steps is not None:
         lines.append(f"  lost steps: {r.lost_steps}")
     if rl := r.relaunch:

@@ -15,6 +15,7 @@ from typing import Any
 
 from longrun.incident.events import Event
 from training import schema
+from training.records.incident import RestartCheckpoint
 from training.segment import FAULTS_DIR, SEGMENTS_DIR, FaultFired, Segment, lost_steps, ordered
 from training.store import ObjectStore, StoreError
 
@@ -115,7 +116,7 @@ def measure(incident: Mapping[str, Any], segs: list[Segment], fired: list[FaultF
     if after is not None:
         times[Event.FIRST_HEALTHY_STEP] = after.first_healthy_time
     previous = [s for s in segs if after is not None and s.started_at < after.started_at]
-    pick_step = (incident.get("checkpoint") or {}).get("step")
+    pick_step = RestartCheckpoint.read_or_empty("incident", incident, "checkpoint").step
     first_step = after.first_step if after else None
     healthy_at = times[Event.FIRST_HEALTHY_STEP]
     out: dict[str, Any] = {

@@ -20,6 +20,7 @@ from longrun.runspec import RunSpec
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, SlurmClient
 from longrun.slurm.spec import JobSpec, JobTag
+from training.records.incident import RestartCheckpoint
 from training.store import ObjectStore
 
 
@@ -34,6 +35,7 @@ def relaunch(
     running_timeout_s: float = 300.0,
 ) -> dict[str, Any]:
     exclude = (node,) if node else ()
+    resume_from = RestartCheckpoint.from_json(checkpoint).key  # the pick step's result
 
     def done(rec: Rec) -> dict[str, Any] | None:
         if (rl := rec.get("relaunch")) and record.has_event(rec, Event.RELAUNCHED_RUNNING):
@@ -42,7 +44,7 @@ def relaunch(
 
     def plan() -> tuple[RunSpec, str]:
         free = healthy_nodes(client, inc, exclude=exclude)
-        return relaunch_spec(inc, resume_from=checkpoint.get("key"), exclude=exclude, healthy=len(free))
+        return relaunch_spec(inc, resume_from=resume_from, exclude=exclude, healthy=len(free))
 
     def observe(rec: Rec) -> Outcome:
         spec, note = plan()

@@ -33,6 +33,7 @@ from longrun.incident.step_relaunch import relaunch
 from longrun.slurm import ops
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import JobNotFoundError, SlurmError
+from training.records.incident import RestartCheckpoint
 from training.store import ObjectStore
 
 __all__ = [  # the steps, and what callers imported from here before the split
@@ -140,7 +141,8 @@ def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     from longrun.monitor.gate import gate_pending
 
     def done(rec: Rec) -> dict[str, Any] | None:
-        return dict(rec["checkpoint"]) if rec.get("checkpoint") else None
+        # the recorded object as it is (XCom unchanged), once it reads as a restart checkpoint
+        return dict(rec["checkpoint"]) if RestartCheckpoint.read("incident", rec, "checkpoint") else None
 
     def act(rec: Rec) -> Outcome:  # observe mode too: it changes nothing on the cluster
         # Checkpoints that were still uploading when the monitor saw the alert (the job is final now).

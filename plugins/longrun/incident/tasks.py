@@ -265,7 +265,7 @@ def _summary(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
         "status": status,
         "node": final.attribution.node,
         "diagnosis": final.diagnosis.verdict,
-        "checkpoint_step": final.checkpoint.get("step"),
+        "checkpoint_step": final.checkpoint.step,
         "lost_steps": final.lost_steps,
         "time_to_recover_s": final.time_to_recover_s,
         "runbooks": list(final.runbooks),

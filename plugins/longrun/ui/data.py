@@ -131,7 +131,7 @@ def _incidents(view: RunView) -> tuple[IncidentView, ...]:
                 verdict=inc.diagnosis.verdict or inc.extra.get("verdict"),
                 timeline=tuple(e.to_json() for e in inc.timeline),
                 runbooks=_runbook_names(inc),
-                restart_step=_int_or_none(inc.checkpoint.get("step")),
+                restart_step=inc.checkpoint.step,
                 facts=_incident_facts(inc),
                 plots=tuple(
                     k for k in keys if k.startswith(f"incidents/{inc.incident_id}/") and k.endswith(".png")
@@ -140,10 +140,6 @@ def _incidents(view: RunView) -> tuple[IncidentView, ...]:
             )
         )
     return tuple(out)
-
-
-def _int_or_none(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _runbook_names(inc: Incident) -> tuple[str, ...]:
@@ -171,10 +167,7 @@ def _incident_facts(inc: Incident) -> tuple[tuple[str, str], ...]:
     diag = inc.diagnosis
     add("diagnosis", " - ".join(str(x) for x in (diag.verdict, diag.summary) if x))
     ck = inc.checkpoint
-    add(
-        "restart checkpoint",
-        " ".join(str(x) for x in (ck.get("step"), ck.get("why") and f"({ck['why']})") if x),
-    )
+    add("restart checkpoint", " ".join(str(x) for x in (ck.step, ck.why and f"({ck.why})") if x))
     add("lost steps", inc.lost_steps)
     add(
         "relaunch",
