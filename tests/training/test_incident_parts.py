@@ -13,7 +13,7 @@ import pytest
 from training import schema
 from training.records import Incident
 from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
-from training.records.incident import Attribution, RestartCheckpoint
+from training.records.incident import Attribution, Relaunch, RestartCheckpoint
 
 T = 1764430000.5
 
@@ -204,3 +204,28 @@ def test_restart_checkpoint_reads_what_was_written_and_gives_it_back() -> None:
     for bad, field in (({"step": "10"}, "step"), ({"key": 3}, "key"), ({"step": True}, "step")):
         with pytest.raises(schema.SchemaError, match=f"'{field}'"):
             Incident.from_json(_incident(checkpoint=bad))
+
+
+def test_relaunch_reads_what_was_written_and_gives_it_back() -> None:
+    full = {  # step_relaunch's result, as the record keeps it
+        "job_id": 42,
+        "nodes": ["n1", "n3"],
+        "exclude": ["n2"],
+        "resume_from": "runs/r1/checkpoints/00000010",
+        "attempt": 1,
+        "note": "",
+        "params": {"run_name": "r1", "attempt": 1},
+    }
+    clean = {**full, "resume_from": None}  # a clean start resumes from nothing
+    in_job = {**full, "job_id": 41, "note": "in-job relaunch on a hot spare (directive d)", "in_job": True}
+    for written in (full, clean, in_job):
+        assert Relaunch.from_json(written).to_json() == written
+    rl = Relaunch.from_json(full)
+    assert rl.job_id == 42 and rl.nodes == ("n1", "n3") and rl.exclude == ("n2",) and rl.in_job is None
+    assert Relaunch.from_json(in_job).in_job is True
+    inc = _incident(relaunch=full, time_to_recover_s=12.5)
+    assert Incident.from_json(inc).relaunch.nodes == ("n1", "n3") and Incident.from_json(inc).to_json() == inc
+    assert not Incident.from_json(_incident()).relaunch
+    for bad, field in (({"nodes": "n1"}, "nodes"), ({"attempt": 1.5}, "attempt"), ({"params": []}, "params")):
+        with pytest.raises(schema.SchemaError, match=f"'{field}'"):
+            Incident.from_json(_incident(relaunch=bad))

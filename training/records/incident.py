@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
-from training.records.base import opt_int, opt_str
-from training.records.parts import PART, Part, opt_ints
+from training.records.base import opt_bool, opt_int, opt_str, opt_strs
+from training.records.parts import PART, Part, opt_ints, opt_job_id, opt_obj
 
 
 @PART
@@ -50,4 +50,37 @@ class RestartCheckpoint(Part):
     READ = {"step": opt_int, "key": opt_str, "why": opt_str, "lost_steps": opt_int}
 
 
-__all__ = ["Attribution", "RestartCheckpoint"]
+@PART
+class Relaunch(Part):
+    """The relaunch step's result and the record's `relaunch`: the job that runs again, where, and from
+    which checkpoint; `in_job` when it recovered inside the kept job; `observe` marks observe mode's
+    would-be relaunch (only `params` and `note` besides)."""
+
+    PART = "relaunch"
+    job_id: int | str | None = None
+    nodes: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] | None = None
+    resume_from: str | None = None
+    attempt: int | None = None
+    note: str | None = None
+    params: Mapping[str, Any] | None = None
+    """The relaunched run's params (a RunSpec's)."""
+    in_job: bool | None = None
+    observe: bool | None = None
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {
+        "job_id": opt_job_id,
+        "nodes": opt_strs,
+        "exclude": opt_strs,
+        "resume_from": opt_str,
+        "attempt": opt_int,
+        "note": opt_str,
+        "params": opt_obj,
+        "in_job": opt_bool,
+        "observe": opt_bool,
+    }
+
+
+__all__ = ["Attribution", "Relaunch", "RestartCheckpoint"]

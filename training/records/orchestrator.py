@@ -11,7 +11,7 @@ from typing import Any, Self
 from training import schema
 from training.records.base import Record, ints, opt_dict, opt_float, opt_int, opt_str, strs
 from training.records.diagnosis import Diagnosis
-from training.records.incident import Attribution, RestartCheckpoint
+from training.records.incident import Attribution, Relaunch, RestartCheckpoint
 from training.schema import SchemaError
 
 
@@ -170,7 +170,8 @@ class Incident(Record):
     """What the diagnose step found (empty: not diagnosed)."""
     checkpoint: RestartCheckpoint = field(default_factory=RestartCheckpoint)
     """The restart checkpoint: `step`, `key`, `why` (empty: not picked yet)."""
-    relaunch: Mapping[str, Any] = field(default_factory=dict)
+    relaunch: Relaunch = field(default_factory=Relaunch)
+    """The job that runs again (empty: not relaunched)."""
     lost_steps: int | None = None
     time_to_recover_s: float | None = None
     runbooks: tuple[str, ...] = ()
@@ -183,7 +184,7 @@ class Incident(Record):
         "drain": opt_dict,
         "diagnosis": Diagnosis.read_or_empty,
         "checkpoint": RestartCheckpoint.read_or_empty,
-        "relaunch": opt_dict,
+        "relaunch": Relaunch.read_or_empty,
         "lost_steps": opt_int,
         "time_to_recover_s": opt_float,
     }

@@ -164,7 +164,8 @@ def summary(rec: Mapping[str, Any]) -> str:
     if r.lost_steps is not None:
         lines.append(f"  lost steps: {r.lost_steps}")
     if rl := r.relaunch:
-        lines.append(f"  relaunch: job {rl.get('job_id')} on {rl.get('nodes')} excluding {rl.get('exclude')}")
+        nodes, exclude = (None if x is None else list(x) for x in (rl.nodes, rl.exclude))
+        lines.append(f"  relaunch: job {rl.job_id} on {nodes} excluding {exclude}")
     if r.time_to_recover_s is not None:
         lines.append(f"  alert -> relaunched RUNNING: {r.time_to_recover_s:.1f} s")
     t0 = (r.timeline[0].time or 0.0) if r.timeline else 0.0

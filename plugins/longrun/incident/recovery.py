@@ -15,7 +15,7 @@ from typing import Any
 
 from longrun.incident.events import Event
 from training import schema
-from training.records.incident import RestartCheckpoint
+from training.records.incident import Relaunch, RestartCheckpoint
 from training.segment import FAULTS_DIR, SEGMENTS_DIR, FaultFired, Segment, lost_steps, ordered
 from training.store import ObjectStore, StoreError
 
@@ -91,7 +91,7 @@ def relaunch_segment(segs: list[Segment], incident: Mapping[str, Any]) -> Segmen
     """The first segment of the relaunch after `incident`: of the relaunched job if known, else the first
     segment that started after the alert."""
     alert_time = float(incident["alert"]["time"])
-    job_id = (incident.get("relaunch") or {}).get("job_id")
+    job_id = Relaunch.read_or_empty("incident", incident, "relaunch").job_id
     after = [s for s in segs if s.started_at > alert_time]
     if job_id is not None:
         after = [s for s in after if s.job_id == str(job_id)]

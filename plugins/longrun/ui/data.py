@@ -169,9 +169,11 @@ def _incident_facts(inc: Incident) -> tuple[tuple[str, str], ...]:
     ck = inc.checkpoint
     add("restart checkpoint", " ".join(str(x) for x in (ck.step, ck.why and f"({ck.why})") if x))
     add("lost steps", inc.lost_steps)
+    rl = inc.relaunch
+    shown = {"exclude": rl.exclude, "job_id": rl.job_id, "nodes": rl.nodes}  # sorted by name
     add(
         "relaunch",
-        " ".join(f"{k}={v}" for k, v in sorted(inc.relaunch.items()) if k in ("job_id", "nodes", "exclude")),
+        " ".join(f"{k}={list(v) if isinstance(v, tuple) else v}" for k, v in shown.items() if v is not None),
     )
     ttr = inc.time_to_recover_s
     add("alert to running again", f"{ttr:.1f} s" if ttr is not None else None)
