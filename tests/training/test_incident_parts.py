@@ -13,7 +13,7 @@ import pytest
 from training import schema
 from training.records import Incident
 from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
-from training.records.incident import Attribution, Relaunch, RestartCheckpoint
+from training.records.incident import Attribution, Drain, Relaunch, RestartCheckpoint
 
 T = 1764430000.5
 
@@ -229,3 +229,20 @@ def test_relaunch_reads_what_was_written_and_gives_it_back() -> None:
     for bad, field in (({"nodes": "n1"}, "nodes"), ({"attempt": 1.5}, "attempt"), ({"params": []}, "params")):
         with pytest.raises(schema.SchemaError, match=f"'{field}'"):
             Incident.from_json(_incident(relaunch=bad))
+
+
+def test_drain_reads_what_was_written_and_gives_it_back() -> None:
+    written = {"node": "n2", "reason": "longrun:sdc:r1:17", "drained_now": True, "in_window": 1}
+    d = Drain.from_json(written)
+    assert d.node == "n2" and d.drained_now is True and d.in_window == 1 and d.to_json() == written
+    rerun = {"node": "n2", "reason": "longrun:sdc:r1:17", "drained_now": False, "rerun": True}  # XCom
+    assert Drain.from_json(rerun).rerun is True and Drain.from_json(rerun).to_json() == rerun
+    inc = _incident(drain=written)
+    assert (
+        Incident.from_json(inc).drain.reason == "longrun:sdc:r1:17"
+        and Incident.from_json(inc).to_json() == inc
+    )
+    assert not Incident.from_json(_incident()).drain
+    for bad, field in (({"drained_now": "yes"}, "drained_now"), ({"in_window": True}, "in_window")):
+        with pytest.raises(schema.SchemaError, match=f"'{field}'"):
+            Incident.from_json(_incident(drain=bad))

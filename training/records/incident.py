@@ -83,4 +83,31 @@ class Relaunch(Part):
     }
 
 
-__all__ = ["Attribution", "Relaunch", "RestartCheckpoint"]
+@PART
+class Drain(Part):
+    """The drain step's result and the record's `drain`: the node, the reason it carries, whether this
+    drain set it, and the drains in the rate limit's window; `rerun` and `observe` mark a result
+    returned again and observe mode's would-be drain."""
+
+    PART = "drain"
+    node: str | None = None
+    reason: str | None = None
+    drained_now: bool | None = None
+    in_window: int | None = None
+    """Drains in the rate limit's window, this one included."""
+    rerun: bool | None = None
+    observe: bool | None = None
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {
+        "node": opt_str,
+        "reason": opt_str,
+        "drained_now": opt_bool,
+        "in_window": opt_int,
+        "rerun": opt_bool,
+        "observe": opt_bool,
+    }
+
+
+__all__ = ["Attribution", "Drain", "Relaunch", "RestartCheckpoint"]

@@ -9,9 +9,9 @@ from enum import StrEnum
 from typing import Any, Self
 
 from training import schema
-from training.records.base import Record, ints, opt_dict, opt_float, opt_int, opt_str, strs
+from training.records.base import Record, ints, opt_float, opt_int, opt_str, strs
 from training.records.diagnosis import Diagnosis
-from training.records.incident import Attribution, Relaunch, RestartCheckpoint
+from training.records.incident import Attribution, Drain, Relaunch, RestartCheckpoint
 from training.schema import SchemaError
 
 
@@ -165,7 +165,8 @@ class Incident(Record):
     alert_key: str | None = None
     attribution: Attribution = field(default_factory=Attribution)
     """Where the evidence points (empty: not attributed yet)."""
-    drain: Mapping[str, Any] = field(default_factory=dict)
+    drain: Drain = field(default_factory=Drain)
+    """What the drain step did (empty: nothing drained)."""
     diagnosis: Diagnosis = field(default_factory=Diagnosis)
     """What the diagnose step found (empty: not diagnosed)."""
     checkpoint: RestartCheckpoint = field(default_factory=RestartCheckpoint)
@@ -181,7 +182,7 @@ class Incident(Record):
     OPTIONAL = {
         "alert_key": opt_str,
         "attribution": Attribution.read_or_empty,
-        "drain": opt_dict,
+        "drain": Drain.read_or_empty,
         "diagnosis": Diagnosis.read_or_empty,
         "checkpoint": RestartCheckpoint.read_or_empty,
         "relaunch": Relaunch.read_or_empty,

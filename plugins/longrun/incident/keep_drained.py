@@ -28,6 +28,9 @@ from longrun.incident.events import Event
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import SlurmCommandError
+from training.records.diagnosis import Diagnosis
+from training.records.incident import Drain
+from training.schema import SchemaError
 
 if TYPE_CHECKING:
     from longrun.incident.steps import Incident
@@ -114,10 +117,18 @@ def remove_leftovers(client: SlurmClient, incident_id: str) -> tuple[str, ...]:
 
 
 def _reason_from(rec: dict[str, Any]) -> str | None:
-    """The reason longrun last set on the node, from the record: the verdict's, else the first drain's."""
-    for part in ("diagnosis", "drain"):
-        reason = (rec.get(part) or {}).get("reason")
-        if isinstance(reason, str) and reason.startswith(v.DRAIN_PREFIX):
+    """The reason longrun last set on the node, from the record: the verdict's, else the first drain's
+    (a part that does not read is passed over: restoring the drain must not fail on it)."""
+    try:
+        diagnosed = Diagnosis.read_or_empty("incident", rec, "diagnosis").reason
+    except SchemaError:
+        diagnosed = None
+    try:
+        drained = Drain.read_or_empty("incident", rec, "drain").reason
+    except SchemaError:
+        drained = None
+    for reason in (diagnosed, drained):
+        if reason is not None and reason.startswith(v.DRAIN_PREFIX):
             return reason
     return None
 
@@ -126,8 +137,8 @@ def drained_nodes(store: ObjectStore, rec: dict[str, Any], incident_id: str) -> 
     """The nodes longrun drained for the incident: the record's drain, and the ledger's grants (a drain task
     that died between its grant and its `drained` event leaves only the grant)."""
     nodes = []
-    if record.has_event(rec, Event.DRAINED) and (rec.get("drain") or {}).get("node"):
-        nodes.append(str(rec["drain"]["node"]))
+    if record.has_event(rec, Event.DRAINED) and (node := Drain.read_or_empty("incident", rec, "drain").node):
+        nodes.append(node)
     for e in ratelimit.entries(store):
         if isinstance(e, dict) and e.get("incident_id") == incident_id and isinstance(e.get("node"), str):
             nodes.append(e["node"])

@@ -15,6 +15,7 @@ from longrun.incident.ratelimit import DrainPolicy, DrainRefused, release_drain,
 from longrun.incident.runner import Incident, Outcome, Rec, authenticate, run, stop
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import ForeignDrainError
+from training.records.incident import Drain
 from training.store import ObjectStore
 
 
@@ -30,7 +31,7 @@ def drain(
     reason = diagnose.sdc_reason(inc.run, inc.step)
 
     def done(rec: Rec) -> dict[str, Any] | None:
-        if record.has_event(rec, Event.DRAINED) and rec.get("drain"):
+        if record.has_event(rec, Event.DRAINED) and Drain.read("incident", rec, "drain"):
             return {**rec["drain"], "rerun": True}  # done before: touch neither Slurm nor the ledger
         return None
 

@@ -17,7 +17,7 @@ from longrun.nodes import history as h
 from longrun.nodes.policy import NodePolicy, standing
 from training.records import Alert
 from training.records.diagnosis import Diagnosis
-from training.records.incident import Attribution
+from training.records.incident import Attribution, Drain
 from training.store import ObjectStore
 
 REPEAT_OFFENDER_RUNBOOK = "runbooks/repeat-offender.md"
@@ -65,12 +65,14 @@ def after_attribute(
 
 
 def after_drain(hist: ObjectStore, inc: Any, out: Mapping[str, Any]) -> None:
-    if out.get("observe") or not out.get("node"):
+    """`out`: the drain step's result (a `Drain`'s JSON)."""
+    drained = Drain.from_json(out)
+    if drained.observe or not drained.node:
         return
-    node = str(out["node"])
+    node = drained.node
     # The suspicion, in case attribute could not write it (a no-op when it did).
     h.record(hist, node, h.SUSPECTED, inc.incident_id, **_common(inc), evidence=_suspicion(inc.alert, None))
-    h.record(hist, node, h.DRAINED, inc.incident_id, **_common(inc), reason=out.get("reason"))
+    h.record(hist, node, h.DRAINED, inc.incident_id, **_common(inc), reason=drained.reason)
 
 
 def probe_evidence(diagnosis: Mapping[str, Any]) -> dict[str, Any]:
