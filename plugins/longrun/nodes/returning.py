@@ -19,6 +19,7 @@ from typing import Any
 from longrun.incident import dcgm, diagnose, node_check, steps
 from longrun.nodes import history as h
 from longrun.nodes.incident_hooks import probe_evidence
+from longrun.nodes.outcome import NodeProbe, NodeReturn
 from longrun.nodes.policy import NodePolicy, standing
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
@@ -155,7 +156,7 @@ def probe(
                 h.record(hist, node, h.REPLACE, source, reason=f"round {i + 1} of node_return failed")
             break
     clean = len(rounds) == repeats and all(r["verdict"] == node_check.PASS for r in rounds)
-    return {"node": node, "clean": clean, "rounds": rounds, "dcgm_level": level}
+    return NodeProbe(node=node, clean=clean, rounds=tuple(rounds), dcgm_level=level).to_json()
 
 
 def resume(
@@ -169,24 +170,23 @@ def resume(
 ) -> dict[str, Any]:
     """Resume a cleanly probed node (act), or record that it would be (observe). Re-checks Slurm first:
     the node must still carry longrun's diag-pass reason and the history must still allow it."""
-    node = str(probed["node"])
-    if not probed.get("clean"):
-        dirty = (
-            probed.get("why") or f"not every round passed: {[r['verdict'] for r in probed.get('rounds', [])]}"
-        )
+    p = NodeProbe.from_json(probed)
+    node = p.node
+    if not p.clean:
+        dirty = p.why or f"not every round passed: {[r['verdict'] for r in p.rounds]}"
         h.record(hist, node, h.RETURN_REFUSED, source, reason=dirty)
-        return {"node": node, "returned": False, "why": dirty}
+        return NodeReturn(node=node, returned=False, why=dirty).to_json()
     st = client.node(node)
     why = refusal(client, hist, node, policy)
     if why is None and drain_origin(st.reason)[0] != PASS_KIND:
         why = f"{node}'s reason is {st.reason!r}, not longrun's diag-pass"
     if why is not None:
         h.record(hist, node, h.RETURN_REFUSED, source, reason=why)
-        return {"node": node, "returned": False, "why": why}
-    evidence = {"rounds": probed.get("rounds"), "previous_reason": st.reason}
+        return NodeReturn(node=node, returned=False, why=why).to_json()
+    evidence = {"rounds": list(p.rounds), "previous_reason": st.reason}
     if not act:
         h.record(hist, node, h.WOULD_RETURN, source, reason=st.reason, evidence=evidence)
-        return {"node": node, "returned": False, "observe": True}
+        return NodeReturn(node=node, returned=False, observe=True).to_json()
     client.resume(node)
     h.record(hist, node, h.RETURNED, source, reason=st.reason, evidence={**evidence, "time": time.time()})
-    return {"node": node, "returned": True}
+    return NodeReturn(node=node, returned=True).to_json()

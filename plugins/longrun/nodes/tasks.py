@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from longrun.hooks.slurm import SlurmHook
 from longrun.incident import modes
 from longrun.nodes import history, returning
+from longrun.nodes.outcome import NodeProbe, NodeReturn
 from longrun.nodes.policy import POLICY_VARIABLE, NodePolicy
 from training.store import ObjectStore, store_from_env
 
@@ -56,7 +57,7 @@ def probe_task(selected: Mapping[str, Any], dag_run_id: str) -> list[dict[str, A
     results = []
     for node in selected["nodes"]:
         if not modes.plan(selected["mode"]).changes:
-            results.append({"node": node, "clean": True, "rounds": [], "observe": True})
+            results.append(NodeProbe(node=node, clean=True, observe=True).to_json())
             continue
         _, run, _ = returning.drain_origin(client.node(node).reason)
         spec = lifecycle.spec_from_params({"run_name": run if run != "return" else "node-return"})
@@ -72,7 +73,7 @@ def probe_task(selected: Mapping[str, Any], dag_run_id: str) -> list[dict[str, A
                 state_dir=lifecycle.fault_state_dir(spec),
             )
         except RuntimeError as e:
-            res = {"node": node, "clean": False, "rounds": [], "why": str(e)}
+            res = NodeProbe(node=node, clean=False, why=str(e)).to_json()
         log.info("%s: %s", node, res)
         results.append(res)
     return results
@@ -118,28 +119,27 @@ def summary_task(
     """Fails the DAG run when a node the operator asked for was not returned (the log says why). A
     rejected approval skipped `resume`: the nodes stay drained and their history records the rejection."""
     resumed = resumed or []
-    done = {r["node"]: r for r in resumed}
+    done = {r.node: r for r in map(NodeReturn.from_json, resumed)}
     rejected = rejection(approval, skipped) if selected.get("mode") == modes.APPROVE and not resumed else None
     if rejected:
         hist = history_store()
-        for p in probed or []:
-            node = str(p["node"])
-            why = rejected if p.get("clean") else f"{rejected}; the probe was not clean either"
+        for p in map(NodeProbe.from_json, probed or []):
+            why = rejected if p.clean else f"{rejected}; the probe was not clean either"
             history.record(
                 hist,
-                node,
+                p.node,
                 history.RETURN_REFUSED,
                 _source(dag_run_id),
                 reason=why,
-                evidence={"rounds": p.get("rounds")},
+                evidence={"rounds": list(p.rounds)},
             )
-            done[node] = {"node": node, "returned": False, "why": why}
-    missing = {
-        n: selected["refused"].get(n) or (done.get(n) or {}).get("why") or "not probed"
-        for n in selected["requested"]
-        if not (done.get(n) or {}).get("returned") and not (done.get(n) or {}).get("observe")
-    }
-    out = {"returned": [n for n, r in done.items() if r.get("returned")], "not_returned": missing}
+            done[p.node] = NodeReturn(node=p.node, returned=False, why=why)
+    missing: dict[str, str] = {}
+    for n in selected["requested"]:
+        r = done.get(n)
+        if r is None or not (r.returned or r.observe):
+            missing[n] = selected["refused"].get(n) or (r.why if r else None) or "not probed"
+    out = {"returned": [n for n, r in done.items() if r.returned], "not_returned": missing}
     log.info("node_return: %s", out)
     if missing:
         raise AirflowFailException(
