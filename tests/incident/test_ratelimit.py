@@ -68,3 +68,52 @@ def test_concurrent_writers_never_exceed_the_limit(store):
         t.join(timeout=30)
     assert len(granted) == 3 and len(refused) == 5
     assert len(entries(store)) == 3
+
+
+#: The ledger as `reserve_drain` wrote it before its entries had a type (sorted keys, indent 1); the
+#: second entry's integer time is kept as written.
+LEDGER_WRITTEN = (
+    b'{\n "entries": [\n  {\n   "incident_id": "i1",\n   "node": "n2",\n   "override": false,\n'
+    b'   "run": "r",\n   "time": 1000.5\n  },\n  {\n   "incident_id": "i2",\n   "node": "n3",\n'
+    b'   "override": true,\n   "run": "r",\n   "time": 1100\n  }\n ],\n "kind": "drain_ledger",\n'
+    b' "schema_version": 1\n}'
+)
+
+
+def test_a_ledger_written_before_reads_and_a_new_drain_keeps_its_entries_byte_for_byte(store):
+    import json
+
+    from longrun.incident.ratelimit import LEDGER_KEY, DrainEntry
+
+    old = json.loads(LEDGER_WRITTEN)
+    assert [DrainEntry.from_json(e).to_json() for e in old["entries"]] == old["entries"]
+    e = DrainEntry.from_json(old["entries"][1])
+    assert (e.incident_id, e.node, e.time, e.extra) == ("i2", "n3", 1100, {"override": True, "run": "r"})
+    store.put_bytes(LEDGER_KEY, LEDGER_WRITTEN)
+    g = reserve_drain(store, incident_id="i3", node="n4", run="r2", now=1200.0, operator_override=True)
+    assert (g.already, g.in_window) == (False, 3)
+    new = {"incident_id": "i3", "node": "n4", "override": True, "run": "r2", "time": 1200.0}
+    expected = {**old, "entries": [*old["entries"], new]}
+    assert store.get_bytes(LEDGER_KEY) == json.dumps(expected, sort_keys=True, indent=1).encode()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"incident_id": None}, "'incident_id'"),
+        ({"incident_id": 7}, "'incident_id'"),
+        ({"node": ["n2"]}, "'node'"),
+        ({"time": None}, "'time'"),
+        ({"time": "1000"}, "'time'"),
+        ({"time": True}, "'time'"),
+        ({"time": float("nan")}, "'time'"),
+    ],
+)
+def test_a_malformed_ledger_entry_is_refused_naming_the_field(change, field):
+    from longrun.incident.ratelimit import DrainEntry
+
+    from training.schema import SchemaError
+
+    good = {"incident_id": "i1", "node": "n2", "run": "r", "time": 1000.5, "override": False}
+    with pytest.raises(SchemaError, match=field):
+        DrainEntry.from_json({**good, **change})

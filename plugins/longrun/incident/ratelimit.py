@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Self
 
 from training import schema
+from training.records.base import need, opt_float, opt_str
+from training.schema import SchemaError
 from training.store import NotFound, ObjectStore, PreconditionFailed
 
 LEDGER_KEY = "ops/drain-ledger.json"
@@ -80,6 +83,38 @@ class DrainGrant:
     """Drains in the current window, this one included."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainEntry:
+    """One drain in the ledger. Only what the count needs is checked: an entry whose `incident_id`,
+    `node` or `time` is not of its type counts for nothing (it is quarantined); anything else it holds
+    (`run`, `override`, ...) is kept as written."""
+
+    KIND = "drain_ledger entry"
+    incident_id: str
+    node: str
+    time: float
+    """Epoch seconds, as written (an integer stays one)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Self:
+        if not isinstance(obj, Mapping):
+            raise SchemaError(f"{cls.KIND} must be a JSON object, got {type(obj).__name__}")
+        need(cls.KIND, obj, "time", opt_float)  # a number, not true/false
+        t = obj["time"]  # as written
+        if t != t:
+            raise SchemaError(f"{cls.KIND} field 'time' is NaN")
+        return cls(
+            incident_id=need(cls.KIND, obj, "incident_id", opt_str),
+            node=need(cls.KIND, obj, "node", opt_str),
+            time=t,
+            extra={k: v for k, v in obj.items() if k not in ("incident_id", "node", "time")},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"incident_id": self.incident_id, "node": self.node, **self.extra, "time": self.time}
+
+
 def _read(store: ObjectStore) -> tuple[dict[str, Any], str | None]:
     info = store.head(LEDGER_KEY)
     if info is None:
@@ -95,16 +130,11 @@ def _read(store: ObjectStore) -> tuple[dict[str, Any], str | None]:
 
 def _bad(e: Any, now: float) -> str | None:
     """Why the entry cannot count (None when it can)."""
-    if (
-        not isinstance(e, dict)
-        or not isinstance(e.get("incident_id"), str)
-        or not isinstance(e.get("node"), str)
-    ):
+    try:
+        entry = DrainEntry.from_json(e)
+    except SchemaError:
         return "ledger_bad_entry"
-    t = e.get("time")
-    if isinstance(t, bool) or not isinstance(t, int | float) or t != t:  # NaN counts for nothing too
-        return "ledger_bad_entry"
-    if t > now + CLOCK_SKEW_S:
+    if entry.time > now + CLOCK_SKEW_S:
         return "ledger_future_entry"
     return None
 
@@ -157,38 +187,35 @@ def reserve_drain(
                 continue
             _report(store, bad, run=run, now=t)
             continue
-        kept = [e for e in ledger["entries"] if t - float(e["time"]) < KEEP_S]
+        parsed = [DrainEntry.from_json(e) for e in ledger["entries"]]  # every bad one went above
+        kept = [e for e in parsed if t - e.time < KEEP_S]
         for e in kept:
-            if e.get("incident_id") == incident_id and e.get("node") == node:
-                in_window = sum(1 for x in kept if t - float(x["time"]) < policy.window_s)
+            if e.incident_id == incident_id and e.node == node:
+                in_window = sum(1 for x in kept if t - x.time < policy.window_s)
                 return DrainGrant(
                     incident_id=incident_id,
                     node=node,
-                    time=float(e["time"]),
+                    time=float(e.time),
                     already=True,
                     in_window=in_window,
                 )
-        mine = sorted({e["node"] for e in kept if e.get("incident_id") == incident_id})
+        mine = sorted({e.node for e in kept if e.incident_id == incident_id})
         if len(mine) >= policy.max_nodes_per_incident and not operator_override:
             raise DrainRefused(
                 f"incident {incident_id} already drained {mine}; draining {node} too needs an operator "
                 f"(at most {policy.max_nodes_per_incident} node(s) per incident): approve it by hand"
             )
-        window = [e for e in kept if t - float(e["time"]) < policy.window_s]
+        window = [e for e in kept if t - e.time < policy.window_s]
         if len(window) >= policy.max_drains and not operator_override:
             raise DrainRefused(
                 f"drain rate limit: {len(window)} drains in the last {policy.window_s:.0f} s "
-                f"(limit {policy.max_drains}): {[e['node'] for e in window]}; not draining {node} for "
+                f"(limit {policy.max_drains}): {[e.node for e in window]}; not draining {node} for "
                 f"{incident_id}. Many drains at once suggest software, not hardware: see the runbook"
             )
-        entry = {
-            "incident_id": incident_id,
-            "node": node,
-            "run": run,
-            "time": t,
-            "override": operator_override,
-        }
-        ledger["entries"] = [*kept, entry][-1000:]
+        entry = DrainEntry(
+            incident_id=incident_id, node=node, time=t, extra={"run": run, "override": operator_override}
+        )
+        ledger["entries"] = [e.to_json() for e in (*kept, entry)][-1000:]
         body = json.dumps(ledger, sort_keys=True, indent=1).encode()
         try:
             if etag is None:
