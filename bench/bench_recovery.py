@@ -89,7 +89,7 @@ def one(rest: Rest, client: SlurmClient, store: ObjectStore, *, spares: int, bus
         "run": run,
         "to_training_s": r.to_training_s,
         "to_running_s": r.recover_s,
-        "in_job": bool((r.incident.relaunch or {}).get("in_job")),
+        "in_job": bool(r.incident.relaunch.in_job),
         "resumed_as_picked": rec.get("resumed_as_picked"),
         "lost_steps": rec.get("lost_steps"),
         "milestones_s": rec.get("milestones_s"),

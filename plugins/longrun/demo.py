@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     say(
         f"final fingerprint {result.final_fingerprint} vs clean run {clean_fp}: {'IDENTICAL' if same else 'DIFFERENT'}"
     )
-    node = result.incident.attribution.get("node") if result.incident else None
+    node = result.incident.attribution.node if result.incident else None
     if node:
         say(f"{node} stays drained: {client.node(node).reason} (runbooks/diagnostic-failed.md)")
     say(

@@ -105,9 +105,9 @@ class DrillResult:
             inc = self.incident
             lines += [
                 f"  alert: {inc.alert['check']} at step {self.detection_step} naming {inc.alert['suspect_nodes']}",
-                f"  diagnosis: {inc.diagnosis.get('summary')}",
-                f"  resumed from step {inc.checkpoint.get('step')}; lost steps {self.lost_steps}",
-                f"  alert -> relaunched RUNNING: {self.recover_s} s; relaunch on {inc.relaunch.get('nodes')}",
+                f"  diagnosis: {inc.diagnosis.summary}",
+                f"  resumed from step {inc.checkpoint.step}; lost steps {self.lost_steps}",
+                f"  alert -> relaunched RUNNING: {self.recover_s} s; relaunch on {list(inc.relaunch.nodes or ())}",
                 f"  alert -> first healthy step: {self.to_training_s} s; recovery {self.recovery.get('milestones_s')}",
                 f"  timeline (s after the alert): {self.breakdown()}",
             ]

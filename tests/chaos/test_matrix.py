@@ -154,7 +154,7 @@ def test_cell(rest, clean, local_stack, airflow_stack, cell_done, step: str, com
         result = outcome["result"]
         inc = result.incident
         assert inc is not None and str(inc.status) == "relaunched", result.summary()
-        node = (inc.attribution or {}).get("node")
+        node = inc.attribution.node
         assert node == "n2", result.summary()
         ledger = [e for e in ratelimit.entries(store) if e["incident_id"] == inc.incident_id]
         assert len(ledger) == 1, ledger

@@ -88,17 +88,18 @@ def test_drill(rest, clean, kind):
     assert inc is not None, "no incident record"
     assert inc.status == "relaunched"
     assert inc.alert["check"] in check
-    node = inc.attribution["node"]
+    node = inc.attribution.node
     assert inc.alert["suspect_nodes"] == [node]
     if kind == "sick-node":
         assert node == "n2"
-    assert inc.drain["reason"].startswith(f"longrun:sdc:{name(kind)}:")
-    assert inc.diagnosis["verdict"] == verdict, inc.diagnosis["summary"]
+    assert (inc.drain.reason or "").startswith(f"longrun:sdc:{name(kind)}:")
+    assert inc.diagnosis.verdict == verdict, inc.diagnosis.summary
     state = client.node(node)
     assert state.drain_flag and state.reason == f"longrun:diag-{verdict}:{name(kind)}:{result.detection_step}"
     relaunch = inc.relaunch
-    assert node not in relaunch["nodes"] and len(relaunch["nodes"]) == 3 and "n4" in relaunch["nodes"]
-    assert inc.checkpoint["step"] < result.detection_step
+    nodes = relaunch.nodes or ()
+    assert node not in nodes and len(nodes) == 3 and "n4" in nodes
+    assert inc.checkpoint.step is not None and inc.checkpoint.step < result.detection_step
     assert result.final_step == DRILL_CONF["steps"]
     assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"
     # the relaunch's own checkpoints (after the demoted interval) are promoted, the final one included
@@ -111,14 +112,15 @@ def assert_resumed_as_picked(result):
     started over at step 0 ends with the same weights, so the fingerprint alone cannot tell), and lost
     steps are read from the segments, not computed."""
     inc = result.incident
-    pick = inc.checkpoint["step"]
+    pick = inc.checkpoint.step
+    assert pick is not None
     segs = result.segments
     assert len(segs) >= 2, segs
     # the first launch, any NVRx in-job restarts it made, then the relaunch (the last segment)
     first, before, relaunch = segs[0], segs[-2], segs[-1]
     assert (first["start_step"], first["resumed_from"]) == (0, None)
     assert first["last_step"] == result.detection_step and before["exit"] == "sdc_verdict"
-    assert relaunch["job_id"] == str(inc.relaunch["job_id"])
+    assert relaunch["job_id"] == str(inc.relaunch.job_id)
     assert relaunch["start_step"] == pick and relaunch["first_step"] == pick + 1, relaunch
     assert relaunch["resumed_from"].rstrip("/").endswith(f"step-{pick:08d}")
     assert relaunch["exit"] == "done" and relaunch["last_step"] == DRILL_CONF["steps"]
@@ -145,22 +147,23 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
     inc = result.incident
     assert inc is not None and inc.status == "relaunched"
     relaunch = inc.relaunch
-    assert relaunch.get("in_job") is True, relaunch
+    assert relaunch.in_job is True, relaunch
     events = [e.event for e in inc.timeline]
     assert {"released", "directive_written"} <= set(events) and "relaunch_submitted" not in events
-    node = inc.attribution["node"]
-    assert node == "n2" and node not in relaunch["nodes"]
+    node = inc.attribution.node
+    assert node == "n2" and node not in (relaunch.nodes or ())
     first, again = result.segments[0], result.segments[-1]
-    assert first["job_id"] == again["job_id"] == str(relaunch["job_id"]), "the job id changed"
+    assert first["job_id"] == again["job_id"] == str(relaunch.job_id), "the job id changed"
     assert node in first["nodes"] and node not in again["nodes"]
     # the diagnosis ran inside the job's allocation (longrun.incident.inalloc), not in a MAINT reservation,
     # and convicted the sick node (its fault persists: the probe's fingerprint differs from the reference's)
     diag = inc.diagnosis
-    assert diag.get("where") == "in_job", diag
-    assert diag["job_id"] == relaunch["job_id"] and diag["node"] == node, diag
-    assert diag["verdict"] == "fail", diag["summary"]
-    assert diag["details"]["probe"]["verdict"] == "fail", diag["details"]
-    assert diag["reference_node"] and diag["reference_node"] != node, diag
+    assert diag.where == "in_job", diag
+    assert diag.job_id == relaunch.job_id and diag.node == node, diag
+    assert diag.verdict == "fail", diag.summary
+    probe = diag.details.probe if diag.details else None
+    assert probe is not None and probe.verdict == "fail", diag.details
+    assert diag.reference_node and diag.reference_node != node, diag
     assert "diagnosis_in_job_skipped" not in events and "diagnosed" in events, events
     assert inc.event("diagnosed").details.get("where") == "in_job"
     # released from the job after the verdict (a release before it would have killed the probe step)
@@ -169,7 +172,7 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
     assert node not in released.details["kept"] and len(released.details["kept"]) == 3, released
     # ... still drained, the reason carrying the failing verdict, the run and the detection step
     reason = f"longrun:diag-fail:{name('hotspare')}:{result.detection_step}"
-    assert diag["reason"] == reason
+    assert diag.reason == reason
     state = client.node(node)
     assert state.drain_flag and state.reason == reason, (state.state, state.reason)
     assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"

@@ -124,7 +124,7 @@ def test_the_node_story_from_real_incidents(rest, env, node_policy, capsys):
     try:
         # (a) A sick node: the incident's diagnosis fails, and node_return will not give it back.
         a = drilled(rest, "sick", {"kind": "sick-node", "step": 17, "target": "n2"})
-        assert a.incident is not None and a.incident.attribution["node"] == "n2"
+        assert a.incident is not None and a.incident.attribution.node == "n2"
         fail_reason = f"longrun:diag-fail:{name('sick')}:{a.detection_step}"
         assert client.node("n2").reason == fail_reason
         assert marker.exists(), "the drill's sick-node marker is gone: n2 would not be sick any more"
@@ -149,8 +149,8 @@ def test_the_node_story_from_real_incidents(rest, env, node_policy, capsys):
         x = "n3"  # not n2, the node (a) convicted
         b = drilled(rest, "flip", {"kind": "weight-flip", "step": 13, "target": x})
         assert b.incident is not None
-        assert b.incident.attribution["node"] == x, b.incident.attribution
-        assert b.incident.diagnosis["verdict"] == "pass", b.incident.diagnosis.get("summary")
+        assert b.incident.attribution.node == x, b.incident.attribution
+        assert b.incident.diagnosis.verdict == "pass", b.incident.diagnosis.summary
         assert client.node(x).reason == f"longrun:diag-pass:{name('flip')}:{b.detection_step}"
         state, tasks, log = node_return(rest, x)
         assert state == "success", (tasks, log)
@@ -168,14 +168,12 @@ def test_the_node_story_from_real_incidents(rest, env, node_policy, capsys):
         # (c) A second incident on X within the window: marked for replacement, not returned.
         c = drilled(rest, "again", {"kind": "nan", "step": 13, "target": x})
         assert c.incident is not None
-        assert c.incident.attribution["node"] == x, c.incident.attribution
+        assert c.incident.attribution.node == x, c.incident.attribution
         noted = c.incident.extra.get("node_history") or {}
         assert noted.get("repeat_offender") is True and noted.get("suspicions_in_window") == 2, noted
         again = node_events(x, c.incident.incident_id)
         assert h.REPLACE in [e.kind for e in again], again
-        assert c.incident.diagnosis["verdict"] == "pass", (
-            "the refusal below must not rest on a failed diagnosis"
-        )
+        assert c.incident.diagnosis.verdict == "pass", "the refusal below must not rest on a failed diagnosis"
         pass_reason = f"longrun:diag-pass:{name('again')}:{c.detection_step}"
         assert client.node(x).reason == pass_reason
         returns_before = len([e for e in node_events(x) if e.kind == h.RETURNED])

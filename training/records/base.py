@@ -186,7 +186,7 @@ class Record:
             if f.name in ("schema_version", "extra"):
                 continue
             value = getattr(self, f.name)
-            if value in (None, (), {}) and f.name not in required:
+            if _empty(value) and f.name not in required:
                 continue  # an optional field the writer did not set stays absent, as before
             out[f.name] = _plain(value)
         for k, v in self.extra.items():  # type: ignore[attr-defined]
@@ -196,6 +196,13 @@ class Record:
 
 
 _NUMBER = ((int, float), (int, float, type(None)))
+
+
+def _empty(v: Any) -> bool:
+    """None, an empty tuple or mapping, or an empty incident part (training.records.parts)."""
+    if hasattr(v, "to_json") and not isinstance(v, Record):
+        return not v
+    return v is None or (isinstance(v, tuple | Mapping) and not v)
 
 
 def _plain(v: Any) -> Any:

@@ -9,13 +9,12 @@ the writer set to null is remembered, so `to_json` gives back the object it read
 optional: a record written by older code may lack any of them, and an absent part is the empty one
 (false, `to_json() == {}`).
 
-A part also reads as the JSON object it stands for (a read-only Mapping, equal to an equal dict), so
-code that has not moved to the attributes yet keeps working; new code uses the attributes.
+Readers use the attributes. Two parts are equal when their JSON is; an empty part is false.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -46,7 +45,7 @@ def opt_job_id(kind: str, obj: Mapping[str, Any], name: str) -> int | str | None
     return opt_int(kind, obj, name)
 
 
-class Part(Mapping[str, Any]):
+class Part:
     """Mixin of the parts: `PART` names it in errors, `READ` maps each declared field (in the order the
     writers write them) to its reader; the dataclass adds the fields, `nulls` and `extra`."""
 
@@ -86,18 +85,17 @@ class Part(Mapping[str, Any]):
             out.setdefault(k, v)
         return out
 
-    def __getitem__(self, key: str) -> Any:
-        return self.to_json()[key]
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.to_json() == other.to_json()  # type: ignore[attr-defined]
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_json())
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and extra holds a dict
 
-    def __len__(self) -> int:
-        return len(self.to_json())
+    def __bool__(self) -> bool:
+        return bool(self.to_json())
 
 
 PART = dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-"""The dataclass decorator of a part (eq=False: parts compare as Mappings, by their JSON)."""
+"""The dataclass decorator of a part (eq=False: parts compare by their JSON, Part.__eq__)."""
 
 
 __all__ = ["PART", "Part", "opt_ints", "opt_job_id", "opt_obj"]

@@ -124,8 +124,8 @@ def attribute_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]
         try:
             hist = incident_hooks.after_attribute(store, node_tasks.history_store(), inc, out, policy)
         except (StoreError, ValueError) as e:
-            # This task has no retries and the drain must not wait on a note: the drain task records
-            # the suspicion again (idempotent, with retries); only the note on the record is missing.
+            # The drain must not wait on a note (nor spend this task's retries on one): the drain task
+            # records the suspicion again (idempotent); only the note on the record is missing.
             log.warning("node history not updated for %s: %s", Attribution.from_json(out).node, e)
             hist = None
         return {**out, "node_history": hist} if hist else out

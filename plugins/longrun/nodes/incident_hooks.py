@@ -75,7 +75,7 @@ def after_drain(hist: ObjectStore, inc: Any, out: Mapping[str, Any]) -> None:
     h.record(hist, node, h.DRAINED, inc.incident_id, **_common(inc), reason=drained.reason)
 
 
-def probe_evidence(diagnosis: Mapping[str, Any]) -> dict[str, Any]:
+def probe_evidence(diagnosis: Diagnosis | Mapping[str, Any]) -> dict[str, Any]:
     """The parts of a diagnosis (a `Diagnosis`, or its JSON) worth keeping in the node's history."""
     diag = diagnosis if isinstance(diagnosis, Diagnosis) else Diagnosis.from_json(diagnosis)
     checked = diag.checked

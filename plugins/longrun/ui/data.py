@@ -163,7 +163,12 @@ def _incident_facts(inc: Incident) -> tuple[tuple[str, str], ...]:
 
     att = inc.attribution
     add("attribution", " ".join(str(x) for x in (att.verdict, att.node, att.reason) if x))
-    add("drain", " ".join(f"{k}={v}" for k, v in sorted(inc.drain.items()) if not isinstance(v, dict | list)))
+    add(
+        "drain",
+        " ".join(
+            f"{k}={v}" for k, v in sorted(inc.drain.to_json().items()) if not isinstance(v, dict | list)
+        ),
+    )
     diag = inc.diagnosis
     add("diagnosis", " - ".join(str(x) for x in (diag.verdict, diag.summary) if x))
     ck = inc.checkpoint
