@@ -7,7 +7,7 @@ VENV_STAMP := .venv/.longrun-installed
 MYPY_TARGETS := training plugins/longrun
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv lint typecheck test test-fast test-chaos demo bench gpu-check gpu-check-dry stack-up stack-down stack-status clean
+.PHONY: setup system venv lint typecheck test test-fast test-chaos test-bench demo bench gpu-check gpu-check-dry stack-up stack-down stack-status clean
 
 setup: system venv
 
@@ -45,6 +45,10 @@ test-slurm-25.11: setup
 # part of `make test`. LONGRUN_TEST_DB=postgres runs it on PostgreSQL.
 test-chaos: setup
 	LONGRUN_CHAOS=1 $(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider $(PYTEST_ARGS)
+
+# The recovery bench as a test (both paths, idle and busy; about 11 minutes): not part of `make test`.
+test-bench: setup
+	LONGRUN_BENCH_TESTS=1 $(PY) -m pytest tests/e2e/test_bench_recovery.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # The fast suite: everything not marked slow.
 test-fast: setup

@@ -195,9 +195,16 @@ class AirflowRest:
         return resp.status_code < 400
 
     def task_log(
-        self, dag_id: str, run_id: str, task_id: str, *, try_number: int = 1, map_index: int = -1
+        self, dag_id: str, run_id: str, task_id: str, *, try_number: int | None = None, map_index: int = -1
     ) -> str:
-        """The task try's log as text (one line per structured log event)."""
+        """The task try's log as text (one line per structured log event); by default its latest try.
+
+        The latest try is the one the task instance row holds; asking for try 1 of a finished approval task
+        once answered 404 "TaskInstance not found" in CI, so the default does not guess a number."""
+        if try_number is None:
+            path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
+            ti = self.get(path if map_index < 0 else f"{path}/{map_index}")
+            try_number = max(1, int(ti.get("try_number") or 1))
         data = self.get(
             f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
             full_content="true",

@@ -1,7 +1,10 @@
 """bench/bench_recovery.py on the test session's stack: one drill per path (hot spare, requeue) and per
 cluster state (idle, a competing job queued for the freed nodes). It prints the figures; it asserts only
 what must hold whatever the load: each recovery resumed from the pick, and each took the path it should.
-No timing threshold (a 2-core machine shared with other sessions)."""
+No timing threshold (a 2-core machine shared with other sessions).
+
+It takes about 11 minutes (four drills), so it runs with `make test-bench` (LONGRUN_BENCH_TESTS=1), not in
+`make test`: the drills it repeats (tests/e2e/test_drill.py, hot spare and requeue) stay there."""
 
 from __future__ import annotations
 
@@ -21,6 +24,10 @@ pytestmark = [
     pytest.mark.s3,
     pytest.mark.airflow,
     pytest.mark.timeout(5400),
+    pytest.mark.skipif(
+        os.environ.get("LONGRUN_BENCH_TESTS") != "1",
+        reason="a bench run as a test: `make test-bench` (LONGRUN_BENCH_TESTS=1)",
+    ),
 ]
 
 _spec = importlib.util.spec_from_file_location(

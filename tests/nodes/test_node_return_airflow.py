@@ -126,7 +126,10 @@ def run_dag(
     ran = Ran(api.task_states(DAG, run_id))
     for task_id, st in ran.items():
         if st in ("failed", "success"):
-            log = api.task_log(DAG, run_id, task_id)
+            try:  # the logs only explain a failed assertion; a missing one must not fail the test
+                log = api.task_log(DAG, run_id, task_id)
+            except (requests.RequestException, AirflowApiError) as e:
+                log = f"(log not read: {e})"
             at = log.find("error_detail")
             ran.logs += f"--- {task_id}\n" + (log[at : at + 3000] if at >= 0 else log[-1500:])
     return state, ran
