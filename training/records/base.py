@@ -74,6 +74,16 @@ def opt_dict(kind: str, obj: Mapping[str, Any], field: str) -> dict[str, Any]:
     return v
 
 
+def opt_objects(kind: str, obj: Mapping[str, Any], field: str) -> tuple[dict[str, Any], ...]:
+    """An optional list-of-objects field, each object kept as written (absent or null: empty)."""
+    v = obj.get(field)
+    if v is None:
+        return ()
+    if not isinstance(v, list | tuple) or not all(isinstance(x, dict) for x in v):
+        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not a list of objects")
+    return tuple(v)
+
+
 def ints(kind: str, field: str, values: Any) -> tuple[int, ...]:
     if not isinstance(values, list | tuple) or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in values

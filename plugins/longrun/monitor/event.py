@@ -13,18 +13,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 from longrun.monitor import watch
-from training.records.base import need, opt_bool, opt_dict, opt_float, opt_int, opt_str
+from training.records.base import need, opt_bool, opt_dict, opt_float, opt_int, opt_objects, opt_str
 from training.schema import SchemaError
 
 KIND = "monitor_event"
-
-
-def _results(obj: Mapping[str, Any], name: str) -> tuple[dict[str, Any], ...]:
-    """A list of gate results (objects); absent: empty."""
-    values = obj.get(name) or []
-    if not isinstance(values, list) or not all(isinstance(v, dict) for v in values):
-        raise SchemaError(f"{KIND} record field 'carry.{name}' = {values!r:.80} is not a list of objects")
-    return tuple(values)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,9 +31,10 @@ class Carry:
     def from_json(cls, obj: Any) -> Self:
         if not isinstance(obj, Mapping):
             raise SchemaError(f"{KIND} record field 'carry' = {obj!r:.80} is not an object")
+        named = {f"carry.{k}": v for k, v in obj.items()}  # errors name the field within the event
         return cls(
-            promoted=_results(obj, "promoted"),
-            rejected=_results(obj, "rejected"),
+            promoted=opt_objects(KIND, named, "carry.promoted"),
+            rejected=opt_objects(KIND, named, "carry.rejected"),
             extra={k: v for k, v in obj.items() if k not in ("promoted", "rejected")},
         )
 

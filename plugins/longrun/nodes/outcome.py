@@ -8,17 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from training.records.base import need, opt_bool, opt_int, opt_str
+from training.records.base import need, opt_bool, opt_int, opt_objects, opt_str
 from training.schema import SchemaError
-
-
-def _rounds(kind: str, obj: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
-    values = obj.get("rounds")
-    if values is None:
-        return ()
-    if not isinstance(values, list | tuple) or not all(isinstance(r, dict) for r in values):
-        raise SchemaError(f"{kind} record field 'rounds' = {values!r:.80} is not a list of objects")
-    return tuple(values)
 
 
 def _extra(obj: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
@@ -49,7 +40,7 @@ class NodeProbe:
         return cls(
             node=need(cls.KIND, obj, "node", opt_str),
             clean=bool(opt_bool(cls.KIND, obj, "clean")),
-            rounds=_rounds(cls.KIND, obj),
+            rounds=opt_objects(cls.KIND, obj, "rounds"),
             observe=opt_bool(cls.KIND, obj, "observe"),
             why=opt_str(cls.KIND, obj, "why"),
             dcgm_level=opt_int(cls.KIND, obj, "dcgm_level"),
