@@ -74,6 +74,16 @@ def opt_dict(kind: str, obj: Mapping[str, Any], field: str) -> dict[str, Any]:
     return v
 
 
+def opt_obj(kind: str, obj: Mapping[str, Any], field: str) -> dict[str, Any] | None:
+    """An optional object field kept as it is (absent or null: None)."""
+    v = obj.get(field)
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not an object")
+    return dict(v)
+
+
 def opt_objects(kind: str, obj: Mapping[str, Any], field: str) -> tuple[dict[str, Any], ...]:
     """An optional list-of-objects field, each object kept as written (absent or null: empty)."""
     v = obj.get(field)
@@ -209,18 +219,89 @@ _NUMBER = ((int, float), (int, float, type(None)))
 
 
 def _empty(v: Any) -> bool:
-    """None, an empty tuple or mapping, or an empty incident part (training.records.parts)."""
-    if hasattr(v, "to_json") and not isinstance(v, Record):
+    """None, an empty tuple or mapping, or an empty `Part` (one whose JSON is `{}`)."""
+    if isinstance(v, Part):
         return not v
     return v is None or (isinstance(v, tuple | Mapping) and not v)
 
 
 def _plain(v: Any) -> Any:
-    if isinstance(v, Record) or hasattr(v, "to_json"):
+    if hasattr(v, "to_json"):  # a record, a part, or a nested value that writes its own (job.World)
         return v.to_json()
     if isinstance(v, tuple):
         return [_plain(x) for x in v]
     return v
+
+
+class Part:
+    """Mixin of a record's parts (an incident's attribution, drain... in training/records/parts.py) and of
+    the small records that travel between tasks (a node's probe, the monitor's event): `READ` maps each
+    declared field, in the order the writers write them, to its reader; the frozen dataclass (`parts.PART`)
+    adds the fields, `nulls` and `extra`.
+
+    `from_json` reads every declared field with its reader (a SchemaError naming the field), remembers
+    which declared fields were null and keeps the undeclared ones in `extra`, so `to_json` gives back the
+    object it read: declared fields in `READ`'s order (None left out unless it was read as null; tuples
+    as lists, parts as their objects, a field of `WRITE` through its writer), then `extra`. Parts compare
+    by their JSON; an empty one (`{}`) is false."""
+
+    __slots__ = ()
+    PART: ClassVar[str]
+    READ: ClassVar[Mapping[str, Reader]]
+    WRITE: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
+    """Declared fields whose value is neither plain JSON nor a part: field -> its JSON."""
+    WITHIN: ClassVar[str] = ""
+    """The field of the record that holds this part when errors name it (`carry`: `'carry.promoted'`)."""
+
+    @classmethod
+    def error_kind(cls) -> str:
+        """The record named in errors (the `kind` the readers get): an incident's part by default."""
+        return f"incident {cls.PART}"
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Self:
+        """Read the part from a decoded JSON object; raises SchemaError naming the field."""
+        kind = cls.error_kind()
+        where = f"{kind} record field {cls.WITHIN!r}" if cls.WITHIN else kind
+        if not isinstance(obj, Mapping):
+            raise SchemaError(f"{where} = {obj!r:.80} is not a JSON object")
+        named = {f"{cls.WITHIN}.{k}": v for k, v in obj.items()} if cls.WITHIN else obj
+        prefix = f"{cls.WITHIN}." if cls.WITHIN else ""
+        args: dict[str, Any] = {name: read(kind, named, prefix + name) for name, read in cls.READ.items()}
+        args["nulls"] = frozenset(k for k in cls.READ if k in obj and obj[k] is None)
+        args["extra"] = {k: v for k, v in obj.items() if k not in cls.READ}
+        return cls(**args)
+
+    @classmethod
+    def read(cls, kind: str, obj: Mapping[str, Any], name: str) -> Self | None:
+        """A `Reader` of the part as a field of `obj` (absent or null: None)."""
+        v = opt_obj(kind, obj, name)
+        return None if v is None else cls.from_json(v)
+
+    @classmethod
+    def read_or_empty(cls, kind: str, obj: Mapping[str, Any], name: str) -> Self:
+        """A `Reader` of the part as a field of `obj` (absent or null: the empty part)."""
+        return cls.read(kind, obj, name) or cls()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.READ:
+            v = getattr(self, name)
+            if v is not None or name in self.nulls:  # type: ignore[attr-defined]
+                if name in self.WRITE and v is not None:
+                    v = self.WRITE[name](v)
+                out[name] = v.to_json() if isinstance(v, Part) else list(v) if isinstance(v, tuple) else v
+        for k, v in self.extra.items():  # type: ignore[attr-defined]
+            out.setdefault(k, v)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.to_json() == other.to_json()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and extra holds a dict
+
+    def __bool__(self) -> bool:
+        return bool(self.to_json())
 
 
 def now() -> float:
