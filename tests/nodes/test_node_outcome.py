@@ -82,3 +82,30 @@ def test_a_malformed_return_is_refused_naming_the_field(change: dict, field: str
         NodeReturn.from_json({**json.loads(RETURNS[1]), **change})
     with pytest.raises(SchemaError, match="JSON object"):
         NodeReturn.from_json(["n3"])
+
+
+def test_the_writers_write_what_they_wrote_before() -> None:
+    """The tasks build these with keyword arguments (returning.probe/resume, tasks.probe_task): the JSON
+    is the one they wrote as plain dicts, key order included."""
+    rounds = ({"round": 1, "verdict": "pass", "summary": "ok", "reason": None},)
+    written = [
+        NodeProbe(node="n3", clean=True, observe=True),
+        NodeProbe(node="n3", clean=False, why="no healthy node for a reference"),
+        NodeProbe(node="n3", clean=True, rounds=rounds, dcgm_level=2),
+    ]
+    assert [json.dumps(p.to_json()) for p in written] == PROBES
+    returns = [
+        NodeReturn(node="n3", returned=True),
+        NodeReturn(node="n3", returned=False, why="not every round passed: ['fail']"),
+        NodeReturn(node="n3", returned=False, observe=True),
+    ]
+    assert [json.dumps(r.to_json()) for r in returns] == RETURNS
+
+
+def test_a_null_and_an_unknown_field_come_back_where_they_were() -> None:
+    text = '{"node": "n3", "clean": false, "rounds": [], "why": null, "dcgm_level": 1, "note": {"a": 1}}'
+    p = NodeProbe.from_json(json.loads(text))
+    assert (p.why, p.extra) == (None, {"note": {"a": 1}})
+    assert json.dumps(p.to_json()) == text
+    text = '{"node": "n3", "returned": false, "why": null, "observe": null}'
+    assert json.dumps(NodeReturn.from_json(json.loads(text)).to_json()) == text

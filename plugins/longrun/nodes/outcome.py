@@ -1,23 +1,30 @@
 """What node_return's tasks hand each other, per node: the probe's outcome (`probe` -> `resume`,
 `summary`) and the return's (`resume` -> `summary`). They travel as XCom objects; each task reads them
-here once, so a wrong type is refused naming the field instead of surfacing as a wrong decision."""
+here once, so a wrong type is refused naming the field instead of surfacing as a wrong decision. Both are
+parts in the records' sense (training/records/base.py `Part`): undeclared fields and nulls come back as
+read."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 from training.records.base import need, opt_bool, opt_int, opt_objects, opt_str
-from training.schema import SchemaError
+from training.records.parts import Part
 
 
-def _extra(obj: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
-    return {k: v for k, v in obj.items() if k not in known}
+def _node(kind: str, obj: Mapping[str, Any], name: str) -> str:
+    return str(need(kind, obj, name, opt_str))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeProbe:
+def _flag(kind: str, obj: Mapping[str, Any], name: str) -> bool:
+    """true or false; absent or null: false."""
+    return bool(opt_bool(kind, obj, name))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # parts.PART, spelled out for mypy
+class NodeProbe(Part):
     """One node's probe (`returning.probe`, or the observe mode's stand-in, or a probe that could not run)."""
 
     KIND = "node_probe"
@@ -31,32 +38,25 @@ class NodeProbe:
     why: str | None = None
     """Why the probe could not run."""
     dcgm_level: int | None = None
+    nulls: frozenset[str] = frozenset()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    READ = {
+        "node": _node,
+        "clean": _flag,
+        "rounds": opt_objects,
+        "observe": opt_bool,
+        "why": opt_str,
+        "dcgm_level": opt_int,
+    }
+
     @classmethod
-    def from_json(cls, obj: Any) -> Self:
-        if not isinstance(obj, Mapping):
-            raise SchemaError(f"{cls.KIND} record must be a JSON object, got {type(obj).__name__}")
-        return cls(
-            node=need(cls.KIND, obj, "node", opt_str),
-            clean=bool(opt_bool(cls.KIND, obj, "clean")),
-            rounds=opt_objects(cls.KIND, obj, "rounds"),
-            observe=opt_bool(cls.KIND, obj, "observe"),
-            why=opt_str(cls.KIND, obj, "why"),
-            dcgm_level=opt_int(cls.KIND, obj, "dcgm_level"),
-            extra=_extra(obj, ("node", "clean", "rounds", "observe", "why", "dcgm_level")),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"node": self.node, "clean": self.clean, "rounds": list(self.rounds)}
-        for name in ("observe", "why", "dcgm_level"):
-            if (v := getattr(self, name)) is not None:
-                out[name] = v
-        return {**out, **self.extra}
+    def error_kind(cls) -> str:
+        return cls.KIND
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeReturn:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # parts.PART, spelled out for mypy
+class NodeReturn(Part):
     """One node's return (`returning.resume`, or the summary's note of a rejected approval)."""
 
     KIND = "node_return"
@@ -67,23 +67,11 @@ class NodeReturn:
     """Why it was not returned."""
     observe: bool | None = None
     """True in observe mode: it would have been returned."""
+    nulls: frozenset[str] = frozenset()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_json(cls, obj: Any) -> Self:
-        if not isinstance(obj, Mapping):
-            raise SchemaError(f"{cls.KIND} record must be a JSON object, got {type(obj).__name__}")
-        return cls(
-            node=need(cls.KIND, obj, "node", opt_str),
-            returned=bool(opt_bool(cls.KIND, obj, "returned")),
-            why=opt_str(cls.KIND, obj, "why"),
-            observe=opt_bool(cls.KIND, obj, "observe"),
-            extra=_extra(obj, ("node", "returned", "why", "observe")),
-        )
+    READ = {"node": _node, "returned": _flag, "why": opt_str, "observe": opt_bool}
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"node": self.node, "returned": self.returned}
-        for name in ("why", "observe"):
-            if (v := getattr(self, name)) is not None:
-                out[name] = v
-        return {**out, **self.extra}
+    @classmethod
+    def error_kind(cls) -> str:
+        return cls.KIND
