@@ -1,45 +1,42 @@
-"""The monitor's trigger event, read once where the operator receives it.
+"""The monitor's trigger event: `RunMonitorTrigger` writes it, the operator reads it, one type for both.
 
-`RunMonitorTrigger` fires with a plain object: one `watch` event (`watch.look`'s dict, or an error) plus
-what every event carries (`seen`, `carry`, `at`). `MonitorEvent.from_json` checks it and gives the
-operator attributes; `to_json` gives the same object back. `Carry` is what the operator keeps across
-deferrals: the gate's result for every checkpoint it promoted or rejected.
+The trigger fires with a plain object: one `watch` event (`watch.look`'s fields, or an error) plus what
+every event carries (`seen`, `carry`, `at`). The trigger builds it as a `MonitorEvent` and sends its
+`to_json`; `MonitorEvent.from_json` checks it where the operator receives it and gives attributes.
+`Carry` is what the operator keeps across deferrals: the gate's result for every checkpoint it promoted
+or rejected. Both are parts in the records' sense (training/records/base.py `Part`): a wrong type is
+refused naming the field, undeclared fields and nulls come back as read, in the order read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Self
+from typing import Any
 
 from longrun.monitor import watch
-from training.records.base import need, opt_bool, opt_dict, opt_float, opt_int, opt_objects, opt_str
+from training.records.base import need, opt_bool, opt_dict, opt_float, opt_int, opt_obj, opt_objects, opt_str
+from training.records.parts import Part
 from training.schema import SchemaError
 
 KIND = "monitor_event"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Carry:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # parts.PART, spelled out for mypy
+class Carry(Part):
     """Gate results of this watch so far, carried from one deferral to the next."""
 
     promoted: tuple[dict[str, Any], ...] = ()
     rejected: tuple[dict[str, Any], ...] = ()
+    nulls: frozenset[str] = frozenset()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def from_json(cls, obj: Any) -> Self:
-        if not isinstance(obj, Mapping):
-            raise SchemaError(f"{KIND} record field 'carry' = {obj!r:.80} is not an object")
-        named = {f"carry.{k}": v for k, v in obj.items()}  # errors name the field within the event
-        return cls(
-            promoted=opt_objects(KIND, named, "carry.promoted"),
-            rejected=opt_objects(KIND, named, "carry.rejected"),
-            extra={k: v for k, v in obj.items() if k not in ("promoted", "rejected")},
-        )
+    READ = {"promoted": opt_objects, "rejected": opt_objects}
+    WITHIN = "carry"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"promoted": list(self.promoted), "rejected": list(self.rejected), **self.extra}
+    @classmethod
+    def error_kind(cls) -> str:
+        return KIND
 
     def add(self, result: Mapping[str, Any]) -> Carry:
         """With the gate's `result` for one more checkpoint (`gate.gate_checkpoint`'s dict)."""
@@ -48,78 +45,83 @@ class Carry:
         return replace(self, rejected=(*self.rejected, dict(result)))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MonitorEvent:
-    """One trigger event. Which fields are set depends on `type` (see `longrun.monitor.watch`)."""
-
-    type: str
-    """`alert`, `checkpoint`, `job_done`, `stale` or `error`."""
-    seen: watch.Seen
-    """What the monitor has handled."""
-    carry: Carry = Carry()
-    at: float | None = None
-    """Epoch seconds the trigger fired."""
-    step: int | None = None
-    manifest_key: str | None = None
-    alert_key: str | None = None
-    alert: dict[str, Any] | None = None
-    """The alert record as the job wrote it (checked by `alert_auth` before it is read as an Alert)."""
-    outcome: str | None = None
-    label: str | None = None
-    state: dict[str, Any] | None = None
-    """Slurm's state of the ended job (`JobState.to_dict`)."""
-    message: str | None = None
-    retryable: bool | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    """Fields this reader does not declare (`age_s`, `progress` of a stale event...), kept as sent."""
-
-    _OBJECTS = ("alert", "state")
-    _SCALARS = {
-        "at": opt_float,
-        "step": opt_int,
-        "manifest_key": opt_str,
-        "alert_key": opt_str,
-        "outcome": opt_str,
-        "label": opt_str,
-        "message": opt_str,
-        "retryable": opt_bool,
-    }
-
-    @classmethod
-    def from_json(cls, obj: Any) -> Self:
-        if not isinstance(obj, Mapping):
-            raise SchemaError(f"{KIND} record must be a JSON object, got {type(obj).__name__}")
-        args: dict[str, Any] = {name: read(KIND, obj, name) for name, read in cls._SCALARS.items()}
-        for name in cls._OBJECTS:
-            args[name] = opt_dict(KIND, obj, name) if obj.get(name) is not None else None
-        kind = need(KIND, obj, "type", opt_str)
-        for name in _NEEDS.get(kind, ()):
-            need(KIND, obj, name, lambda *_: None)
-        known = {"type", "seen", "carry", *cls._SCALARS, *cls._OBJECTS}
-        return cls(
-            type=kind,
-            seen=_seen(need(KIND, obj, "seen", opt_dict)),
-            carry=Carry.from_json(obj.get("carry") or {}),
-            extra={k: v for k, v in obj.items() if k not in known},
-            **args,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type}
-        for name in (*self._SCALARS, *self._OBJECTS):
-            if (v := getattr(self, name)) is not None:
-                out[name] = v
-        out.update(self.extra)
-        out.update(seen=watch.seen_to_dict(self.seen), carry=self.carry.to_json())
-        return out
-
-
 #: The fields an event of a type cannot do without.
 _NEEDS = {watch.CHECKPOINT: ("step",), watch.ALERT: ("alert_key", "alert")}
 
 
-def _seen(obj: dict[str, Any]) -> watch.Seen:
+def _type(kind: str, obj: Mapping[str, Any], name: str) -> str:
+    """The event's type, and the fields that type needs present."""
+    typ = str(need(kind, obj, name, opt_str))
+    for needed in _NEEDS.get(typ, ()):
+        need(kind, obj, needed, lambda *_: None)
+    return typ
+
+
+def _as_written(kind: str, obj: Mapping[str, Any], name: str) -> float | None:
+    """A number kept as written (an integer stays one)."""
+    opt_float(kind, obj, name)
+    v: float | None = obj.get(name)
+    return v
+
+
+def _seen(kind: str, obj: Mapping[str, Any], name: str) -> watch.Seen:
+    d = need(kind, obj, name, opt_dict)
     try:
-        return watch.seen_from_dict(obj)
+        return watch.seen_from_dict(d)
     except (KeyError, TypeError, ValueError) as e:
-        raise SchemaError(f"{KIND} record field 'seen' = {obj!r:.80}: {e}") from None
+        raise SchemaError(f"{kind} record field {name!r} = {d!r:.80}: {e}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # parts.PART, spelled out for mypy
+class MonitorEvent(Part):
+    """One trigger event. Which fields are set depends on `type` (see `longrun.monitor.watch`)."""
+
+    type: str
+    """`alert`, `checkpoint`, `job_done`, `stale` or `error`."""
+    alert_key: str | None = None
+    alert: dict[str, Any] | None = None
+    """The alert record as the job wrote it (checked by `alert_auth` before it is read as an Alert)."""
+    step: int | None = None
+    manifest_key: str | None = None
+    outcome: str | None = None
+    label: str | None = None
+    age_s: float | None = None
+    """A stale event's: seconds since the last progress."""
+    progress: dict[str, Any] | None = None
+    """A stale event's: the last progress record (null: none yet)."""
+    retryable: bool | None = None
+    message: str | None = None
+    state: dict[str, Any] | None = None
+    """Slurm's state of the ended job (`JobState.to_dict`)."""
+    seen: watch.Seen
+    """What the monitor has handled."""
+    carry: Carry = field(default_factory=Carry)
+    at: float | None = None
+    """Epoch seconds the trigger fired."""
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Fields this reader does not declare, kept as sent."""
+
+    # In the order the trigger has always written them: each type's fields, then seen, carry, at.
+    READ = {
+        "type": _type,
+        "alert_key": opt_str,
+        "alert": opt_obj,
+        "step": opt_int,
+        "manifest_key": opt_str,
+        "outcome": opt_str,
+        "label": opt_str,
+        "age_s": _as_written,
+        "progress": opt_obj,
+        "retryable": opt_bool,
+        "message": opt_str,
+        "state": opt_obj,
+        "seen": _seen,
+        "carry": Carry.read_or_empty,
+        "at": opt_float,
+    }
+    WRITE = {"seen": watch.seen_to_dict}
+
+    @classmethod
+    def error_kind(cls) -> str:
+        return KIND
