@@ -312,7 +312,16 @@ CONTRACT_ALERT_FIELDS = (
 
 #: Record kinds that are dataclasses of their own (no row in schema._REQUIRED), registered in
 #: training.records.KINDS all the same.
-CONTRACT_NEWER_RECORD_KINDS = {"segment", "fault", "directive", "node_event", "run_claim", "security_event"}
+CONTRACT_NEWER_RECORD_KINDS = {
+    "segment",
+    "fault",
+    "directive",
+    "node_event",
+    "run_claim",
+    "security_event",
+    "alert_key",
+    "incident_lock",
+}
 
 
 def test_alert_record() -> None:

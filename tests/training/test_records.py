@@ -90,6 +90,8 @@ def test_every_kind_has_a_class() -> None:
 def _newer() -> dict[str, tuple[Any, tuple[str, ...]]]:
     """One record of each newer kind (a dataclass of its own), as its writer builds it, and the fields
     its reader requires."""
+    from longrun.alert_auth import AlertKey
+    from longrun.incident.exclusive import IncidentLock
     from longrun.nodes.history import NodeEvent
     from longrun.runclaim import RunClaim
     from longrun.security_events import SecurityEvent
@@ -129,10 +131,20 @@ def _newer() -> dict[str, tuple[Any, tuple[str, ...]]]:
             SecurityEvent(run="r1", reason="unsigned", details={"key": "alerts/x.json"}, at=T),
             ("run", "reason", "at", "kind", "schema_version"),
         ),
+        "alert_key": (
+            AlertKey(run="r1", tag="t-1", key="ab12", time=T, job_id=7),
+            ("run", "key", "kind", "schema_version"),
+        ),
+        "incident_lock": (
+            IncidentLock(run="r1", incident_id="00000017-recompute-r000-1", job_id=None, acquired_at=T),
+            ("run", "incident_id", "job_id", "acquired_at", "kind", "schema_version"),
+        ),
     }  # fmt: skip
 
 
-NEWER = ("segment", "fault", "directive", "node_event", "run_claim", "security_event")
+NEWER = (
+    "segment", "fault", "directive", "node_event", "run_claim", "security_event", "alert_key", "incident_lock",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", NEWER)

@@ -60,6 +60,8 @@ _NEWER_KINDS: dict[str, str] = {
     "node_event": "longrun.nodes.history:NodeEvent",
     "run_claim": "longrun.runclaim:RunClaim",
     "security_event": "longrun.security_events:SecurityEvent",
+    "alert_key": "longrun.alert_auth:AlertKey",
+    "incident_lock": "longrun.incident.exclusive:IncidentLock",
 }
 
 
