@@ -3,7 +3,9 @@
 Everything goes to the run dir (same relative paths as in the store) and, when one is configured, to the
 store under runs/<run>/. Costs, per step: one JSONL line appended locally for each check that ran, one
 small atomic file for progress. The store sees check records in batches (every `flush_every` steps, at
-checkpoints, on an alert, at exit) and progress at most every `progress_interval_s`.
+checkpoints, on an alert, at exit) and progress at most every `progress_interval_s`. A batch that cannot
+reach the store stays pending for the next flush; the last one, at exit, is retried through an outage
+for up to `CHECKS_CLOSE_DEADLINE_S`.
 
 An alert is different: it is written and fsynced locally, then put in the store (retried), before the
 caller does anything else, because the orchestrator acts on it after this process is gone. It carries
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from training import schema, signing
-from training.store import ObjectStore, StoreError, put_json
+from training.store import ObjectStore, StoreError, StoreUnavailable, put_json
 
 log = logging.getLogger("training.events")
 
@@ -35,6 +37,10 @@ STORE_ATTEMPTS = 4
 # close; until then it is spooled (it is in the run dir, fsynced, from the start).
 ALERT_UPLOAD_DEADLINE_S = float(os.environ.get("LONGRUN_ALERT_UPLOAD_DEADLINE_S", "45"))
 ALERT_CLOSE_DEADLINE_S = float(os.environ.get("LONGRUN_ALERT_CLOSE_DEADLINE_S", "60"))
+# The last check batch (at close) has no next flush to ride on: it keeps trying through a store outage
+# for this long. Without it the pick cannot count this rank's passes since its previous batch, and the
+# relaunch resumes from an older checkpoint than it could (chaos cell attribute x S3, docs/reliability.md).
+CHECKS_CLOSE_DEADLINE_S = float(os.environ.get("LONGRUN_CHECKS_CLOSE_DEADLINE_S", "60"))
 
 
 def write_durably(path: Path, obj: Any) -> None:
@@ -165,12 +171,14 @@ class EventWriter:
         if rec["step"] - self._pending[0]["step"] + 1 >= self.flush_every:
             self.flush()
 
-    def flush(self) -> None:
-        """Write the pending check records as one batch file (run dir and store)."""
+    def flush(self, deadline_s: float = 0.0) -> bool:
+        """Write the pending check records as one batch file (run dir and store). An unreachable store is
+        retried (back-off 0.5 s doubling to 8 s) until `deadline_s` has passed; records that did not reach
+        the store stay pending for the next flush. True when nothing is left pending."""
         if self._unsent_alerts:  # the store may be back: one try each, no waiting
             self.send_unsent_alerts()
         if not self._pending:
-            return
+            return True
         first, last = self._pending[0]["step"], self._pending[-1]["step"]
         relative = schema.check_batch_path(first, last, self.rank)
         body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in self._pending)
@@ -178,12 +186,26 @@ class EventWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body)
         if self.store is not None:
-            try:
-                self.store.put_bytes(schema.store_key(self.run, relative), body.encode())
-            except StoreError as e:
-                log.warning("check batch %s not in the store yet (%s); kept for the next flush", relative, e)
-                return
+            end = time.monotonic() + deadline_s
+            delay = 0.5
+            while True:
+                try:
+                    self.store.put_bytes(schema.store_key(self.run, relative), body.encode())
+                    break
+                except StoreUnavailable as e:
+                    if time.monotonic() + delay > end:
+                        log.warning("check batch %s not in the store yet (%s); kept pending", relative, e)
+                        return False
+                    log.warning(
+                        "check batch %s: store unavailable, retrying in %.1fs: %s", relative, delay, e
+                    )
+                    time.sleep(delay)
+                    delay = min(delay * 2, 8.0)
+                except StoreError as e:
+                    log.warning("check batch %s not in the store (%s); kept pending", relative, e)
+                    return False
         self._pending.clear()
+        return True
 
     def progress(self, rec: dict[str, Any], *, force: bool = False) -> None:
         if self.rank != 0:
@@ -212,7 +234,15 @@ class EventWriter:
         if self._unsent_alerts and self.send_unsent_alerts(ALERT_CLOSE_DEADLINE_S):
             for relative, _alert in self._unsent_alerts:
                 log.error("alert %s never reached the store; it is only in %s", relative, self.run_dir)
-        self.flush()
+        if not self.flush(CHECKS_CLOSE_DEADLINE_S):
+            log.error(
+                "check records %s..%s of rank %d are only in %s, NOT in the store: the pre-incident pick "
+                "cannot count them as passed, so a relaunch may resume from an older checkpoint",
+                self._pending[0]["step"],
+                self._pending[-1]["step"],
+                self.rank,
+                self.run_dir,
+            )
         if self._unsent_progress is not None:  # the last heartbeat reaches the store too
             self._put(schema.PROGRESS_PATH, self._unsent_progress)
             self._unsent_progress = None
