@@ -20,6 +20,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from longrun.monitor import watch
+from longrun.monitor.event import Carry, MonitorEvent
 from longrun.slurm.client import make_client
 from longrun.slurm.errors import RetryableSlurmError
 from training.store import StoreUnavailable, store_from_env
@@ -45,6 +46,9 @@ class RunMonitorTrigger(BaseTrigger):
         super().__init__()
         self.seen = dict(seen)
         self.carry = dict(carry or {})
+        # Read here, where the operator defers (a malformed one fails the task there), not in run().
+        self._seen = watch.seen_from_dict(self.seen)
+        self._carry = Carry.from_json(self.carry)
         self.slurm_conf = slurm_conf
         self.backend = backend
         self.poll_s = float(poll_s)
@@ -65,18 +69,28 @@ class RunMonitorTrigger(BaseTrigger):
             },
         )
 
-    def _event(self, payload: dict[str, Any]) -> TriggerEvent:
-        return TriggerEvent({**payload, "seen": self.seen, "carry": self.carry, "at": time.time()})
+    def _event(self, **fields: Any) -> TriggerEvent:
+        """The event of `fields` (one `watch` event, or an error) with what every event carries, written
+        by the type the operator reads it with (`MonitorEvent`): each field where the look put it, a null
+        kept, then seen, carry, at."""
+        declared = {k: v for k, v in fields.items() if k in MonitorEvent.READ}
+        event = MonitorEvent(
+            **declared,
+            seen=self._seen,
+            carry=self._carry,
+            at=time.time(),
+            nulls=frozenset(k for k, v in declared.items() if v is None),
+            extra={k: v for k, v in fields.items() if k not in MonitorEvent.READ},
+        )
+        return TriggerEvent(event.to_json())
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        seen = self._seen
         try:
-            seen = watch.seen_from_dict(self.seen)
             client = await asyncio.to_thread(make_client, backend=self.backend, slurm_conf=self.slurm_conf)
             store = await asyncio.to_thread(store_from_env)
         except Exception as err:
-            yield self._event(
-                {"type": watch.ERROR, "retryable": True, "message": f"{type(err).__name__}: {err}"}
-            )
+            yield self._event(type=watch.ERROR, retryable=True, message=f"{type(err).__name__}: {err}")
             return
         delay, errors, last = self.poll_s, 0, None
         outage_since: float | None = None  # the store has not answered since then
@@ -105,15 +119,13 @@ class RunMonitorTrigger(BaseTrigger):
                 self.log.warning("monitor look failed (%d/%d): %s", errors, self.max_errors, err)
                 if errors >= self.max_errors:
                     yield self._event(
-                        {"type": watch.ERROR, "retryable": True, "message": f"{errors} failed looks: {err}"}
+                        type=watch.ERROR, retryable=True, message=f"{errors} failed looks: {err}"
                     )
                     return
                 await asyncio.sleep(min(self.max_poll_s, delay * 2))
                 continue
             except Exception as err:
-                yield self._event(
-                    {"type": watch.ERROR, "retryable": False, "message": f"{type(err).__name__}: {err}"}
-                )
+                yield self._event(type=watch.ERROR, retryable=False, message=f"{type(err).__name__}: {err}")
                 return
             errors = 0
             if outage_since is not None:
@@ -125,7 +137,7 @@ class RunMonitorTrigger(BaseTrigger):
                 if event is not None and event.get("type") == watch.STALE:
                     event = None
             if event is not None:
-                yield self._event(event)
+                yield self._event(**event)
                 return
             delay = self.poll_s if activity != last else min(delay * 1.5, self.max_poll_s)
             if activity != last:

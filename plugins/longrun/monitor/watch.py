@@ -147,9 +147,14 @@ def seen_from_dict(d: dict[str, Any]) -> Seen:
         job_id=int(d["job_id"]),
         steps=tuple(int(s) for s in d.get("steps", ())),
         alerts=tuple(str(a) for a in d.get("alerts", ())),
-        stale_after_s=float(d.get("stale_after_s", 600.0)),
-        since=float(d.get("since", 0.0)),
+        stale_after_s=_number(d.get("stale_after_s", 600.0)),
+        since=_number(d.get("since", 0.0)),
     )
+
+
+def _number(v: Any) -> float:
+    """A number as written (an integer stays one, so `seen_to_dict` gives the same JSON back)."""
+    return v if isinstance(v, int | float) and not isinstance(v, bool) else float(v)
 
 
 def ignore_existing(
