@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from longrun.incident import runbooks
-from longrun.incident.attribution import AMBIGUOUS, NODE, Attribution, attribute
+from longrun.incident.attribution import AMBIGUOUS, NODE, AttributionOutcome, attribute
 
 from training import schema
 
@@ -74,9 +74,9 @@ def test_not_an_alert_is_refused():
 
 def test_attribution_checks_its_own_fields():
     with pytest.raises(ValueError, match="verdict='maybe'"):
-        Attribution(verdict="maybe", node=None, ranks=(), reason="", runbook="")
+        AttributionOutcome(verdict="maybe", node=None, ranks=(), reason="", runbook="")
     with pytest.raises(ValueError, match="node=None"):
-        Attribution(verdict=NODE, node=None, ranks=(), reason="", runbook="")
+        AttributionOutcome(verdict=NODE, node=None, ranks=(), reason="", runbook="")
     d = attribute(alert()).to_dict()
     assert d["verdict"] == NODE and d["ranks"] == [1]
 

@@ -123,10 +123,10 @@ def test_no_verdict_from_the_step_falls_back_after_releasing_the_node(tmp_path, 
     # a step that cannot run the diagnostic (no interpreter there): no verdict, so no conviction
     out = inalloc.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug", python="/bin/false")
     assert out is None
-    rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
-    skipped = record.event(rec, Event.DIAGNOSIS_IN_JOB_SKIPPED)
-    assert skipped and "no verdict" in skipped["why"] and "reservation" in skipped["fallback"]
-    assert "diagnosis" not in rec or not rec.get("diagnosis")
+    rec = inc.rec(store)
+    skipped = rec.event(Event.DIAGNOSIS_IN_JOB_SKIPPED)
+    assert skipped and "no verdict" in skipped.details["why"] and "reservation" in skipped.details["fallback"]
+    assert not rec.diagnosis
     # the node left the job (the reservation's diagnostic can start there) and kept its SDC drain
     assert SUSPECT not in client.job(inc.job_id).nodes
     node = client.node(SUSPECT)
@@ -143,8 +143,8 @@ def test_a_forged_alert_probes_and_releases_nothing(tmp_path, client):
         inalloc.diagnose_in_job(store, client, inc, node="n2", partition="debug", python=sys.executable)
     assert client.job(inc.job_id).nodes == NODES
     assert client.node("n2").reason == "longrun:sdc:inj3:17"
-    rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
-    assert not rec.get("diagnosis") and not record.has_event(rec, "released")
+    rec = inc.rec(store)
+    assert not rec.diagnosis and not record.has_event(rec, Event.RELEASED)
 
 
 DATA = Path(__file__).parent / "data"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from longrun import alert_auth
 from longrun.incident import inalloc, injob, record
+from longrun.incident.events import Event
 from longrun.incident.steps import Incident, IncidentStop
 from longrun.monitor import lifecycle
 from longrun.slurm import ops
@@ -118,13 +119,15 @@ def test_act_mode_recovers_inside_the_job(client, running):
     d = Directive.from_json(get_json(store, schema.store_key("ij", f"directives/{job_id}-a001.json")))
     assert (d.nodes, d.resume_from, d.exclude) == ((held[0], held[2]), CKPT, (suspect,))
     rec = inc.rec(store)
-    events = [e["event"] for e in rec["timeline"]]
-    assert {"frozen", "release_deferred", "directive_written", "relaunched_running"} <= set(events)
-    assert "released" not in events
-    assert rec["status"] == record.RELAUNCHED
+    events = [e.event for e in rec.timeline]
+    assert {Event.FROZEN, Event.RELEASE_DEFERRED, Event.DIRECTIVE_WRITTEN, Event.RELAUNCHED_RUNNING} <= set(
+        events
+    )
+    assert Event.RELEASED not in events
+    assert rec.status == record.RELAUNCHED
     # a rerun changes nothing: same result, no second directive, no second event
     injob.direct(store, client, inc, node=suspect, checkpoint={"key": CKPT})
-    assert [e["event"] for e in inc.rec(store)["timeline"]] == events
+    assert [e.event for e in inc.rec(store).timeline] == events
     assert [o.key for o in store.list(schema.store_key("ij", "directives/"))] == [
         schema.store_key("ij", f"directives/{job_id}-a001.json")
     ]
@@ -133,7 +136,7 @@ def test_act_mode_recovers_inside_the_job(client, running):
     assert list(client.job(job_id).nodes) == [held[0], held[2]]
     node = client.node(suspect)
     assert node.drain_flag and node.reason == REASON
-    assert record.has_event(inc.rec(store), "released")
+    assert record.has_event(inc.rec(store), Event.RELEASED)
 
 
 def test_no_spare_left_falls_back_and_the_kept_job_is_cancelled(client, running, slurm_cluster):
@@ -144,7 +147,7 @@ def test_no_spare_left_falls_back_and_the_kept_job_is_cancelled(client, running,
     subprocess.run(["scontrol", "update", f"JobId={job_id}", f"NodeList={held[0]},{held[1]}"],
                    env=slurm_cluster.client_env(), check=True, timeout=30)  # fmt: skip
     assert injob.direct(store, client, inc, node=held[1], checkpoint={"key": CKPT}) is None
-    assert "no_spare_left" in [e["event"] for e in inc.rec(store)["timeline"]]
+    assert record.has_event(inc.rec(store), Event.NO_SPARE_LEFT)
     injob.end_kept(store, client, inc)
     assert client.job(job_id).is_terminal
     assert list(store.list(schema.store_key("ij", "directives/"))) == []
@@ -180,5 +183,5 @@ def test_a_drained_node_is_never_directed(client, running):
         client.drain(n, REASON)
         drained.append(n)
     assert injob.direct(store, client, inc, node=held[1], checkpoint={"key": CKPT}) is None
-    assert "no_spare_left" in [e["event"] for e in inc.rec(store)["timeline"]]
+    assert record.has_event(inc.rec(store), Event.NO_SPARE_LEFT)
     assert list(store.list(schema.store_key("ij", "directives/"))) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from longrun.incident import record, runbooks
+from longrun.incident.events import Event
 
 from training import schema
 from training.store import LocalDirStore
@@ -53,9 +54,12 @@ def test_events_are_added_once_and_fields_merged(store, alert):
     rec = record.add_event(
         store, run="r1", incident_id=iid, name="drained", node="n9", fields={"status": "open"}
     )
-    assert [e["event"] for e in rec["timeline"]] == ["opened", "drained"]
-    assert record.event(rec, "drained")["node"] == "n2"
-    assert record.has_event(rec, "drained") and not record.has_event(rec, "relaunched")
+    assert [e["event"] for e in rec["timeline"]] == ["opened", "drained"]  # the JSON as written
+    typed = record.load_typed(store, run="r1", incident_id=iid)
+    drained = typed.event(Event.DRAINED)
+    assert drained is not None and drained.details == {"node": "n2"}
+    assert record.has_event(typed, Event.DRAINED) and not record.has_event(typed, Event.RELAUNCHED_RUNNING)
+    assert record.on_timeline(rec, Event.DRAINED) and not record.on_timeline(rec, Event.RELAUNCHED_RUNNING)
 
 
 def test_summary_tells_the_story(store, alert):

@@ -7,6 +7,7 @@ names: they are the text on disk, so old records keep reading and new ones read 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ def _incident(mode: str = "act", seen_at: float | None = None) -> Incident:
     return Incident(run=RUN, alert_key=key, alert=alert, job_id=5, run_params=params, alert_seen_at=seen_at)
 
 
-def _never(rec: dict) -> Outcome:
+def _never(rec: IncidentRecord) -> Outcome:
     raise AssertionError("must not run")
 
 
@@ -69,13 +70,14 @@ def test_act_records_event_fields_status_and_runbook_once(store: ObjectStore) ->
     again = Outcome(event=Event.DRAINED, data={"node": "n9"}, runbook=runbooks.FOREIGN_DRAIN)
     run(store, inc, act=lambda rec: again)  # no `done`: acts again, the event stays the first one
     rec = inc.rec(store)
-    assert [e["event"] for e in rec["timeline"]] == ["opened", "drained"]
-    assert record.event(rec, "drained")["node"] == "n2"
-    assert rec["drain"] == {"node": "n2"} and rec["status"] == "failed"
-    assert rec["runbooks"].count(runbooks.FOREIGN_DRAIN) == 1
-    # the JSON on disk holds plain strings, and the typed reader reads it
-    typed = IncidentRecord.from_json(rec)
-    assert typed.status is IncidentStatus.FAILED and typed.event("drained") is not None
+    assert [e.event for e in rec.timeline] == [Event.OPENED, Event.DRAINED]
+    drained = rec.event(Event.DRAINED)
+    assert drained is not None and drained.details == {"node": "n2"}
+    assert rec.drain.node == "n2" and rec.status is IncidentStatus.FAILED
+    assert rec.runbooks.count(runbooks.FOREIGN_DRAIN) == 1
+    # the JSON on disk holds plain strings
+    raw = record.load(store, run=RUN, incident_id=inc.incident_id)
+    assert raw["status"] == "failed" and raw["drain"] == {"node": "n2"}
 
 
 def test_done_returns_the_earlier_result_without_acting(store: ObjectStore) -> None:
@@ -83,7 +85,7 @@ def test_done_returns_the_earlier_result_without_acting(store: ObjectStore) -> N
     steps.open_record(store, inc)
     write(store, inc, Outcome(event=Event.PICKED, fields={"checkpoint": {"step": 10}}))
     before = inc.rec(store)
-    got = run(store, inc, done=lambda rec: rec.get("checkpoint") or None, act=_never, observe=_never)
+    got = run(store, inc, done=lambda rec: rec.checkpoint.to_json() or None, act=_never, observe=_never)
     assert got == {"step": 10} and inc.rec(store) == before
 
 
@@ -92,7 +94,8 @@ def test_observe_mode_records_the_would_event_and_does_not_act(store: ObjectStor
     steps.open_record(store, inc)
     would = Outcome(event=Event.WOULD_DRAIN, data={"node": "n2"}, result={"observe": True})
     assert run(store, inc, observe=lambda rec: would, act=_never) == {"observe": True}
-    assert record.event(inc.rec(store), "would_drain")["node"] == "n2"
+    would_drain = inc.rec(store).event(Event.WOULD_DRAIN)
+    assert would_drain is not None and would_drain.details == {"node": "n2"}
     # act mode ignores `observe`
     act_inc = _incident(mode="act")
     assert run(store, act_inc, observe=_never, act=lambda rec: Outcome(result={"acted": 1})) == {"acted": 1}
@@ -105,7 +108,7 @@ def test_stop_records_first_then_raises(store: ObjectStore) -> None:
     with pytest.raises(IncidentStop, match="refused. Runbook: x.md"):
         run(store, inc, act=lambda rec: out)
     rec = inc.rec(store)
-    assert rec["status"] == "failed" and record.has_event(rec, "drain_refused")
+    assert rec.status is IncidentStatus.FAILED and record.has_event(rec, Event.DRAIN_REFUSED)
 
 
 def test_an_outcome_without_event_writes_nothing(store: ObjectStore) -> None:
@@ -121,5 +124,58 @@ def test_alert_seen_keeps_the_trigger_time(store: ObjectStore) -> None:
     steps.open_record(store, inc)
     steps.open_record(store, inc)  # a rerun adds nothing
     rec = inc.rec(store)
-    seen = [e for e in rec["timeline"] if e["event"] == "alert_seen"]
+    seen = [e.to_json() for e in rec.timeline if e.event == Event.ALERT_SEEN]
     assert seen == [{"event": "alert_seen", "time": 123.5}]
+
+
+# A record as an older writer left it: fields the typed record does not declare (`reference`, `note`),
+# a declared field set to null, whole numbers where the typed record reads floats, a timeline entry
+# without a time. The runner reads it typed, and what it writes back is this JSON plus the change only.
+OLDER = """{
+ "alert": {"check": "recompute", "evidence": {}, "kind": "alert", "run": "runner-r1", "schema_version": 1,
+  "step": 17, "suspect_nodes": ["n2"], "suspect_ranks": [1], "time": 1700000017},
+ "alert_key": "KEY",
+ "diagnosis": {"duration_s": 3, "node": "n2", "runbook": null, "verdict": "pass", "zeta": [1, 2]},
+ "drain": {"drained_now": true, "in_window": 1, "node": "n2", "reason": "longrun-sdc"},
+ "incident_id": "ID",
+ "kind": "incident",
+ "mode": "act",
+ "note": {"kept": "as written"},
+ "reference": {"fingerprint": "ab", "node": "n1", "threads": 4},
+ "run": "runner-r1",
+ "runbooks": ["runbooks/recompute-mismatch.md"],
+ "schema_version": 1,
+ "status": "open",
+ "time_to_recover_s": 12,
+ "timeline": ["opened", {"event": "drained", "node": "n2", "time": 1700000020}]
+}"""
+
+
+def test_the_runner_hands_the_typed_record_and_writes_the_json_back_as_read(store: ObjectStore) -> None:
+    inc = _incident()
+    key = record.record_key(RUN, inc.incident_id)
+    text = OLDER.replace("KEY", inc.alert_key).replace("ID", inc.incident_id)
+    older = json.loads(text)
+    store.put_bytes(key, json.dumps(older, sort_keys=True, indent=1).encode())
+    seen: list[IncidentRecord] = []
+
+    def done(rec: IncidentRecord) -> dict | None:
+        seen.append(rec)
+        return rec.diagnosis.to_json() if rec.diagnosis else None
+
+    # a step done before: the typed record goes to `done`, its result is the recorded part, nothing written
+    before = store.get_bytes(key)
+    assert run(store, inc, done=done, act=_never) == older["diagnosis"]
+    assert isinstance(seen[0], IncidentRecord) and seen[0].drain.node == "n2"
+    assert seen[0].event(Event.DRAINED) is not None and store.get_bytes(key) == before
+
+    # a step that acts: the stored JSON gains the event, the field and the status, and nothing else changes
+    out = Outcome(event=Event.PICKED, data={"step": 10}, at=1700000030.5, fields={"lost_steps": 7},
+                  status=IncidentStatus.RELAUNCHED)  # fmt: skip
+    assert run(store, inc, act=lambda rec: out if rec.drain else _never(rec)) == {}
+    older["timeline"].append({"event": "picked", "time": 1700000030.5, "step": 10})
+    older.update(lost_steps=7, status="relaunched")
+    assert store.get_bytes(key) == json.dumps(older, sort_keys=True, indent=1).encode()
+    # the same step again adds no second event (the field and status are set to what they are)
+    run(store, inc, act=lambda rec: out)
+    assert store.get_bytes(key) == json.dumps(older, sort_keys=True, indent=1).encode()

@@ -18,6 +18,7 @@ from longrun.slurm.client import JobStatus, make_client
 from longrun.slurm.spec import JobTag
 
 from training import schema
+from training.records import Incident as IncidentRecord
 from training.segment import FaultFired, Segment
 from training.store import LocalDirStore, get_json, put_json
 
@@ -179,7 +180,7 @@ def test_recovery_is_measured_from_the_records(tmp_path):
     assert rec2 == rec
     # a relaunch that started over at step 0 is caught
     _put(store, run, dataclasses.replace(segs[1], start_step=0, resumed_from=None, first_step=1))
-    bad = recovery.measure(incident, recovery.segments(store, run), [])
+    bad = recovery.measure(IncidentRecord.from_json(incident), recovery.segments(store, run), [])
     assert bad["resumed_as_picked"] is False and bad["lost_steps"] == 17
 
 

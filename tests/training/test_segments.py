@@ -112,8 +112,18 @@ def test_a_replayed_fault_keeps_the_first_injection_before_the_alert():
     (an NVRx in-job restart of the same step) must not hide the first one."""
     from longrun.incident.recovery import measure
 
+    from training.records import Incident as IncidentRecord
+    from training.records.incident import RestartCheckpoint
+
     first = FaultFired(run="r", fault="nan", step=3, rank=1, node="n2", time=10.0, spec="nan:3:1")
     replay = FaultFired(run="r", fault="nan", step=3, rank=1, node="n2", time=30.0, spec="nan:3:1")
-    incident = {"alert": {"time": 12.0}, "timeline": [], "checkpoint": {"step": 2}}
+    incident = IncidentRecord(
+        run="r",
+        incident_id="i",
+        alert={"time": 12.0},
+        timeline=(),
+        mode="act",
+        checkpoint=RestartCheckpoint(step=2),
+    )
     ms = measure(incident, [], [first, replay])["milestones_s"]
     assert ms["fault_injected"] == -2.0

@@ -28,8 +28,9 @@ _NO_MAJORITY_KEYS = ("no_majority", "all_disagree", "every_replica_disagrees")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Attribution:
-    """What the evidence lets us say about where the fault is."""
+class AttributionOutcome:
+    """What the evidence lets us say about where the fault is; `to_dict` is the record's `attribution`,
+    read back as training.records.Attribution."""
 
     verdict: str
     """`node` (one suspect node) or `ambiguous` (suspect software; drain nothing)."""
@@ -62,7 +63,7 @@ class Attribution:
         }
 
 
-def attribute(alert: Mapping[str, Any] | Alert) -> Attribution:
+def attribute(alert: Mapping[str, Any] | Alert) -> AttributionOutcome:
     """Attribute an alert record (training.schema kind `alert`) to one node, or call it ambiguous.
     A record that does not read as an alert raises SchemaError (a ValueError) naming the field."""
     a = alert if isinstance(alert, Alert) else Alert.from_json(alert)
@@ -75,8 +76,8 @@ def attribute(alert: Mapping[str, Any] | Alert) -> Attribution:
         named = [world[r] for r in ranks if 0 <= r < len(world)]
     nodes = list(dict.fromkeys(named))
 
-    def ambiguous(reason: str) -> Attribution:
-        return Attribution(
+    def ambiguous(reason: str) -> AttributionOutcome:
+        return AttributionOutcome(
             verdict=AMBIGUOUS, node=None, ranks=ranks, reason=reason, runbook=runbooks.AMBIGUOUS_EVIDENCE
         )
 
@@ -97,7 +98,7 @@ def attribute(alert: Mapping[str, Any] | Alert) -> Attribution:
         return ambiguous(f"{check} at step {step}: the evidence names no node")
     if len(nodes) > 1:
         return ambiguous(f"{check} at step {step}: the evidence names several nodes at once {nodes}")
-    return Attribution(
+    return AttributionOutcome(
         verdict=NODE,
         node=nodes[0],
         ranks=ranks,

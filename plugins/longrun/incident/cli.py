@@ -14,8 +14,11 @@ import getpass
 import sys
 
 from longrun.checkpoints import catalog
+from longrun.checkpoints.retention import CLOSED_STATUSES
 from longrun.incident import closing
 from training import schema
+from training.records import Alert
+from training.records import Incident as IncidentRecord
 from training.store import NotFound, StoreError, store_from_env
 
 
@@ -42,22 +45,26 @@ def main(argv: list[str] | None = None) -> int:
             if not incs:
                 print(f"no incidents for run {args.run} in {store.describe()}", file=sys.stderr)
                 return 1
-            for rec in incs:
-                state = "closed" if rec.get("status") in ("closed", "resolved", "rejected") else "open"
-                alert = rec.get("alert") or {}
+            for raw in incs:
+                rec = IncidentRecord.from_json(raw)
+                state = "closed" if rec.status in CLOSED_STATUSES else "open"
+                alert = Alert.from_json(rec.alert)
                 print(
-                    f"{rec['incident_id']}  {state}  status={rec.get('status')}  "
-                    f"{alert.get('check')}@{alert.get('step')}  nodes={alert.get('suspect_nodes')}"
+                    f"{rec.incident_id}  {state}  status={rec.status}  "
+                    f"{alert.check}@{alert.step}  nodes={list(alert.suspect_nodes)}"
                 )
             return 0
-        rec = closing.close(
-            store,
-            run=args.run,
-            incident_id=args.incident,
-            by=args.by or getpass.getuser(),
-            reason=args.reason,
+        closed = IncidentRecord.from_json(
+            closing.close(
+                store,
+                run=args.run,
+                incident_id=args.incident,
+                by=args.by or getpass.getuser(),
+                reason=args.reason,
+            )
         )
-        print(f"incident {rec['incident_id']} of run {args.run}: {rec['status']} ({rec['closed']['reason']})")
+        why = closed.extra["closed"]["reason"]  # `closed` is not a declared part: one of the other fields
+        print(f"incident {closed.incident_id} of run {args.run}: {closed.status} ({why})")
         return 0
     except (NotFound, FileNotFoundError) as e:
         print(f"longrun incidents: {e}", file=sys.stderr)

@@ -85,8 +85,9 @@ def drain_suspect(client: SlurmClient, *, node: str, reason: str) -> DrainOutcom
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Diagnosis:
-    """The outcome of diagnosing one node."""
+class DiagnosisOutcome:
+    """The outcome of diagnosing one node; `to_dict` goes into the record's `diagnosis`, read back as
+    training.records.Diagnosis."""
 
     node: str
     """The node."""
@@ -174,7 +175,7 @@ def diagnose(
     state_dir: str | None = None,
     reservation: str | None = None,
     hold_min: int | None = None,
-) -> Diagnosis:
+) -> DiagnosisOutcome:
     """Run node_check on the drained `node` in a MAINT reservation; the node ends drained with the verdict."""
     argv = node_check_argv(
         node=node,
@@ -208,7 +209,7 @@ def diagnose(
     book = {node_check.FAIL: runbooks.DIAGNOSTIC_FAILED, node_check.PASS: runbooks.DIAGNOSTIC_PASSED}.get(
         outcome, runbooks.DIAGNOSTIC_FAILED
     )
-    return Diagnosis(
+    return DiagnosisOutcome(
         node=node,
         verdict=outcome,
         reason=verdict_reason(run, step, outcome),

@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any
 from longrun.incident import dcgm, diagnose, injob, node_check, runbooks
 from longrun.incident.events import Event
 from longrun.incident.jobstep import batch_host, run_step
+from longrun.incident.probe_reference import reference_of
 from longrun.incident.runner import Outcome, write
 from longrun.slurm import validate as v
 from longrun.slurm.client import JobState, SlurmClient
-from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
+from training.records.diagnosis import NodeCheck, ProbeResult
 from training.schema import SchemaError
 
 if TYPE_CHECKING:
@@ -151,10 +152,10 @@ def diagnose_in_job(
     from longrun.incident import steps
 
     rec = inc.rec(store)
-    if done := Diagnosis.read("incident", rec, "diagnosis"):
+    if done := rec.diagnosis:
         if done.where == IN_JOB and inc.plan.changes:
             release(store, client, inc, node)  # a try that died between the verdict and the release
-        return dict(rec["diagnosis"])  # the recorded object as it is (XCom unchanged)
+        return done.to_json()  # the recorded object (XCom unchanged)
     state, why = why_not(client, inc, node)
     if state is None or inc.job_id is None:
         if inc.plan.changes and injob.kept_job(client, inc) is not None:
@@ -162,7 +163,7 @@ def diagnose_in_job(
         return None
     steps.authenticate(store, client, inc, node=node)  # act only on a node of the signed alert's job
     t0 = time.time()
-    recorded = ProbeResult.read("incident", rec, "reference")
+    recorded = reference_of(rec)
     ref = recorded.to_json() if recorded else steps.cached_reference(store, partition)
     if ref is None:
         try:
@@ -222,7 +223,7 @@ def diagnose_in_job(
     reason = diagnose.verdict_reason(inc.run, inc.step, outcome)
     client.drain(node, reason)  # drained already; the reason now carries the verdict
     book = runbooks.DIAGNOSTIC_PASSED if outcome == node_check.PASS else runbooks.DIAGNOSTIC_FAILED
-    d = diagnose.Diagnosis(
+    d = diagnose.DiagnosisOutcome(
         node=node,
         verdict=outcome,
         reason=reason,

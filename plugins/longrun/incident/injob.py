@@ -31,7 +31,6 @@ from longrun.slurm import validate as v
 from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from training import schema
 from training.directive import DIRECTIVES_DIR, Directive
-from training.records.diagnosis import Diagnosis
 from training.records.incident import RestartCheckpoint
 from training.store import ObjectStore, PreconditionFailed
 
@@ -133,15 +132,14 @@ def direct(
     if node in held:
         # verified against the allocation before it changes (a rerun finds the node released already)
         authenticate(store, client, inc, node=node)
-        if Diagnosis.read("incident", inc.rec(store), "diagnosis"):
+        if inc.rec(store).diagnosis:
             from longrun.incident import inalloc
 
             inalloc.release(store, client, inc, node)
         else:  # releasing kills steps on the node: the diagnosis runs there first, then releases it
             inc.event(store, Event.RELEASE_DEFERRED, node=node, why="diagnosed as a step of this job first")
-    rec = inc.rec(store)
-    written = record.event(rec, Event.DIRECTIVE_WRITTEN)
-    attempt = int(written["attempt"]) if written else _next_attempt(store, inc.run, inc.job_id)
+    written = inc.rec(store).event(Event.DIRECTIVE_WRITTEN)
+    attempt = int(written.details["attempt"]) if written else _next_attempt(store, inc.run, inc.job_id)
     d = _write(
         store,
         Directive(
@@ -192,8 +190,8 @@ def direct(
 
 def end_kept(store: ObjectStore, client: SlurmClient, inc: Incident, *, timeout_s: float = 60.0) -> None:
     """Before a full relaunch: cancel the job freeze kept, if it still runs (no spare, no directive)."""
-    frozen = record.event(inc.rec(store), Event.FROZEN)
-    if not frozen or not frozen.get("kept") or inc.job_id is None:
+    frozen = inc.rec(store).event(Event.FROZEN)
+    if not frozen or not frozen.details.get("kept") or inc.job_id is None:
         return
     if client.job(inc.job_id).is_active:
         client.cancel(inc.job_id)

@@ -137,7 +137,9 @@ def drained_nodes(store: ObjectStore, rec: dict[str, Any], incident_id: str) -> 
     """The nodes longrun drained for the incident: the record's drain, and the ledger's grants (a drain task
     that died between its grant and its `drained` event leaves only the grant)."""
     nodes = []
-    if record.has_event(rec, Event.DRAINED) and (node := Drain.read_or_empty("incident", rec, "drain").node):
+    if record.on_timeline(rec, Event.DRAINED) and (
+        node := Drain.read_or_empty("incident", rec, "drain").node
+    ):
         nodes.append(node)
     for e in ratelimit.entries(store):
         if isinstance(e, dict) and e.get("incident_id") == incident_id and isinstance(e.get("node"), str):
@@ -150,7 +152,8 @@ def restore(store: ObjectStore, client: SlurmClient, inc: Incident) -> Restored:
     if it no longer is. Raises ForeignDrain when someone else drained one meanwhile."""
     if not inc.plan.changes:  # observe mode changed nothing, so there is nothing to restore
         return Restored()
-    rec = inc.rec(store)
+    # the stored JSON, not the typed record: a part that does not read must not stop the restore
+    rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
     removed = remove_leftovers(client, inc.incident_id)
     nodes = drained_nodes(store, rec, inc.incident_id)
     reason = _reason_from(rec) or diagnose.sdc_reason(inc.run, inc.step)

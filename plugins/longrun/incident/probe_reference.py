@@ -11,6 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from training.records import Incident as IncidentRecord
+from training.records.diagnosis import ProbeResult
 from training.store import ObjectStore, PreconditionFailed, StoreError, put_json
 
 # The probe's environment: a reference fingerprint is only valid for the same software and CPU level.
@@ -28,6 +30,12 @@ def cached_reference(store: ObjectStore, partition: str) -> dict[str, Any] | Non
     except (StoreError, ValueError):
         return None
     return ref if isinstance(ref, dict) and ref.get("fingerprint") else None
+
+
+def reference_of(rec: IncidentRecord) -> ProbeResult | None:
+    """The reference an earlier try of this incident recorded (event `reference`, field `reference`; not a
+    part the typed record declares, so it is read from the record's other fields), or None."""
+    return ProbeResult.read("incident", rec.extra, "reference")
 
 
 def remember_reference(store: ObjectStore, partition: str, ref: Mapping[str, Any]) -> None:

@@ -105,12 +105,20 @@ def update(
     raise RuntimeError(f"incident record {key} kept changing under us ({MAX_ATTEMPTS} attempts)")
 
 
-def has_event(rec: Mapping[str, Any], event: Event) -> bool:
-    return any(e.get("event") == event for e in rec.get("timeline", ()))
+def load_typed(store: ObjectStore, *, run: str, incident_id: str) -> IncidentRecord:
+    """The record as the typed `training.records.Incident` (what readers use; writers change the JSON)."""
+    return IncidentRecord.from_json(load(store, run=run, incident_id=incident_id))
 
 
-def event(rec: Mapping[str, Any], name: Event) -> dict[str, Any] | None:
-    return next((e for e in rec.get("timeline", ()) if e.get("event") == name), None)
+def has_event(rec: IncidentRecord, name: Event) -> bool:
+    """`name` is on the timeline (it is there at most once)."""
+    return rec.event(name) is not None
+
+
+def on_timeline(raw: Mapping[str, Any], name: Event) -> bool:
+    """`has_event` on the stored JSON, for a writer's `change` (it edits the JSON, so the record is
+    written back as it was read) and for a reader that must not fail on a part that does not read."""
+    return any(isinstance(e, Mapping) and e.get("event") == name for e in raw.get("timeline", ()))
 
 
 def add_event(
@@ -125,7 +133,7 @@ def add_event(
     """Append timeline event `name` (once) with `data`, and merge `fields` into the record."""
 
     def change(rec: dict[str, Any]) -> None:
-        if not has_event(rec, name):
+        if not on_timeline(rec, name):
             rec["timeline"].append({"event": str(name), "time": _now(), **data})
         if fields:
             rec.update(fields)
@@ -146,9 +154,9 @@ def lost_steps(*, alert_step: int, checkpoint_step: int) -> int:
     return alert_step - checkpoint_step
 
 
-def summary(rec: Mapping[str, Any]) -> str:
+def summary(rec: IncidentRecord | Mapping[str, Any]) -> str:
     """Lines for the task log: what happened, what was done, what to read next."""
-    r = IncidentRecord.from_json(rec)
+    r = rec if isinstance(rec, IncidentRecord) else IncidentRecord.from_json(rec)
     alert = Alert.from_json(r.alert)
     lines = [
         f"incident {r.incident_id} of run {r.run} ({r.status}, mode {r.mode})",

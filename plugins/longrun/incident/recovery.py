@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from longrun.incident.events import Event
 from training import schema
-from training.records.incident import Relaunch, RestartCheckpoint
+from training.records import Incident as IncidentRecord
 from training.segment import FAULTS_DIR, SEGMENTS_DIR, FaultFired, Segment, lost_steps, ordered
 from training.store import ObjectStore, StoreError
 
@@ -87,36 +86,37 @@ def segment_table(segs: list[Segment]) -> list[dict[str, Any]]:
     return rows
 
 
-def relaunch_segment(segs: list[Segment], incident: Mapping[str, Any]) -> Segment | None:
+def relaunch_segment(segs: list[Segment], incident: IncidentRecord) -> Segment | None:
     """The first segment of the relaunch after `incident`: of the relaunched job if known, else the first
     segment that started after the alert."""
-    alert_time = float(incident["alert"]["time"])
-    job_id = Relaunch.read_or_empty("incident", incident, "relaunch").job_id
+    alert_time = float(incident.alert["time"])
+    job_id = incident.relaunch.job_id
     after = [s for s in segs if s.started_at > alert_time]
     if job_id is not None:
         after = [s for s in after if s.job_id == str(job_id)]
     return after[0] if after else None
 
 
-def measure(incident: Mapping[str, Any], segs: list[Segment], fired: list[FaultFired]) -> dict[str, Any]:
+def measure(incident: IncidentRecord, segs: list[Segment], fired: list[FaultFired]) -> dict[str, Any]:
     """The recovery of one incident from the records: milestone times (s after the alert record), the
     resume proof (first step after the relaunch vs the pick) and lost steps read from the segments."""
-    alert = incident["alert"]
-    alert_time = float(alert["time"])
+    alert_time = float(incident.alert["time"])
     times: dict[str, float | None] = dict.fromkeys(MILESTONES)
     before_alert = [f.time for f in fired if f.time <= alert_time]
     times["fault_injected"] = max(before_alert) if before_alert else None
     times["alert_written"] = alert_time
-    for e in incident.get("timeline", ()):
-        if e.get("event") in times and times[e["event"]] is None:
-            times[e["event"]] = float(e["time"])
-        if e.get("event") == Event.DIRECTIVE_WRITTEN and times[Event.RELAUNCH_SUBMITTED] is None:
-            times[Event.RELAUNCH_SUBMITTED] = float(e["time"])
+    for e in incident.timeline:
+        if e.time is None:
+            continue  # the oldest records named events without a time: no milestone
+        if e.event in times and times[e.event] is None:
+            times[e.event] = e.time
+        if e.event == Event.DIRECTIVE_WRITTEN and times[Event.RELAUNCH_SUBMITTED] is None:
+            times[Event.RELAUNCH_SUBMITTED] = e.time
     after = relaunch_segment(segs, incident)
     if after is not None:
         times[Event.FIRST_HEALTHY_STEP] = after.first_healthy_time
     previous = [s for s in segs if after is not None and s.started_at < after.started_at]
-    pick_step = RestartCheckpoint.read_or_empty("incident", incident, "checkpoint").step
+    pick_step = incident.checkpoint.step
     first_step = after.first_step if after else None
     healthy_at = times[Event.FIRST_HEALTHY_STEP]
     out: dict[str, Any] = {
@@ -140,8 +140,9 @@ def record(store: ObjectStore, run: str, incident_id: str) -> dict[str, Any] | N
     trained a healthy step yet."""
     from longrun.incident import record as incident_record
 
-    rec = incident_record.load(store, run=run, incident_id=incident_id)
-    if (done := rec.get("recovery")) and incident_record.has_event(rec, Event.FIRST_HEALTHY_STEP):
+    rec = incident_record.load_typed(store, run=run, incident_id=incident_id)
+    # `recovery` is not a part the typed record declares: it is one of the record's other fields
+    if (done := rec.extra.get("recovery")) and incident_record.has_event(rec, Event.FIRST_HEALTHY_STEP):
         return dict(done)
     result = measure(rec, segments(store, run), faults(store, run))
     after = relaunch_segment(segments(store, run), rec)

@@ -2,7 +2,8 @@
 
 A step (incident/steps.py) keeps only its action; this module owns the sequence around it:
 
-    load      the incident record (the timeline is the memory of every earlier try)
+    load      the incident record, once, as the typed record (training.records.Incident; the timeline is
+              the memory of every earlier try); `done`, `observe` and `act` are handed that object
     done      what an earlier try recorded -> return it again, touch neither Slurm nor the store
     observe   observe mode: record the "would_..." event instead of acting (steps whose would-be action
               depends on what they find, like freeze, return their would_ outcome from the action)
@@ -25,11 +26,13 @@ from longrun.incident import modes, record
 from longrun.incident.events import Event
 from longrun.slurm.client import SlurmClient
 from training import schema
+from training.records import Incident as IncidentRecord
 from training.records import IncidentStatus
 from training.store import ObjectStore
 
-Rec = dict[str, Any]
-"""An incident record as read from the store (incident/record.py)."""
+Rec = IncidentRecord
+"""An incident record as a step reads it: the typed record (training.records.Incident), loaded once per
+step by `run`. What is written goes through `write` (the stored JSON is changed, never rebuilt)."""
 
 
 class IncidentStop(Exception):
@@ -76,8 +79,9 @@ class Incident:
     def plan(self) -> modes.ModePlan:
         return modes.plan(self.mode)
 
-    def rec(self, store: ObjectStore) -> dict[str, Any]:
-        return record.load(store, run=self.run, incident_id=self.incident_id)
+    def rec(self, store: ObjectStore) -> IncidentRecord:
+        """The incident record as it is now, typed."""
+        return record.load_typed(store, run=self.run, incident_id=self.incident_id)
 
     def event(
         self, store: ObjectStore, name: Event, fields: Mapping[str, Any] | None = None, **data: Any
@@ -119,8 +123,8 @@ class Outcome:
 def write(store: ObjectStore, inc: Incident, out: Outcome) -> dict[str, Any]:
     """Record `out` with one conditional write (safe to repeat: the event is added once)."""
 
-    def change(rec: dict[str, Any]) -> None:
-        if out.event is not None and not record.has_event(rec, out.event):
+    def change(rec: dict[str, Any]) -> None:  # the stored JSON: written back as read, plus this change
+        if out.event is not None and not record.on_timeline(rec, out.event):
             at = out.at if out.at is not None else time.time()
             rec["timeline"].append({"event": out.event.value, "time": at, **out.data})
         rec.update(out.fields)
@@ -155,7 +159,7 @@ def run(
     done: Callable[[Rec], dict[str, Any] | None] | None = None,
     observe: Callable[[Rec], Outcome] | None = None,
 ) -> dict[str, Any]:
-    """Run one step: load the record; `done(rec)` not None -> return it (an earlier try did the work);
+    """Run one step: load the typed record once; `done(rec)` not None -> return it (an earlier try did the work);
     observe mode and an `observe` -> record its outcome; else record `act`'s. The step's own pre-work
     (e.g. restoring a drain before the diagnosis) happens before this call."""
     rec = inc.rec(store)

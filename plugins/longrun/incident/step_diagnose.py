@@ -13,11 +13,11 @@ from typing import Any
 
 from longrun.incident import dcgm, diagnose, keep_drained, node_check, runbooks
 from longrun.incident.events import Event
-from longrun.incident.probe_reference import cached_reference, remember_reference
+from longrun.incident.probe_reference import cached_reference, reference_of, remember_reference
 from longrun.incident.runner import Incident, IncidentStop, Outcome, Rec, run
 from longrun.incident.step_drain import restore_drain
 from longrun.slurm.client import SlurmClient
-from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
+from training.records.diagnosis import NodeCheck, ProbeResult
 from training.store import ObjectStore
 
 
@@ -38,7 +38,7 @@ def run_diagnosis(
 
     def done(rec: Rec) -> dict[str, Any] | None:
         # the recorded object as it is (XCom unchanged), once it reads as a diagnosis
-        return dict(rec["diagnosis"]) if Diagnosis.read("incident", rec, "diagnosis") else None
+        return rec.diagnosis.to_json() if rec.diagnosis else None
 
     def observe(rec: Rec) -> Outcome:
         return Outcome(
@@ -47,7 +47,7 @@ def run_diagnosis(
 
     def act(rec: Rec) -> Outcome:
         t0 = time.time()
-        recorded = ProbeResult.read("incident", rec, "reference")
+        recorded = reference_of(rec)
         ref = recorded.to_json() if recorded else cached_reference(store, partition)
         if ref is None:
             healthy = diagnose.pick_healthy(client.nodes(), exclude=[node], prefer=run_nodes)

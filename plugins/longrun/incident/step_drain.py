@@ -15,7 +15,6 @@ from longrun.incident.ratelimit import DrainPolicy, DrainRefused, release_drain,
 from longrun.incident.runner import Incident, Outcome, Rec, authenticate, run, stop
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import ForeignDrainError
-from training.records.incident import Drain
 from training.store import ObjectStore
 
 
@@ -31,8 +30,8 @@ def drain(
     reason = diagnose.sdc_reason(inc.run, inc.step)
 
     def done(rec: Rec) -> dict[str, Any] | None:
-        if record.has_event(rec, Event.DRAINED) and Drain.read("incident", rec, "drain"):
-            return {**rec["drain"], "rerun": True}  # done before: touch neither Slurm nor the ledger
+        if record.has_event(rec, Event.DRAINED) and rec.drain:
+            return {**rec.drain.to_json(), "rerun": True}  # done before: touch neither Slurm nor the ledger
         return None
 
     def observe(rec: Rec) -> Outcome:

@@ -20,7 +20,7 @@ from longrun.runspec import RunSpec
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, SlurmClient
 from longrun.slurm.spec import JobSpec, JobTag
-from training.records.incident import Relaunch, RestartCheckpoint
+from training.records.incident import RestartCheckpoint
 from training.store import ObjectStore
 
 
@@ -38,8 +38,8 @@ def relaunch(
     resume_from = RestartCheckpoint.from_json(checkpoint).key  # the pick step's result
 
     def done(rec: Rec) -> dict[str, Any] | None:
-        if Relaunch.read("incident", rec, "relaunch") and record.has_event(rec, Event.RELAUNCHED_RUNNING):
-            return dict(rec["relaunch"])  # the recorded object as it is (XCom unchanged)
+        if rec.relaunch and record.has_event(rec, Event.RELAUNCHED_RUNNING):
+            return rec.relaunch.to_json()  # the recorded object as it is (XCom unchanged)
         return None
 
     def plan() -> tuple[RunSpec, str]:

@@ -33,7 +33,7 @@ from longrun.incident.step_relaunch import relaunch
 from longrun.slurm import ops
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import JobNotFoundError, SlurmError
-from training.records.incident import RestartCheckpoint
+from training.records import Incident as IncidentRecord
 from training.store import ObjectStore
 
 __all__ = [  # the steps, and what callers imported from here before the split
@@ -59,10 +59,13 @@ log = logging.getLogger("longrun.sdc_incident")
 
 
 def open_record(store: ObjectStore, inc: Incident) -> dict[str, Any]:
-    rec = record.open_incident(store, run=inc.run, alert=inc.alert, alert_key=inc.alert_key, mode=inc.mode)
+    raw = record.open_incident(store, run=inc.run, alert=inc.alert, alert_key=inc.alert_key, mode=inc.mode)
+    rec = IncidentRecord.from_json(raw)
     if inc.alert_seen_at is not None and not record.has_event(rec, Event.ALERT_SEEN):
-        rec = write(store, inc, Outcome(event=Event.ALERT_SEEN, at=float(inc.alert_seen_at)))
-    return {"incident_id": rec["incident_id"], "mode": rec["mode"], "status": rec.get("status")}
+        seen = Outcome(event=Event.ALERT_SEEN, at=float(inc.alert_seen_at))
+        rec = IncidentRecord.from_json(write(store, inc, seen))
+    status = None if rec.status is None else str(rec.status)  # the text on the record
+    return {"incident_id": rec.incident_id, "mode": rec.mode, "status": status}
 
 
 def freeze(
@@ -73,8 +76,8 @@ def freeze(
     before cancelling, so the pre-incident checkpoint is not cut off mid-upload."""
 
     def done(rec: Rec) -> dict[str, Any] | None:
-        if e := record.event(rec, Event.FROZEN):
-            return {"job_id": inc.job_id, "already": True, "state": e.get("state")}
+        if e := rec.event(Event.FROZEN):
+            return {"job_id": inc.job_id, "already": True, "state": e.details.get("state")}
         return None
 
     def frozen(state: str) -> Outcome:
@@ -142,7 +145,7 @@ def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
 
     def done(rec: Rec) -> dict[str, Any] | None:
         # the recorded object as it is (XCom unchanged), once it reads as a restart checkpoint
-        return dict(rec["checkpoint"]) if RestartCheckpoint.read("incident", rec, "checkpoint") else None
+        return rec.checkpoint.to_json() if rec.checkpoint else None
 
     def act(rec: Rec) -> Outcome:  # observe mode too: it changes nothing on the cluster
         # Checkpoints that were still uploading when the monitor saw the alert (the job is final now).

@@ -18,8 +18,6 @@ from longrun.hooks.slurm import SlurmHook
 from longrun.incident import approver, record, steps
 from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE, DrainPolicy
 from longrun.monitor import lifecycle
-from training import schema
-from training.records import Incident as IncidentRecord
 from training.records.incident import Attribution
 from training.store import ObjectStore, StoreError, store_from_env
 
@@ -242,17 +240,15 @@ def _summary(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
             log.warning("restored what a dead task left: %s", restored)
     except steps.IncidentStop as e:
         log.error("%s", e)  # the record says so and links the runbook; the status check below fails the run
-    rec = inc.rec(store)
-    log.info("%s", record.summary(rec))
-    schema.validate("incident", rec)
+    final = inc.rec(store)  # validated as it is read
+    log.info("%s", record.summary(final))
     try:
         from longrun.ui.plots import render_incident_plots  # matplotlib only when plotting
 
-        keys = render_incident_plots(store, rec["run"], rec["incident_id"])
+        keys = render_incident_plots(store, final.run, final.incident_id)
         log.info("incident plots (also on the run-health page): %s", ", ".join(keys))
     except Exception as e:  # the plots illustrate the record; they must never fail the incident
         log.warning("incident plots not rendered: %s", e)
-    final = IncidentRecord.from_json(rec)
     status = None if final.status is None else str(final.status)  # the text on the record
     if status not in (record.RELAUNCHED, record.OBSERVED):
         # The DAG run must fail when the incident did not end in a relaunch (or an observation):
