@@ -73,6 +73,9 @@ def node_return() -> None:
         body="Every diagnostic round passed; the probe rounds are in the `probe` task's log and the node"
         " history (`longrun nodes show NODE`).\n\nApprove to resume; reject to keep the node drained.",
         response_timeout=timedelta(hours=24),
+        # Airflow 3.3.2's deferral race can fail a try as it parks and again as it resumes with the answer
+        # (seen in CI: try 1 failed on parking, try 2 a moment after the Approve); each retry asks again.
+        retries=3,
     )
 
     @task(trigger_rule="none_failed_min_one_success")

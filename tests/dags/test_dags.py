@@ -121,3 +121,17 @@ def test_every_incident_step_survives_a_lost_task_process(bag):
     dag = bag.dags["sdc_incident"]
     without = sorted(t.task_id for t in dag.tasks if t.retries < 1)
     assert without == [], f"sdc_incident tasks without retries: {without}"
+
+
+def test_every_approval_outlasts_the_deferral_race_twice(bag):
+    """Airflow 3.3.2's deferral race can fail an approval try as it parks and the next as it resumes with the
+    answer (CI: node_return's approve_return failed both of its two tries, and the node was not returned
+    after an Approve). Every approval task keeps at least two retries; each retry asks again."""
+    approvals = {
+        f"{dag_id}.{t.task_id}": t.retries
+        for dag_id in ("sdc_incident", "node_return")
+        for t in bag.dags[dag_id].tasks
+        if type(t).__name__ == "ApprovalOperator"
+    }
+    assert len(approvals) == 3, approvals
+    assert all(r >= 2 for r in approvals.values()), approvals
