@@ -35,6 +35,7 @@ from .procs import ProcRecord, StackError, write_private
 ADMIN_USER = "admin"
 MIGRATE_TIMEOUT_S = 300.0
 READY_TIMEOUT_S = 300.0  # ~15 s on an idle 2-core machine; minutes when it is busy
+HEALTH_TIMEOUT_S = 15.0  # one answer of the health endpoint
 # Start order.
 DAEMONS = (
     ("api-server", ["api-server"]),
@@ -181,8 +182,11 @@ class Airflow(Component):
         self.password()
 
     def health(self) -> dict[str, str]:
-        """Component -> status from the API's health endpoint (no auth needed)."""
-        with urllib.request.urlopen(f"{self.layout.airflow_url}/api/v2/monitor/health", timeout=3) as r:
+        """Component -> status from the API's health endpoint (no auth needed). The timeout is generous: on
+        a loaded 2-core machine a live API server once took over 3 s to answer, and `stack status` called
+        a healthy stack SICK."""
+        url = f"{self.layout.airflow_url}/api/v2/monitor/health"
+        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as r:
             data = json.load(r)
         return {k: str(v.get("status")) for k, v in data.items() if isinstance(v, dict)}
 
