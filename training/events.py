@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from training import schema, signing
-from training.store import ObjectStore, StoreError, StoreUnavailable, put_json
+from training.checkpoint_upload import with_retries
+from training.store import ObjectStore, StoreError, put_json
 
 log = logging.getLogger("training.events")
 
@@ -173,8 +174,9 @@ class EventWriter:
 
     def flush(self, deadline_s: float = 0.0) -> bool:
         """Write the pending check records as one batch file (run dir and store). An unreachable store is
-        retried (back-off 0.5 s doubling to 8 s) until `deadline_s` has passed; records that did not reach
-        the store stay pending for the next flush. True when nothing is left pending."""
+        retried (`checkpoint_upload.with_retries`: back-off doubling to 8 s) until `deadline_s` has passed;
+        records that did not reach the store stay pending for the next flush. True when nothing is left
+        pending."""
         if self._unsent_alerts:  # the store may be back: one try each, no waiting
             self.send_unsent_alerts()
         if not self._pending:
@@ -186,24 +188,16 @@ class EventWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body)
         if self.store is not None:
-            end = time.monotonic() + deadline_s
-            delay = 0.5
-            while True:
-                try:
-                    self.store.put_bytes(schema.store_key(self.run, relative), body.encode())
-                    break
-                except StoreUnavailable as e:
-                    if time.monotonic() + delay > end:
-                        log.warning("check batch %s not in the store yet (%s); kept pending", relative, e)
-                        return False
-                    log.warning(
-                        "check batch %s: store unavailable, retrying in %.1fs: %s", relative, delay, e
-                    )
-                    time.sleep(delay)
-                    delay = min(delay * 2, 8.0)
-                except StoreError as e:
-                    log.warning("check batch %s not in the store (%s); kept pending", relative, e)
-                    return False
+            store, key = self.store, schema.store_key(self.run, relative)
+            try:
+                with_retries(
+                    lambda: store.put_bytes(key, body.encode()),
+                    what=f"check batch {relative}",
+                    deadline_s=deadline_s,
+                )
+            except StoreError as e:  # unreachable past the deadline, or a terminal error at once
+                log.warning("check batch %s not in the store (%s); kept pending", relative, e)
+                return False
         self._pending.clear()
         return True
 
