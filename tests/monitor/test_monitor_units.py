@@ -45,6 +45,7 @@ def test_trigger_serializes_plain_values():
         "poll_s": 1.0,
         "max_poll_s": 10.0,
         "max_errors": 30,
+        "settle_s": 15.0,
     }
     assert RunMonitorTrigger(**kwargs).serialize() == (path, kwargs)
 

@@ -29,7 +29,7 @@ from longrun.hooks.slurm import SlurmHook
 from longrun.monitor import watch
 from longrun.monitor.event import Carry, MonitorEvent
 from longrun.monitor.gate import gate_checkpoint
-from longrun.monitor.trigger import RunMonitorTrigger
+from longrun.monitor.trigger import CHECKPOINT_SETTLE_S, RunMonitorTrigger
 from longrun.runbooks import runbook_path
 from training import schema
 from training.records import Alert
@@ -53,7 +53,11 @@ def checkpoint_asset(store: ObjectStore, run: str) -> Asset:
 
 
 class RunMonitorOperator(BaseOperator):
-    """Watch `run_name`'s Slurm job `job_id` (both templated) from the triggerer."""
+    """Watch `run_name`'s Slurm job `job_id` (both templated) from the triggerer.
+
+    `checkpoint_settle_s`: how long after each deferral the trigger holds a checkpoint or job_done event
+    (alerts are never held), so that a resume does not race the scheduler's handling of the deferral
+    (`longrun.monitor.trigger.CHECKPOINT_SETTLE_S`)."""
 
     template_fields: Sequence[str] = ("run_name", "job_id")
     ui_color = "#e8f4ea"
@@ -66,6 +70,7 @@ class RunMonitorOperator(BaseOperator):
         stale_after_s: float = 600.0,
         poll_s: float = 1.0,
         max_poll_s: float = 5.0,
+        checkpoint_settle_s: float = CHECKPOINT_SETTLE_S,
         slurm_conn_id: str = SlurmHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -76,6 +81,7 @@ class RunMonitorOperator(BaseOperator):
         self.stale_after_s = stale_after_s
         self.poll_s = poll_s
         self.max_poll_s = max_poll_s
+        self.checkpoint_settle_s = checkpoint_settle_s
         self.slurm_conn_id = slurm_conn_id
 
     @cached_property
@@ -93,6 +99,7 @@ class RunMonitorOperator(BaseOperator):
                 carry=carry.to_json(),
                 poll_s=self.poll_s,
                 max_poll_s=self.max_poll_s,
+                settle_s=self.checkpoint_settle_s,
                 **self.hook.trigger_kwargs(),
             ),
             method_name="execute_complete",

@@ -7,13 +7,17 @@ brings it back to `poll_s`. Failures become an `error` event (never an exception
 hiccups are retried `max_errors` times first. An unreachable store is watched through (back-off, a log
 line per look) for as long as it lasts, and the heartbeat's stale clock restarts when it answers again. `cleanup` is not overridden: it runs on every
 triggerer restart and must never touch the job.
+
+A checkpoint or job_done event is held until `settle_s` after the trigger started (see
+`CHECKPOINT_SETTLE_S`); an alert, a stale heartbeat or an error fires at once. While an event is held the
+trigger keeps looking every `poll_s`, so an alert that comes meanwhile still fires at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +28,23 @@ from longrun.monitor.event import Carry, MonitorEvent
 from longrun.slurm.client import make_client
 from longrun.slurm.errors import RetryableSlurmError
 from training.store import StoreUnavailable, store_from_env
+
+#: Seconds after the trigger started before it fires a checkpoint or job_done event. Why: Airflow 3.3.2's
+#: deferral race (apache/airflow#71580, #72716; docs/reliability.md). When the monitor defers, the worker
+#: that ran that try reports the try's end to the scheduler only after its supervisor has returned; if the
+#: trigger fires and the resumed try is already queued or running before the scheduler has handled that
+#: report, the scheduler fails the resumed try ("state mismatch") and a retry is spent. Every checkpoint
+#: resumes the monitor, so with checkpoints seconds apart (or a job ending right after its last
+#: checkpoint) the race spends retries out of a per-task-instance budget that only shrinks. In the chaos
+#: cells the trigger fired within seconds of the deferral; the scheduler handles a worker's report in its
+#: next loop (about a second idle, a few seconds on a loaded host). 15 s is several such loops, and it costs
+#: little: a checkpoint is promoted at most 15 s later than it would be (a production run checkpoints
+#: minutes apart), and checkpoints closer together than that are promoted one per wake-up, so about one
+#: per 15 s plus a resume. Alerts are never held: recovery time is unchanged.
+CHECKPOINT_SETTLE_S = 15.0
+
+#: Events held until the settle time has passed (the others fire at once).
+HELD = frozenset({watch.CHECKPOINT, watch.JOB_DONE})
 
 
 class RunMonitorTrigger(BaseTrigger):
@@ -42,6 +63,7 @@ class RunMonitorTrigger(BaseTrigger):
         poll_s: float = 1.0,
         max_poll_s: float = 10.0,
         max_errors: int = 30,
+        settle_s: float = CHECKPOINT_SETTLE_S,
     ) -> None:
         super().__init__()
         self.seen = dict(seen)
@@ -54,6 +76,12 @@ class RunMonitorTrigger(BaseTrigger):
         self.poll_s = float(poll_s)
         self.max_poll_s = float(max_poll_s)
         self.max_errors = int(max_errors)
+        self.settle_s = float(settle_s)
+
+    #: How the loop reads time for the settle hold and how it waits (a test drives the loop with its own;
+    #: neither is serialised).
+    _clock: Callable[[], float] = staticmethod(time.monotonic)
+    _sleep: Callable[[float], Awaitable[None]] = staticmethod(asyncio.sleep)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -66,6 +94,7 @@ class RunMonitorTrigger(BaseTrigger):
                 "poll_s": self.poll_s,
                 "max_poll_s": self.max_poll_s,
                 "max_errors": self.max_errors,
+                "settle_s": self.settle_s,
             },
         )
 
@@ -86,6 +115,8 @@ class RunMonitorTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         seen = self._seen
+        started = self._clock()
+        held_logged = False
         try:
             client = await asyncio.to_thread(make_client, backend=self.backend, slurm_conf=self.slurm_conf)
             store = await asyncio.to_thread(store_from_env)
@@ -112,7 +143,7 @@ class RunMonitorTrigger(BaseTrigger):
                     delay,
                     err,
                 )
-                await asyncio.sleep(delay)
+                await self._sleep(delay)
                 continue
             except RetryableSlurmError as err:
                 errors += 1
@@ -122,7 +153,7 @@ class RunMonitorTrigger(BaseTrigger):
                         type=watch.ERROR, retryable=True, message=f"{errors} failed looks: {err}"
                     )
                     return
-                await asyncio.sleep(min(self.max_poll_s, delay * 2))
+                await self._sleep(min(self.max_poll_s, delay * 2))
                 continue
             except Exception as err:
                 yield self._event(type=watch.ERROR, retryable=False, message=f"{type(err).__name__}: {err}")
@@ -137,10 +168,24 @@ class RunMonitorTrigger(BaseTrigger):
                 if event is not None and event.get("type") == watch.STALE:
                     event = None
             if event is not None:
-                yield self._event(**event)
-                return
+                wait = self.settle_s - (self._clock() - started) if event.get("type") in HELD else 0.0
+                if wait <= 0:
+                    yield self._event(**event)
+                    return
+                if not held_logged:
+                    self.log.info(
+                        "run %s: %s event (step %s) held %.1f s more: the scheduler settles the deferral first",
+                        seen.run,
+                        event.get("type"),
+                        event.get("step"),
+                        wait,
+                    )
+                    held_logged = True
+                # Look again soon: an alert that comes while this one is held still fires at once.
+                await self._sleep(min(wait, self.poll_s))
+                continue
             delay = self.poll_s if activity != last else min(delay * 1.5, self.max_poll_s)
             if activity != last:
                 self.log.info("run %s: job %s %s, step %s", seen.run, seen.job_id, activity[0], activity[1])
             last = activity
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
