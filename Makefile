@@ -32,7 +32,7 @@ lint: venv
 typecheck: venv
 	.venv/bin/mypy $(MYPY_TARGETS)
 
-# The suite, then the Slurm 25.11 tier; the tier's build runs beside the suite at low priority.
+# The suite and, beside it, the Slurm 25.11 tier (its build at low priority, then its tests): scripts/test.sh.
 test: setup lint typecheck
 	@PYTEST_ARGS="$(PYTEST_ARGS)" scripts/test.sh
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# `make test` after set-up, lint and type check: the whole pytest suite, then the Slurm 25.11 tier.
+# `make test` after set-up, lint and type check: the whole pytest suite and, beside it, the Slurm 25.11 tier.
 #
 # The tier needs Slurm 25.11 and pyslurm compiled from source, which takes most of an hour of CPU on a
 # 2-core machine. The suite spends much of its time waiting (for Airflow, Slurm and the trainers), so the
-# build runs beside it at the lowest CPU priority and only fills those gaps; the tier's tests start once
-# both are done. Both parts always run; the exit status fails if either failed.
+# build runs beside it at the lowest CPU priority and only fills those gaps. The tier's tests start as soon
+# as the build is done, still beside the suite: they too mostly wait (on Slurm's time limits and node
+# states), on a cluster of their own (its own state dir and port range). Their output goes to a log that is
+# printed once both are done. Both parts always run; the exit status fails if either failed.
 #
 #   PYTEST_ARGS  extra arguments for both pytest runs
 set -uo pipefail
@@ -12,19 +14,36 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 mkdir -p .state
 build_log=.state/slurm-25.11-build.log
+tier_log=.state/slurm-25.11-tier.log
 
-set -m # the build gets its own process group, so a Ctrl-C or failure here can stop all of it
-nice -n 19 scripts/build-slurm-25.11.sh >"$build_log" 2>&1 &
-build_pid=$!
+# The build (at nice 19), then the tier (at normal priority), in one background job. Its exit status: the
+# build's when it failed (3, no source, is not a failure: the tier then skips with its reason), else the tier's.
+build_then_tier() {
+  local start rc
+  start=$(date +%s)
+  nice -n 19 scripts/build-slurm-25.11.sh >"$build_log" 2>&1
+  rc=$?
+  echo "test: the 25.11 build ended after $(($(date +%s) - start)) s (exit $rc); the tier starts" >"$tier_log"
+  if [ "$rc" != 0 ] && [ "$rc" != 3 ]; then
+    echo "test: the Slurm 25.11 build failed; the tier cannot run" >>"$tier_log"
+    return "$rc"
+  fi
+  # Built (the tier finds it and does not build again) or no source (the tier says why it skips).
+  scripts/test-slurm-25.11.sh >>"$tier_log" 2>&1 </dev/null
+}
+
+set -m # the background job gets its own process group, so a Ctrl-C or failure here can stop all of it
+build_then_tier &
+tier_pid=$!
 set +m
-stop_build() {
-  if kill -0 "$build_pid" 2>/dev/null; then
-    kill -TERM -- "-$build_pid" 2>/dev/null || true
+stop_tier() {
+  if kill -0 "$tier_pid" 2>/dev/null; then
+    kill -TERM -- "-$tier_pid" 2>/dev/null || true
   fi
 }
-trap stop_build EXIT
-trap 'stop_build; exit 130' INT TERM
-echo "test: Slurm 25.11 tier build started beside the suite (pid $build_pid, log $build_log)"
+trap stop_tier EXIT
+trap 'stop_tier; exit 130' INT TERM
+echo "test: the Slurm 25.11 build, then its tier, started beside the suite (pid $tier_pid; logs $build_log, $tier_log)"
 
 suite_start=$(date +%s)
 # shellcheck disable=SC2086
@@ -33,23 +52,16 @@ suite_rc=$?
 echo "test: pytest suite exit $suite_rc after $(($(date +%s) - suite_start)) s"
 
 wait_start=$(date +%s)
-wait "$build_pid"
-build_rc=$?
-echo "test: the 25.11 build finished $(($(date +%s) - wait_start)) s after the suite (exit $build_rc):"
+wait "$tier_pid"
+tier_rc=$?
+echo "test: the 25.11 build and tier finished $(($(date +%s) - wait_start)) s after the suite (exit $tier_rc)"
+echo "test: the 25.11 build's log:"
 sed 's/^/  /' "$build_log"
-
-tier_rc=0
-if [ "$build_rc" = 0 ] || [ "$build_rc" = 3 ]; then
-  # Built (the tier finds it and does not build again) or no source (the tier says why it skips).
-  scripts/test-slurm-25.11.sh
-  tier_rc=$?
-else
-  echo "test: the Slurm 25.11 build failed; the tier cannot run" >&2
-  tier_rc=$build_rc
-fi
+echo "test: the 25.11 tier's log:"
+cat "$tier_log"
 
 if [ "$suite_rc" != 0 ] || [ "$tier_rc" != 0 ]; then
-  echo "test: FAILED (suite exit $suite_rc, Slurm 25.11 tier exit $tier_rc)" >&2
+  echo "test: FAILED (suite exit $suite_rc, Slurm 25.11 build and tier exit $tier_rc)" >&2
   exit 1
 fi
 echo "test: passed (suite and Slurm 25.11 tier)"
