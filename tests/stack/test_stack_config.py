@@ -127,3 +127,5 @@ def test_airflow_cfg(tmp_path: Path) -> None:
     assert int(cfg["dag_processor"]["refresh_interval"]) <= 10
     # One JWT secret for all components, else task tokens signed by one are refused by another.
     assert cfg["api_auth"]["jwt_secret"] == "j"
+    # A killed scheduler's tasks are reset within about a minute, not Airflow's default five.
+    assert float(cfg["scheduler"]["orphaned_tasks_check_interval"]) <= 60

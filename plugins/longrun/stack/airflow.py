@@ -98,7 +98,16 @@ def render_airflow_cfg(
         "parsing_processes": "1",
         "stale_dag_threshold": "30",
     }
-    cfg["scheduler"] = {"scheduler_heartbeat_sec": "2", "scheduler_idle_sleep_time": "0.5"}
+    cfg["scheduler"] = {
+        "scheduler_heartbeat_sec": "2",
+        "scheduler_idle_sleep_time": "0.5",
+        # A scheduler killed mid-incident leaves its queued and running tasks with no process. Its
+        # successor resets them only in an orphan sweep that finds the old scheduler's heartbeat older
+        # than scheduler_health_check_threshold (30 s): never in the sweep at its own start-up, and the
+        # next one comes after this interval (default 300 s, a five-minute stall seen in the fault
+        # matrix, docs/reliability.md). The sweep is one cheap query.
+        "orphaned_tasks_check_interval": "30",
+    }
     cfg["triggerer"] = {"capacity": "100"}
     cfg["logging"] = {"base_log_folder": str(home / "logs")}
     out = io.StringIO()
