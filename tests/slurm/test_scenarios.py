@@ -99,9 +99,19 @@ def test_diagnosis_refuses_a_foreign_drained_node(guard):
 
 @pytest.mark.slow
 def test_timeout_maps_to_terminal_timeout(guard):
-    job = guard.submit(guard.spec("timeout", ["sleep 600"], time_limit_min=1))
-    state = ops.wait_status(guard.client, job, FINAL, timeout_s=180, poll_s=2)
-    assert state.status is JobStatus.TIMEOUT
+    """Slurm's own time-limit path, without waiting out a limit: limits are whole minutes and slurmctld
+    checks them every 30 s, so a 1-minute job ended 60-90 s after its start. Here the running job's end
+    time is moved to now, as an operator shortens a running job (`scontrol update EndTime=`, which also
+    lowers its TimeLimit); slurmctld's next periodic check ends it as TIMEOUT with reason TimeLimit. The
+    submitted limit (10 min) is far beyond the wait below: only the shortened end time can end the job."""
+    job = guard.submit(guard.spec("timeout", ["sleep 600"], time_limit_min=10))
+    ops.wait_status(guard.client, job, {JobStatus.RUNNING}, timeout_s=60)
+    # A past end time is refused; "now+1" is valid when slurmctld receives it and past a second later.
+    guard.scontrol("update", f"JobId={job}", "EndTime=now+1")
+    state = ops.wait_status(guard.client, job, FINAL, timeout_s=120, poll_s=1)
+    print(f"job {job}: {state.slurm_state} reason={state.reason} via {state.source}")
+    assert state.status is JobStatus.TIMEOUT and state.slurm_state == "TIMEOUT", state
+    assert state.reason == "TimeLimit", state
     assert (classify(state).kind, classify(state).label) == (Kind.TERMINAL, "timeout")
 
 
