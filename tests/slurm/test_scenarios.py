@@ -106,8 +106,9 @@ def test_timeout_maps_to_terminal_timeout(guard):
     submitted limit (10 min) is far beyond the wait below: only the shortened end time can end the job."""
     job = guard.submit(guard.spec("timeout", ["sleep 600"], time_limit_min=10))
     ops.wait_status(guard.client, job, {JobStatus.RUNNING}, timeout_s=60)
-    # A past end time is refused; "now+1" is valid when slurmctld receives it and past a second later.
-    guard.scontrol("update", f"JobId={job}", "EndTime=now+1")
+    # Slurm refuses an end time in the past ("Invalid time specified"): a few seconds ahead, so that it is
+    # still ahead when slurmctld handles the request on a loaded machine.
+    guard.scontrol("update", f"JobId={job}", "EndTime=now+5")
     state = ops.wait_status(guard.client, job, FINAL, timeout_s=120, poll_s=1)
     print(f"job {job}: {state.slurm_state} reason={state.reason} via {state.source}")
     assert state.status is JobStatus.TIMEOUT and state.slurm_state == "TIMEOUT", state
