@@ -194,7 +194,9 @@ def training_run() -> None:
         job_id="{{ ti.xcom_pull(task_ids='submit') or ti.xcom_pull(task_ids='attach') }}",
         trigger_rule="none_failed_min_one_success",
         # Airflow 3.3.2's deferral race (apache/airflow#71580) failed 4 tries in a row once under load; a
-        # retry only reattaches to the same job (never submits), so retries are cheap.
+        # retry only reattaches to the same job (never submits), so retries are cheap. The trigger holds
+        # checkpoint events for CHECKPOINT_SETTLE_S so that checkpoint resumes stay out of that race;
+        # these retries are what is left for the rest (docs/reliability.md).
         retries=8,
         retry_delay=timedelta(seconds=5),
     )
