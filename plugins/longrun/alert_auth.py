@@ -73,7 +73,7 @@ class AlertKey:
             run=need(cls.KIND, obj, "run", opt_str),
             tag=opt_str(cls.KIND, obj, "tag"),
             key=need(cls.KIND, obj, "key", opt_str),
-            time=None if opt_float(cls.KIND, obj, "time") is None else obj["time"],  # as written
+            time=opt_float(cls.KIND, obj, "time"),
             job_id=opt_int(cls.KIND, obj, "job_id"),
             schema_version=obj["schema_version"],
             extra={k: v for k, v in obj.items() if k not in known},

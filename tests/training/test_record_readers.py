@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from training.records.base import opt_objects
+from training.records.base import opt_float, opt_objects
 from training.schema import SchemaError
 
 
@@ -32,3 +34,44 @@ def test_a_record_leaves_out_a_part_that_is_empty_and_nothing_else_that_writes_i
     assert not _empty(Attribution.from_json({"node": None}))  # a null the writer set is kept
     assert not _empty(World())  # writes its own JSON but is no part: always written
     assert _empty(None) and _empty(()) and _empty({}) and not _empty(0)
+
+
+@pytest.mark.parametrize("value", [3, 0, -7, 1767225600, 3.0, 0.5, -2.25, 1767225600.5])
+def test_opt_float_gives_a_number_back_as_written(value: float) -> None:
+    got = opt_float("k", {"t": value}, "t")
+    assert got == value and type(got) is type(value)  # 3 stays 3, 3.0 stays 3.0
+    assert opt_float("k", {"t": None}, "t") is None and opt_float("k", {}, "t") is None
+
+
+@pytest.mark.parametrize("value", [True, False, "3", [3], {"t": 3}])
+def test_opt_float_refuses_anything_else_naming_the_field(value: object) -> None:
+    with pytest.raises(SchemaError, match="k record field 't' .* is not a number"):
+        opt_float("k", {"t": value}, "t")
+
+
+def _same_text(cls: type, obj: dict) -> None:
+    text = json.dumps(obj)
+    assert json.dumps(cls.from_json(json.loads(text)).to_json()) == text
+
+
+def test_records_with_whole_numbers_read_and_write_back_the_same_text() -> None:
+    """Optional number fields of a record and of a plain dataclass record (both read with opt_float)."""
+    from training.records.job import CheckRecord, Save
+    from training.segment import Segment
+
+    stamp = {"schema_version": 1}
+    _same_text(
+        CheckRecord,
+        {**stamp, "kind": "check", "run": "r", "step": 3, "check": "recompute", "verdict": "pass", "rank": 0}
+        | {"duration_s": 0.5, "loss": 3},
+    )
+    _same_text(
+        Save,
+        {**stamp, "kind": "save", "run": "r", "step": 5, "ok": True, "error": None, "time": 1767225600}
+        | {"duration_s": 2},
+    )
+    segment = {"run": "r", "segment_id": "7.0-r0", "job_id": "7", "restart_count": 0, "start_step": 0}
+    segment |= {"resumed_from": None, "started_at": 1767225600, "world_size": 2, "nodes": ["n1", "n2"]}
+    segment |= {"first_step": None, "first_healthy_step": None, "first_healthy_time": 1767225610}
+    segment |= {"last_step": None, "ended_at": 1767225700, "exit": None, **stamp, "kind": "segment"}
+    _same_text(Segment, segment)

@@ -37,13 +37,15 @@ def opt_int(kind: str, obj: Mapping[str, Any], field: str) -> int | None:
 
 
 def opt_float(kind: str, obj: Mapping[str, Any], field: str) -> float | None:
-    """An optional number field (absent or null: None)."""
+    """An optional number field (absent or null: None), kept as written: an integer stays an int, so a
+    record read and written again gives the same JSON (3 stays 3, not 3.0). True and false are refused."""
     v = obj.get(field)
     if v is None:
         return None
     if not _is_number(v):
         raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not a number")
-    return float(v)
+    n: float = v  # int or float, as written (an int is a float to the type checker)
+    return n
 
 
 def opt_str(kind: str, obj: Mapping[str, Any], field: str) -> str | None:
@@ -168,8 +170,9 @@ class RecordType(Protocol):
 class Record:
     """Mixin of the record dataclasses: `KIND`, `from_json`, `to_json`, `extra`.
 
-    A class declares its required fields (those of `schema._REQUIRED`, taken as validated; numbers become
-    floats), its optional ones in `OPTIONAL` (field -> reader), and converts the rest in `_convert`."""
+    A class declares its required fields (those of `schema._REQUIRED`, taken as validated and as written:
+    a number keeps its type), its optional ones in `OPTIONAL` (field -> reader), and converts the rest in
+    `_convert`."""
 
     KIND: ClassVar[str]
     OPTIONAL: ClassVar[Mapping[str, Reader]] = {}
@@ -187,10 +190,9 @@ class Record:
             raise SchemaError(f"{cls.KIND} record field 'kind' = {obj.get('kind')!r}; expected {cls.KIND!r}")
         declared = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         args: dict[str, Any] = {}
-        for name, typ in schema._REQUIRED[cls.KIND].items():
+        for name in schema._REQUIRED[cls.KIND]:
             if name in declared:
-                v = obj[name]
-                args[name] = float(v) if typ in _NUMBER and v is not None and not isinstance(v, bool) else v
+                args[name] = obj[name]  # validated; a number as written, as `opt_float` keeps it
         args.update({name: read(cls.KIND, obj, name) for name, read in cls.OPTIONAL.items()})
         args.update(cls._convert(obj))
         args["schema_version"] = obj["schema_version"]
@@ -213,9 +215,6 @@ class Record:
             out.setdefault(k, v)
         schema.validate(self.KIND, out)
         return out
-
-
-_NUMBER = ((int, float), (int, float, type(None)))
 
 
 def _empty(v: Any) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
@@ -100,15 +99,9 @@ class IncidentLock:
             run=need(cls.KIND, obj, "run", opt_str),
             incident_id=need(cls.KIND, obj, "incident_id", opt_str),
             job_id=opt_int(cls.KIND, obj, "job_id"),
-            acquired_at=need(cls.KIND, obj, "acquired_at", _seconds),
+            acquired_at=need(cls.KIND, obj, "acquired_at", opt_float),
             schema_version=obj["schema_version"],
         )
-
-
-def _seconds(kind: str, obj: Mapping[str, Any], field: str) -> Any:
-    """Epoch seconds as written (an integer stays one, so the record writes back unchanged)."""
-    opt_float(kind, obj, field)
-    return obj[field]
 
 
 @dataclass(frozen=True, slots=True)

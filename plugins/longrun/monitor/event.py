@@ -57,13 +57,6 @@ def _type(kind: str, obj: Mapping[str, Any], name: str) -> str:
     return typ
 
 
-def _as_written(kind: str, obj: Mapping[str, Any], name: str) -> float | None:
-    """A number kept as written (an integer stays one)."""
-    opt_float(kind, obj, name)
-    v: float | None = obj.get(name)
-    return v
-
-
 def _seen(kind: str, obj: Mapping[str, Any], name: str) -> watch.Seen:
     d = need(kind, obj, name, opt_dict)
     try:
@@ -111,7 +104,7 @@ class MonitorEvent(Part):
         "manifest_key": opt_str,
         "outcome": opt_str,
         "label": opt_str,
-        "age_s": _as_written,
+        "age_s": opt_float,
         "progress": opt_obj,
         "retryable": opt_bool,
         "message": opt_str,

@@ -23,6 +23,7 @@ from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from longrun.slurm.errors import JobNotFoundError
 from longrun.slurm.outcomes import Kind, classify
 from training import schema
+from training.records.base import opt_float
 from training.store import NotFound, ObjectStore
 
 ALERT, CHECKPOINT, JOB_DONE, STALE, ERROR = "alert", "checkpoint", "job_done", "stale", "error"
@@ -142,19 +143,16 @@ def seen_to_dict(seen: Seen) -> dict[str, Any]:
 
 
 def seen_from_dict(d: dict[str, Any]) -> Seen:
+    stale_after_s = opt_float("seen", d, "stale_after_s")  # numbers as written: 600 stays 600
+    since = opt_float("seen", d, "since")
     return Seen(
         run=str(d["run"]),
         job_id=int(d["job_id"]),
         steps=tuple(int(s) for s in d.get("steps", ())),
         alerts=tuple(str(a) for a in d.get("alerts", ())),
-        stale_after_s=_number(d.get("stale_after_s", 600.0)),
-        since=_number(d.get("since", 0.0)),
+        stale_after_s=600.0 if stale_after_s is None else stale_after_s,
+        since=0.0 if since is None else since,
     )
-
-
-def _number(v: Any) -> float:
-    """A number as written (an integer stays one, so `seen_to_dict` gives the same JSON back)."""
-    return v if isinstance(v, int | float) and not isinstance(v, bool) else float(v)
 
 
 def ignore_existing(
