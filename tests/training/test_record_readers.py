@@ -75,3 +75,28 @@ def test_records_with_whole_numbers_read_and_write_back_the_same_text() -> None:
     segment |= {"first_step": None, "first_healthy_step": None, "first_healthy_time": 1767225610}
     segment |= {"last_step": None, "ended_at": 1767225700, "exit": None, **stamp, "kind": "segment"}
     _same_text(Segment, segment)
+
+
+def test_a_part_names_its_record_in_errors_by_a_class_attribute() -> None:
+    """`Part.ERROR_KIND` says which record a part's errors name (the incident's parts: `incident <PART>`);
+    no part overrides `error_kind` for a constant."""
+    from longrun.monitor.event import Carry, MonitorEvent
+    from longrun.nodes.outcome import NodeProbe, NodeReturn
+
+    from training.records.base import Part
+    from training.records.incident import Attribution
+
+    named = {Carry: "monitor_event", MonitorEvent: "monitor_event", NodeProbe: "node_probe"}
+    named |= {NodeReturn: "node_return", Attribution: "incident attribution"}
+    for cls, kind in named.items():
+        assert cls.error_kind() == kind and "error_kind" not in vars(cls), cls
+        assert cls.ERROR_KIND == ("" if cls is Attribution else kind), cls
+    assert "error_kind" in vars(Part)
+    with pytest.raises(SchemaError, match="node_probe record field 'node' = 3 is not a string"):
+        NodeProbe.from_json({"node": 3, "clean": True})
+    with pytest.raises(
+        SchemaError, match="monitor_event record field 'carry.promoted' .* not a list of objects"
+    ):
+        Carry.from_json({"promoted": 1})
+    with pytest.raises(SchemaError, match="incident attribution record field 'node' = 3 is not a string"):
+        Attribution.from_json({"node": 3})

@@ -251,11 +251,14 @@ class Part:
     """Declared fields whose value is neither plain JSON nor a part: field -> its JSON."""
     WITHIN: ClassVar[str] = ""
     """The field of the record that holds this part when errors name it (`carry`: `'carry.promoted'`)."""
+    ERROR_KIND: ClassVar[str] = ""
+    """The record named in errors (the `kind` the readers get); empty: an incident's part (`incident
+    <PART>`)."""
 
     @classmethod
     def error_kind(cls) -> str:
-        """The record named in errors (the `kind` the readers get): an incident's part by default."""
-        return f"incident {cls.PART}"
+        """`ERROR_KIND`, or the incident's part `PART` by default."""
+        return cls.ERROR_KIND or f"incident {cls.PART}"
 
     @classmethod
     def from_json(cls, obj: Any) -> Self:

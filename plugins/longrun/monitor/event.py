@@ -33,10 +33,7 @@ class Carry(Part):
 
     READ = {"promoted": opt_objects, "rejected": opt_objects}
     WITHIN = "carry"
-
-    @classmethod
-    def error_kind(cls) -> str:
-        return KIND
+    ERROR_KIND = KIND
 
     def add(self, result: Mapping[str, Any]) -> Carry:
         """With the gate's `result` for one more checkpoint (`gate.gate_checkpoint`'s dict)."""
@@ -114,7 +111,4 @@ class MonitorEvent(Part):
         "at": opt_float,
     }
     WRITE = {"seen": watch.seen_to_dict}
-
-    @classmethod
-    def error_kind(cls) -> str:
-        return KIND
+    ERROR_KIND = KIND

@@ -27,7 +27,7 @@ def _flag(kind: str, obj: Mapping[str, Any], name: str) -> bool:
 class NodeProbe(Part):
     """One node's probe (`returning.probe`, or the observe mode's stand-in, or a probe that could not run)."""
 
-    KIND = "node_probe"
+    KIND = ERROR_KIND = "node_probe"
     node: str
     clean: bool
     """Every round passed."""
@@ -50,16 +50,12 @@ class NodeProbe(Part):
         "dcgm_level": opt_int,
     }
 
-    @classmethod
-    def error_kind(cls) -> str:
-        return cls.KIND
-
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # parts.PART, spelled out for mypy
 class NodeReturn(Part):
     """One node's return (`returning.resume`, or the summary's note of a rejected approval)."""
 
-    KIND = "node_return"
+    KIND = ERROR_KIND = "node_return"
     node: str
     returned: bool
     """Slurm resumed the node."""
@@ -71,7 +67,3 @@ class NodeReturn(Part):
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     READ = {"node": _node, "returned": _flag, "why": opt_str, "observe": opt_bool}
-
-    @classmethod
-    def error_kind(cls) -> str:
-        return cls.KIND
