@@ -179,3 +179,26 @@ def test_the_runner_hands_the_typed_record_and_writes_the_json_back_as_read(stor
     # the same step again adds no second event (the field and status are set to what they are)
     run(store, inc, act=lambda rec: out)
     assert store.get_bytes(key) == json.dumps(older, sort_keys=True, indent=1).encode()
+
+
+def test_the_runner_and_add_event_write_an_event_the_same_way(store: ObjectStore, monkeypatch) -> None:
+    """One change of the stored JSON (`record.apply_event`) for both writers: the event once, at the
+    outcome's `at` or the record's clock, its data after the time, the fields merged."""
+    monkeypatch.setattr(record, "_now", lambda: 1767225600.5)  # the record's clock, not the runner's own
+    inc = _incident()
+    steps.open_record(store, inc)
+    write(store, inc, Outcome(event=Event.DRAINED, data={"node": "n2"}, fields={"drain": {"node": "n2"}}))
+    write(store, inc, Outcome(event=Event.PICKED, at=1767225601, data={"step": 10}))
+    write(store, inc, Outcome(event=Event.PICKED, at=5.0, data={"step": 99}, fields={"lost_steps": 7}))
+    inc.event(store, Event.RELAUNCH_SUBMITTED, fields={"lost_steps": 7}, job_id=6)
+    inc.event(store, Event.RELAUNCH_SUBMITTED, job_id=60)
+    raw = record.load(store, run=RUN, incident_id=inc.incident_id)
+    assert raw["timeline"][1:] == [
+        {"event": "drained", "time": 1767225600.5, "node": "n2"},
+        {"event": "picked", "time": 1767225601, "step": 10},
+        {"event": "relaunch_submitted", "time": 1767225600.5, "job_id": 6},
+    ]
+    assert raw["drain"] == {"node": "n2"} and raw["lost_steps"] == 7
+    rec: dict = {"timeline": []}
+    record.apply_event(rec, None, fields={"x": 1})
+    assert rec == {"timeline": [], "x": 1}

@@ -131,14 +131,28 @@ def add_event(
     **data: Any,
 ) -> dict[str, Any]:
     """Append timeline event `name` (once) with `data`, and merge `fields` into the record."""
+    return update(
+        store,
+        run=run,
+        incident_id=incident_id,
+        change=lambda rec: apply_event(rec, name, fields=fields, data=data),
+    )
 
-    def change(rec: dict[str, Any]) -> None:
-        if not on_timeline(rec, name):
-            rec["timeline"].append({"event": str(name), "time": _now(), **data})
-        if fields:
-            rec.update(fields)
 
-    return update(store, run=run, incident_id=incident_id, change=change)
+def apply_event(
+    rec: dict[str, Any],
+    name: Event | None,
+    *,
+    fields: Mapping[str, Any] | None = None,
+    data: Mapping[str, Any] | None = None,
+    at: float | None = None,
+) -> None:
+    """A writer's change of the stored JSON: append event `name` (once; None: no event) at `at` (None:
+    now) with `data`, and merge `fields` into the record."""
+    if name is not None and not on_timeline(rec, name):
+        rec["timeline"].append({"event": str(name), "time": _now() if at is None else at, **(data or {})})
+    if fields:
+        rec.update(fields)
 
 
 def add_runbook(rec: dict[str, Any], path: str) -> None:

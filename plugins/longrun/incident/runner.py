@@ -17,7 +17,6 @@ Also here: the Incident (who it is about, built once from the DAG run's params),
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -124,10 +123,7 @@ def write(store: ObjectStore, inc: Incident, out: Outcome) -> dict[str, Any]:
     """Record `out` with one conditional write (safe to repeat: the event is added once)."""
 
     def change(rec: dict[str, Any]) -> None:  # the stored JSON: written back as read, plus this change
-        if out.event is not None and not record.on_timeline(rec, out.event):
-            at = out.at if out.at is not None else time.time()
-            rec["timeline"].append({"event": out.event.value, "time": at, **out.data})
-        rec.update(out.fields)
+        record.apply_event(rec, out.event, fields=out.fields, data=out.data, at=out.at)
         if out.status is not None:
             rec["status"] = out.status
         if out.runbook is not None:
