@@ -82,13 +82,12 @@ class DrillResult:
     @property
     def recovery(self) -> dict[str, Any]:
         """The incident's recovery measured from the records (longrun.incident.recovery), {} if none."""
-        recovery = self.incident.extra.get("recovery") if self.incident else None
-        return dict(recovery) if isinstance(recovery, Mapping) else {}
+        return self.incident.recovery.to_json() if self.incident else {}
 
     @property
     def to_training_s(self) -> float | None:
         """Alert written -> first healthy step of the relaunch: the headline time to recover."""
-        return self.recovery.get("alert_to_first_healthy_step_s")
+        return self.incident.recovery.alert_to_first_healthy_step_s if self.incident else None
 
     def breakdown(self) -> dict[str, float]:
         """Seconds from the alert record's time to each incident timeline event."""

@@ -13,7 +13,7 @@ import pytest
 from training import schema
 from training.records import Incident
 from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
-from training.records.incident import Attribution, Drain, Relaunch, RestartCheckpoint
+from training.records.incident import Attribution, Closing, Drain, Recovery, Relaunch, RestartCheckpoint
 
 T = 1764430000.5
 
@@ -246,3 +246,68 @@ def test_drain_reads_what_was_written_and_gives_it_back() -> None:
     for bad, field in (({"drained_now": "yes"}, "drained_now"), ({"in_window": True}, "in_window")):
         with pytest.raises(schema.SchemaError, match=f"'{field}'"):
             Incident.from_json(_incident(drain=bad))
+
+
+# As the later steps add them, after the other fields: the probe's reference (json.dumps sort_keys, as
+# training.probe prints it), recovery.measure's result (nulls where nothing was measured), the closing.
+REFERENCE = {"cpu_capability": "AVX2", "duration_s": 2, "expect": None, "fingerprint": "ab12", "node": "n1"}
+REFERENCE |= {"threads": 1, "torch": "2.5.1", "verdict": "no-reference"}
+RECOVERY_JSON = (
+    '{"milestones_s": {"fault_injected": -3.5, "alert_written": 0.0, "drained": 4.25, "first_healthy_step": null}, '
+    '"alert_to_first_healthy_step_s": 61.5, "relaunch_segment": "41.0-r0", "pick_step": 10, "start_step": 10, '
+    '"first_step": 11, "resumed_as_picked": true, "lost_steps": null}'
+)
+CLOSED_JSON = '{"time": 1764430100, "by": "longrun", "reason": "healthy for 20 steps", "healthy_steps": 20}'
+
+
+def test_the_incident_holds_reference_recovery_and_closing_typed() -> None:
+    written = _incident(runbooks=["runbooks/recompute-mismatch.md"])
+    written |= {
+        "reference": REFERENCE,
+        "recovery": json.loads(RECOVERY_JSON),
+        "closed": json.loads(CLOSED_JSON),
+    }
+    text = json.dumps(written)
+    inc = Incident.from_json(json.loads(text))
+    assert inc.extra == {}  # no longer read from the record's other fields
+    assert isinstance(inc.reference, ProbeResult) and inc.reference.fingerprint == "ab12"
+    assert isinstance(inc.recovery, Recovery) and inc.recovery.alert_to_first_healthy_step_s == 61.5
+    assert inc.recovery.resumed_as_picked is True and inc.recovery.lost_steps is None
+    assert inc.recovery.milestones_s == json.loads(RECOVERY_JSON)["milestones_s"]
+    assert isinstance(inc.closed, Closing) and (inc.closed.by, inc.closed.healthy_steps) == ("longrun", 20)
+    assert inc.closed.reason == "healthy for 20 steps" and inc.closed.time == 1764430100
+    # the same object back: the record's text as before (its other fields, then these three as written;
+    # the reference's keys in the probe result's own order, as `reference_of` has always given them)
+    back = inc.to_json()
+    assert back == written and list(back)[-3:] == ["reference", "recovery", "closed"]
+    assert json.dumps(back["recovery"]) == RECOVERY_JSON and json.dumps(back["closed"]) == CLOSED_JSON
+    assert json.dumps({**back, "reference": REFERENCE}) == text
+
+
+def test_an_incident_without_reference_recovery_or_closing_still_reads() -> None:
+    old = _incident()
+    inc = Incident.from_json(copy.deepcopy(old))
+    assert not inc.reference and not inc.recovery and not inc.closed
+    assert inc.recovery.alert_to_first_healthy_step_s is None and inc.closed.reason is None
+    assert inc.to_json() == old and json.dumps(inc.to_json()) == json.dumps(old)
+    operator = _incident(closed={"time": T, "by": "ann", "reason": "known bad cable", "healthy_steps": None})
+    assert Incident.from_json(operator).closed.healthy_steps is None
+    assert json.dumps(Incident.from_json(operator).to_json()) == json.dumps(operator)
+
+
+@pytest.mark.parametrize(
+    ("part", "value", "field"),
+    [
+        ("reference", {"threads": "1"}, "threads"),
+        ("recovery", {"pick_step": "10"}, "pick_step"),
+        ("recovery", {"resumed_as_picked": 1}, "resumed_as_picked"),
+        ("closed", {"reason": 3}, "reason"),
+        ("closed", {"time": True}, "time"),
+        ("closed", "by ann", "closed"),
+    ],
+)
+def test_a_malformed_reference_recovery_or_closing_is_refused_naming_the_field(
+    part: str, value: Any, field: str
+) -> None:
+    with pytest.raises(schema.SchemaError, match=f"'{field}'"):
+        Incident.from_json(_incident(**{part: value}))

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
-from training.records.base import opt_bool, opt_int, opt_str, opt_strs
+from training.records.base import opt_bool, opt_float, opt_int, opt_str, opt_strs
 from training.records.parts import PART, Part, opt_ints, opt_job_id, opt_obj
 
 
@@ -110,4 +110,52 @@ class Drain(Part):
     }
 
 
-__all__ = ["Attribution", "Drain", "Relaunch", "RestartCheckpoint"]
+@PART
+class Recovery(Part):
+    """The record's `recovery`, measured once the relaunch trained a healthy step
+    (longrun.incident.recovery.measure): the milestones in seconds after the alert record, the headline
+    time, the resume proof and the steps lost. A field that could not be measured is null."""
+
+    PART = "recovery"
+    milestones_s: Mapping[str, Any] | None = None
+    """Timeline event -> seconds after the alert record (null: it did not happen)."""
+    alert_to_first_healthy_step_s: float | None = None
+    relaunch_segment: str | None = None
+    pick_step: int | None = None
+    start_step: int | None = None
+    first_step: int | None = None
+    resumed_as_picked: bool | None = None
+    """The relaunch's first step is the one after the picked checkpoint."""
+    lost_steps: int | None = None
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {
+        "milestones_s": opt_obj,
+        "alert_to_first_healthy_step_s": opt_float,
+        "relaunch_segment": opt_str,
+        "pick_step": opt_int,
+        "start_step": opt_int,
+        "first_step": opt_int,
+        "resumed_as_picked": opt_bool,
+        "lost_steps": opt_int,
+    }
+
+
+@PART
+class Closing(Part):
+    """The record's `closed`, set once when the incident closes (longrun.incident.closing): when, by whom
+    (`longrun` when it closed itself), why, and the healthy steps that closed it (null: an operator)."""
+
+    PART = "closed"
+    time: float | None = None
+    by: str | None = None
+    reason: str | None = None
+    healthy_steps: int | None = None
+    nulls: frozenset[str] = frozenset()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    READ = {"time": opt_float, "by": opt_str, "reason": opt_str, "healthy_steps": opt_int}
+
+
+__all__ = ["Attribution", "Closing", "Drain", "Recovery", "Relaunch", "RestartCheckpoint"]

@@ -10,8 +10,8 @@ from typing import Any, Self
 
 from training import schema
 from training.records.base import Record, ints, opt_float, opt_int, opt_str, strs
-from training.records.diagnosis import Diagnosis
-from training.records.incident import Attribution, Drain, Relaunch, RestartCheckpoint
+from training.records.diagnosis import Diagnosis, ProbeResult
+from training.records.incident import Attribution, Closing, Drain, Recovery, Relaunch, RestartCheckpoint
 from training.schema import SchemaError
 
 
@@ -176,9 +176,16 @@ class Incident(Record):
     lost_steps: int | None = None
     time_to_recover_s: float | None = None
     runbooks: tuple[str, ...] = ()
+    reference: ProbeResult = field(default_factory=ProbeResult)
+    """The known-good probe result the diagnosis compares with (event `reference`; empty: none yet)."""
+    recovery: Recovery = field(default_factory=Recovery)
+    """The measured recovery (event `first_healthy_step`; empty: not measured yet)."""
+    closed: Closing = field(default_factory=Closing)
+    """How the incident closed (status `closed`; empty: not closed)."""
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    # Written after the other fields (each by a later step), as they were when they were extra fields.
     OPTIONAL = {
         "alert_key": opt_str,
         "attribution": Attribution.read_or_empty,
@@ -188,6 +195,9 @@ class Incident(Record):
         "relaunch": Relaunch.read_or_empty,
         "lost_steps": opt_int,
         "time_to_recover_s": opt_float,
+        "reference": ProbeResult.read_or_empty,
+        "recovery": Recovery.read_or_empty,
+        "closed": Closing.read_or_empty,
     }
 
     @classmethod

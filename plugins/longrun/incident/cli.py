@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 reason=args.reason,
             )
         )
-        why = closed.extra["closed"]["reason"]  # `closed` is not a declared part: one of the other fields
+        why = closed.closed.reason
         print(f"incident {closed.incident_id} of run {args.run}: {closed.status} ({why})")
         return 0
     except (NotFound, FileNotFoundError) as e:

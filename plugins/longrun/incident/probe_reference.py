@@ -33,9 +33,9 @@ def cached_reference(store: ObjectStore, partition: str) -> dict[str, Any] | Non
 
 
 def reference_of(rec: IncidentRecord) -> ProbeResult | None:
-    """The reference an earlier try of this incident recorded (event `reference`, field `reference`; not a
-    part the typed record declares, so it is read from the record's other fields), or None."""
-    return ProbeResult.read("incident", rec.extra, "reference")
+    """The reference an earlier try of this incident recorded (event `reference`, field `reference`), or
+    None."""
+    return rec.reference or None
 
 
 def remember_reference(store: ObjectStore, partition: str, ref: Mapping[str, Any]) -> None:

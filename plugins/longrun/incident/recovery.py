@@ -141,9 +141,8 @@ def record(store: ObjectStore, run: str, incident_id: str) -> dict[str, Any] | N
     from longrun.incident import record as incident_record
 
     rec = incident_record.load_typed(store, run=run, incident_id=incident_id)
-    # `recovery` is not a part the typed record declares: it is one of the record's other fields
-    if (done := rec.extra.get("recovery")) and incident_record.has_event(rec, Event.FIRST_HEALTHY_STEP):
-        return dict(done)
+    if rec.recovery and incident_record.has_event(rec, Event.FIRST_HEALTHY_STEP):
+        return rec.recovery.to_json()
     result = measure(rec, segments(store, run), faults(store, run))
     after = relaunch_segment(segments(store, run), rec)
     if after is None or after.first_healthy_time is None:

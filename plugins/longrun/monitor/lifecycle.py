@@ -181,7 +181,7 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
                 "node": i.attribution.node,
                 "lost_steps": i.lost_steps,
                 "time_to_recover_s": i.time_to_recover_s,
-                "recovery": i.extra.get("recovery"),
+                "recovery": i.recovery.to_json() if i.recovery else None,
             }
             for i in incidents
         ],
