@@ -36,8 +36,10 @@ from training.store import StoreUnavailable, store_from_env
 #: report, the scheduler fails the resumed try ("state mismatch") and a retry is spent. Every checkpoint
 #: resumes the monitor, so with checkpoints seconds apart (or a job ending right after its last
 #: checkpoint) the race spends retries out of a per-task-instance budget that only shrinks. In the chaos
-#: cells the trigger fired within seconds of the deferral; the scheduler handles a worker's report in its
-#: next loop (about a second idle, a few seconds on a loaded host). 15 s is several such loops, and it costs
+#: cells the trigger fired within seconds of the deferral, and without this hold on the loaded 2-core CI
+#: host a resumed try was queued 6 s after its deferral with the worker's report 0.05 s behind
+#: (tests/monitor/test_monitor_retry_budget.py); the scheduler handles a worker's report in its next loop
+#: (about a second idle, a few seconds on a loaded host). 15 s is several such loops, and it costs
 #: little: a checkpoint is promoted at most 15 s later than it would be (a production run checkpoints
 #: minutes apart), and checkpoints closer together than that are promoted one per wake-up, so about one
 #: per 15 s plus a resume. Alerts are never held: recovery time is unchanged.
