@@ -100,8 +100,7 @@ class DrainEntry:
     def from_json(cls, obj: Any) -> Self:
         if not isinstance(obj, Mapping):
             raise SchemaError(f"{cls.KIND} must be a JSON object, got {type(obj).__name__}")
-        need(cls.KIND, obj, "time", opt_float)  # a number, not true/false
-        t = obj["time"]  # as written
+        t = need(cls.KIND, obj, "time", opt_float)  # a number as written, not true/false
         if t != t:
             raise SchemaError(f"{cls.KIND} field 'time' is NaN")
         return cls(
