@@ -1,24 +1,49 @@
-"""The acceptance drill, end to end on the local stack (Slurm n1..n4, SeaweedFS, Airflow scheduler +
-triggerer), driven through Airflow's REST API as a user would.
+"""The acceptance drills, end to end on the local stack (Slurm n1..n4, SeaweedFS, Airflow scheduler +
+triggerer), driven through Airflow's REST API as a user would, and the node's story they leave behind.
 
 A clean 3-node run gives the reference fingerprint. Then, for each fault kind, a 3-node run with a drill
 (n4 stays spare): the alert names the node; it is drained with longrun's reason; the diagnostic runs
 there (and FAILS for a sick node, whose fault persists; a transient weight flip or NaN leaves a healthy
 node, so its diagnostic passes and it waits, drained, for a person's return-to-service decision); the run
 relaunches on three healthy nodes (the spare joins) from the pre-incident checkpoint, completes, and its
-final weights are bit-identical to the clean run's. Prints detection step, lost steps and alert ->
-relaunched RUNNING for each.
+final weights are bit-identical to the clean run's (`drilled`). Prints detection step, lost steps and
+alert -> relaunched RUNNING for each.
+
+The three drills are one story (`test_drills_and_the_node_story`), each followed by `node_return` through
+Airflow on the node the incident left drained (no seeded history, no seeded drain):
+
+    (a) sick-node drill on n2       -> diag-fail; node_return n2 fails, n2 stays drained, marked for replacement
+    (b) weight-flip drill on n3     -> diag-pass on n3; node_return n3 returns it
+    (c) NaN drill on n3 again       -> a second incident on n3 within the window: the incident marks it for
+                                       replacement; its diagnosis passes, yet node_return refuses it
+
+(b) and (c) name the node, not a rank: the rendezvous decides which rank runs where, and the story needs
+the same node twice (a rank target once landed on another node the second time). One test, because the
+story is the history that one step leaves for the next (the session's fleet records are set aside per
+test). Every node, reservation and job it made is restored in `finally`; a failure also ends the DAG runs
+(conftest).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
-from longrun.drill import DRILL_CONF, Rest, prepare, return_to_service, run_drill
-from longrun.slurm.client import make_client
+from helpers.airflow_api import trigger_retrying
+from helpers.cleanup import restore_cluster
+from longrun.airflow_rest import AirflowApiError
+from longrun.drill import DRILL_CONF, DrillResult, Rest, prepare, return_to_service, run_drill
+from longrun.monitor import lifecycle
+from longrun.nodes import history as h
+from longrun.nodes.cli import main as nodes_main
+from longrun.nodes.policy import POLICY_VARIABLE
+from longrun.slurm.client import SlurmClient, make_client
 
+from training.faults import sick_marker
 from training.store import store_from_env
 
 pytestmark = [
@@ -29,15 +54,21 @@ pytestmark = [
     pytest.mark.timeout(5400),
 ]
 
+# The node the two transient drills of the story hit (not n2, the node the sick-node drill convicts).
+X = "n3"
 DRILLS = {
     # kind: (drill, checks that may catch it first, diagnostic verdict). A flipped weight changes that
     # replica's next gradients, so the recompute audit at step 15 can see it before the weight vote does.
+    # Every target is a node: the incident must attribute the fault to it.
     "sick-node": ({"kind": "sick-node", "step": 17, "target": "n2"}, ("recompute",), "fail"),
-    "weight-flip": ({"kind": "weight-flip", "step": 13, "target": "1"}, ("weight_vote", "recompute"), "pass"),
-    "nan": ({"kind": "nan", "step": 13, "target": "2"}, ("finite",), "pass"),
+    "weight-flip": ({"kind": "weight-flip", "step": 13, "target": X}, ("weight_vote", "recompute"), "pass"),
+    "nan": ({"kind": "nan", "step": 13, "target": X}, ("finite",), "pass"),
 }
 # Run names are unique per session: the store keeps every run, and a run name is a run's identity.
 STAMP = time.strftime("%H%M%S")
+# The policy the node story relies on, set for its duration (another test may have left a different one).
+POLICY = {"window_s": 86400.0, "max_suspicions": 2, "probe_repeats": 2, "auto_return": False}
+RETURN_TIMEOUT_S = 900.0
 
 
 def name(kind: str) -> str:
@@ -73,11 +104,29 @@ def clean(rest):
     return result
 
 
-@pytest.mark.parametrize("kind", list(DRILLS))
-def test_drill(rest, clean, kind):
-    drill, check, verdict = DRILLS[kind]
-    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
-    return_to_service(client)  # the previous drill's node, as the runbook's return-to-service would
+@pytest.fixture
+def node_policy(rest):
+    """The story's node policy as the Airflow Variable; the previous value (or none) afterwards."""
+    resp = rest.session.get(f"{rest.url}/api/v2/variables/{POLICY_VARIABLE}", timeout=rest.timeout)
+    before = resp.json().get("value") if resp.status_code == 200 else None
+    rest.set_variable(POLICY_VARIABLE, json.dumps(POLICY))
+    yield POLICY
+    if before is not None:
+        rest.set_variable(POLICY_VARIABLE, before)
+    else:
+        try:
+            rest.request("DELETE", f"/variables/{POLICY_VARIABLE}")
+        except AirflowApiError as e:
+            print(f"could not delete Variable {POLICY_VARIABLE}: {e}")
+
+
+def drilled(rest: Rest, client: SlurmClient, clean: DrillResult, kind: str) -> DrillResult:
+    """Run the `kind` drill (DRILLS) and check what every drill must show: the incident relaunched; the
+    alert came from one of the kind's checks and names the target node alone; the node is drained with
+    longrun's reason, then carries its diagnosis's verdict; the relaunch runs on three healthy nodes
+    (the spare among them) from a checkpoint before the detection; the run completes with the clean
+    run's final weights, its last checkpoint promoted; and it resumed from the pick (the records)."""
+    drill, checks, verdict = DRILLS[kind]
     result = run_drill(rest, store_from_env(), {**DRILL_CONF, "run_name": name(kind), "drill": drill})
     print("\n" + result.summary())
     print(
@@ -86,25 +135,119 @@ def test_drill(rest, clean, kind):
     )
     inc = result.incident
     assert inc is not None, "no incident record"
-    assert inc.status == "relaunched"
-    assert inc.alert["check"] in check
+    assert inc.status == "relaunched", result.summary()
+    assert inc.alert["check"] in checks, inc.alert
     node = inc.attribution.node
-    assert inc.alert["suspect_nodes"] == [node]
-    if kind == "sick-node":
-        assert node == "n2"
-    assert (inc.drain.reason or "").startswith(f"longrun:sdc:{name(kind)}:")
+    assert node == drill["target"], inc.attribution
+    assert inc.alert["suspect_nodes"] == [node], inc.alert
+    assert (inc.drain.reason or "").startswith(f"longrun:sdc:{name(kind)}:"), inc.drain
     assert inc.diagnosis.verdict == verdict, inc.diagnosis.summary
     state = client.node(node)
     assert state.drain_flag and state.reason == f"longrun:diag-{verdict}:{name(kind)}:{result.detection_step}"
-    relaunch = inc.relaunch
-    nodes = relaunch.nodes or ()
-    assert node not in nodes and len(nodes) == 3 and "n4" in nodes
+    nodes = inc.relaunch.nodes or ()
+    assert node not in nodes and len(nodes) == 3 and "n4" in nodes, inc.relaunch
     assert inc.checkpoint.step is not None and inc.checkpoint.step < result.detection_step
-    assert result.final_step == DRILL_CONF["steps"]
+    assert result.final_step == DRILL_CONF["steps"], result.summary()
     assert result.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"
     # the relaunch's own checkpoints (after the demoted interval) are promoted, the final one included
     assert result.promoted_steps[-1] == DRILL_CONF["steps"], result.promoted_steps
     assert_resumed_as_picked(result)
+    return result
+
+
+def node_return(rest: Rest, node: str) -> tuple[str, dict[str, str | None], str]:
+    """Trigger node_return for `node` (act mode) and wait (bounded); (state, task states, select and summary
+    logs)."""
+    run_id = trigger_retrying(rest, "node_return", {"node": node, "mode": "act"})
+    print(f"triggered node_return {run_id} for {node}")
+    state = rest.wait_run("node_return", run_id, timeout=RETURN_TIMEOUT_S, interval=2.0)
+    tasks = rest.task_states("node_return", run_id)
+    log = "\n".join(
+        rest.task_log("node_return", run_id, t)
+        for t in ("select", "summary")
+        if tasks.get(t) in ("success", "failed")
+    )
+    print(f"node_return {run_id}: {state} {tasks}")
+    return state, tasks, log
+
+
+def node_events(node: str, source_prefix: str | None = None) -> list[h.NodeEvent]:
+    evs = h.events(h.history_store(), node)
+    return [e for e in evs if source_prefix is None or e.source.startswith(source_prefix)]
+
+
+def test_drills_and_the_node_story(rest, clean, node_policy, capsys):
+    rest.dag_ready("node_return")
+    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
+    return_to_service(client)  # a previous test's node, as the runbook's return-to-service would
+    marker = sick_marker(
+        Path(lifecycle.fault_state_dir(lifecycle.spec_from_params({"run_name": name("sick-node")}))), "n2"
+    )
+    try:
+        # (a) A sick node: the incident's diagnosis fails, and node_return will not give it back.
+        a = drilled(rest, client, clean, "sick-node")
+        assert a.incident is not None
+        fail_reason = f"longrun:diag-fail:{name('sick-node')}:{a.detection_step}"
+        assert marker.exists(), "the drill's sick-node marker is gone: n2 would not be sick any more"
+        state, tasks, log = node_return(rest, "n2")
+        assert state == "failed" and tasks["summary"] == "failed", (tasks, log)
+        assert tasks["resume"] == "success", tasks  # ran, and returned nothing
+        n2 = client.node("n2")
+        assert n2.drain_flag and n2.reason == fail_reason, n2
+        from_incident = [e.kind for e in node_events("n2", a.incident.incident_id)]
+        assert from_incident[:3] == [h.SUSPECTED, h.DRAINED, h.DIAGNOSED], from_incident
+        assert [e.verdict for e in node_events("n2") if e.kind == h.DIAGNOSED] == ["fail"]
+        by_return = node_events("n2", "node_return")
+        assert {e.kind for e in by_return} == {h.RETURN_REFUSED, h.REPLACE}, by_return
+        assert all("diagnostic failed" in (e.reason or "") for e in by_return), by_return
+        assert "last diagnostic failed" in log, log[-2000:]
+        assert h.state(node_events("n2")) == "replace"
+        # The vendor swapped the part: a person returns n2 (this is not longrun's decision).
+        marker.unlink()
+        client.resume("n2")
+
+        # (b) A transient fault on X: the diagnosis passes and node_return returns the node.
+        b = drilled(rest, client, clean, "weight-flip")
+        assert b.incident is not None
+        state, tasks, log = node_return(rest, X)
+        assert state == "success", (tasks, log)
+        assert not client.node(X).drain_flag, client.node(X)
+        rounds = [e for e in node_events(X, "node_return") if e.kind == h.DIAGNOSED]
+        assert [e.verdict for e in rounds] == ["pass"] * POLICY["probe_repeats"], rounds
+        assert node_events(X)[-1].kind == h.RETURNED and h.state(node_events(X)) == "returned"
+        with capsys.disabled():  # the drills' summaries so far, to the terminal (-s) as without capsys
+            sys.stdout.write(capsys.readouterr().out)
+        assert nodes_main(["show", X]) == 0
+        shown = capsys.readouterr().out
+        print(shown)
+        assert h.RETURNED in shown and b.incident.incident_id in shown, shown
+
+        # (c) A second incident on X within the window: marked for replacement, not returned.
+        c = drilled(rest, client, clean, "nan")
+        assert c.incident is not None
+        noted = c.incident.extra.get("node_history") or {}
+        assert noted.get("repeat_offender") is True and noted.get("suspicions_in_window") == 2, noted
+        again = node_events(X, c.incident.incident_id)
+        assert h.REPLACE in [e.kind for e in again], again
+        # (drilled checked the diagnosis passed: the refusal below must not rest on a failed diagnosis)
+        pass_reason = f"longrun:diag-pass:{name('nan')}:{c.detection_step}"
+        returns_before = len([e for e in node_events(X) if e.kind == h.RETURNED])
+        state, tasks, log = node_return(rest, X)
+        assert state == "failed" and tasks["summary"] == "failed", (tasks, log)
+        assert client.node(X).drain_flag and client.node(X).reason == pass_reason
+        assert "repeat offender" in log, log[-2000:]
+        assert len([e for e in node_events(X) if e.kind == h.RETURNED]) == returns_before
+        latest = node_events(X)[-1]
+        assert latest.kind in (h.RETURN_REFUSED, h.REPLACE) and h.state(node_events(X)) == "replace"
+        # no probe ran for the refused node
+        assert not [
+            e
+            for e in node_events(X, "node_return")
+            if e.kind == h.DIAGNOSED and e.time > c.incident.alert["time"]
+        ]
+    finally:
+        marker.unlink(missing_ok=True)
+        restore_cluster(client)
 
 
 def assert_resumed_as_picked(result):
@@ -193,7 +336,7 @@ def test_rerunning_the_incident_changes_nothing(rest, clean):
     # incident records only: an incident's plots lie below incidents/<id>/
     keys = [o.key for o in store.list(f"runs/{run}/incidents/") if o.key.endswith(".json")]
     if not keys:
-        pytest.skip("the sick-node drill did not run")
+        pytest.skip("the node story's sick-node drill did not run")
     before = get_json(store, keys[0])
     incident_run = f"incident__{before['incident_id']}"
     client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
