@@ -41,10 +41,11 @@ test: setup lint typecheck
 test-slurm-25.11: setup
 	@scripts/test-slurm-25.11.sh
 
-# The fault matrix (tests/chaos): a drill per cell with one component killed mid-incident; long, so not
-# part of `make test`. LONGRUN_TEST_DB=postgres runs it on PostgreSQL.
+# The fault matrix (tests/chaos): a drill per cell with one component killed mid-incident, and the
+# monitor's retry budget over many resumes; long, so not part of `make test`. LONGRUN_TEST_DB=postgres
+# runs it on PostgreSQL.
 test-chaos: setup
-	LONGRUN_CHAOS=1 $(PY) -m pytest tests/chaos -m chaos -p no:cacheprovider $(PYTEST_ARGS)
+	LONGRUN_CHAOS=1 $(PY) -m pytest tests/chaos tests/monitor/test_monitor_retry_budget.py -m chaos -p no:cacheprovider $(PYTEST_ARGS)
 
 # The recovery bench as a test (both paths, idle and busy; about 11 minutes): not part of `make test`.
 test-bench: setup
