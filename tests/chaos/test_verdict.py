@@ -116,3 +116,34 @@ def test_interrupt_in_setup_is_listed_without_result(tmp_path: Path) -> None:
     assert [s.split()[:4] for s in _summary(out)] == [
         ["NO", "RESULT", "(INTERRUPTED)", "test_cells.py::test_setup_cut"]
     ], out
+
+
+SWALLOWED = """
+import gc, os, signal, time, weakref
+
+class Thing:
+    pass
+
+def test_swallowed(cell_done):
+    # The SIGTERM reaches the handler inside a weakref callback, where its KeyboardInterrupt cannot be
+    # raised (Python reports it as unraisable), as it did once in SQLAlchemy's GC callback.
+    def callback(ref):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+    thing = Thing()
+    ref = weakref.ref(thing, callback)
+    del thing
+    gc.collect()
+    cell_done("CELL swallowed: its SIGTERM was lost")
+
+def test_after_swallowed(cell_done):
+    cell_done("CELL after swallowed: must not run")
+"""
+
+
+def test_sigterm_lost_in_a_callback_still_stops_the_session(tmp_path: Path) -> None:
+    p = _session(tmp_path, SWALLOWED)
+    out = p.stdout + p.stderr
+    assert "CELL swallowed: its SIGTERM was lost" in out, out  # the signal really did not interrupt
+    assert "CELL after swallowed" not in out, out  # fails without verdict._RECEIVED
+    assert "signal 15 received during test_cells.py::test_swallowed" in out, out

@@ -6,7 +6,9 @@ with its `CELL ...` line. Around such tests this plugin makes sure that:
 - a cell whose test body returned without calling `cell_done` is reported failed (it did not check
   the end state, whatever made it return);
 - a Ctrl-C (SIGINT) or SIGTERM during a cell's body fails that cell, after the test's own clean-up
-  ran, and stops the session there (its teardown then puts the stack down as usual);
+  ran, and stops the session there (its teardown then puts the stack down as usual); a SIGTERM whose
+  interrupt Python swallowed (it came inside a callback that cannot raise) stops the session after the
+  test it came in;
 - a cell interrupted where that cannot become a failure (during its setup, such as the clean reference
   run, or by a second Ctrl-C in its clean-up) is listed at the end as having no result;
 - the terminal summary has a "chaos cells" section: every cell that started, its outcome, duration
@@ -56,7 +58,15 @@ class Cell:
     line: str | None = None
 
 
+# Signals the handler below received. Python runs a handler at the next bytecode, which can be inside a
+# callback that cannot raise (a garbage-collector or weakref callback, `__del__`): the KeyboardInterrupt is
+# then only reported as "Exception ignored" and the session would go on into the next cell. The record
+# lets the session stop at the next report instead (seen once: SQLAlchemy's `_collection_gced`).
+_RECEIVED: list[int] = []
+
+
 def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    _RECEIVED.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -99,6 +109,9 @@ class Verdicts:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
+        if _RECEIVED and not item.session.shouldstop:
+            # a SIGTERM whose KeyboardInterrupt was swallowed (see _RECEIVED): stop after this test
+            item.session.shouldstop = f"signal {_RECEIVED[0]} received during {item.nodeid}"
         if not is_cell(item):
             return report
         line = item.stash.get(CELL_LINE, None)
