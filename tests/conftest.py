@@ -10,9 +10,10 @@
   database is SQLite, or PostgreSQL with LONGRUN_TEST_DB=postgres (the stack's own server).
 
 By default a session runs its own stack in a temporary state dir on a port range of its own, and stops
-every component it started at the end, also when tests fail. With LONGRUN_TEST_REUSE_STACK=1 it uses
+every component it started at the end, also when tests fail. Its Airflow starts no scheduled runs (the
+midnight `checkpoint_audit` closes healthy incidents; a drill across midnight saw its incident closed). With LONGRUN_TEST_REUSE_STACK=1 it uses
 the default state dir (that of `longrun stack up`): components already running there are reused and
-left running; ones it had to start are stopped at the end.
+left running; ones it had to start are stopped at the end. That stack keeps its schedules.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         state_dir = tmp_path_factory.mktemp("stack")
     base, lock = claim_port_base(state_dir)
     try:
-        yield Stack(state_dir, port_base=base, db=db)
+        # No scheduled DAG runs: midnight's checkpoint_audit closed a drill's incident mid-test.
+        yield Stack(state_dir, port_base=base, db=db, schedules=False)
     finally:
         lock.close()
 

@@ -129,3 +129,23 @@ def test_airflow_cfg(tmp_path: Path) -> None:
     assert cfg["api_auth"]["jwt_secret"] == "j"
     # A killed scheduler's tasks are reset within about a minute, not Airflow's default five.
     assert float(cfg["scheduler"]["orphaned_tasks_check_interval"]) <= 60
+    # DAGs run on their schedules unless the layout says not (a test session's stack).
+    assert cfg["scheduler"].getboolean("use_job_schedule", fallback=True)
+
+
+def test_a_stack_without_schedules(tmp_path: Path) -> None:
+    Layout(state_dir=tmp_path, schedules=False).save()
+    layout = Layout.load(tmp_path)
+    assert layout.schedules is False
+    text = render_airflow_cfg(
+        layout=layout,
+        home=tmp_path / "airflow",
+        dags=tmp_path / "dags",
+        plugins=tmp_path / "plugins",
+        secrets_={"fernet_key": "f", "api_secret_key": "a", "jwt_secret": "j"},
+    )
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read_string(text)
+    assert cfg["scheduler"].getboolean("use_job_schedule") is False
+    with pytest.raises(ValueError, match="schedules"):
+        Layout(state_dir=tmp_path, schedules="no")  # type: ignore[arg-type]

@@ -108,6 +108,9 @@ def render_airflow_cfg(
         # matrix, docs/reliability.md). The sweep is one cheap query.
         "orphaned_tasks_check_interval": "30",
     }
+    if not layout.schedules:
+        # Triggered runs only (a test session's stack: layout.py says why).
+        cfg["scheduler"]["use_job_schedule"] = "False"
     cfg["triggerer"] = {"capacity": "100"}
     cfg["logging"] = {"base_log_folder": str(home / "logs")}
     out = io.StringIO()

@@ -66,6 +66,10 @@ class Layout:
     """The S3 bucket created at start."""
     db: str = "sqlite"
     """Airflow's metadata database: `sqlite` (a file) or `postgres` (a PostgreSQL server of the stack's)."""
+    schedules: bool = True
+    """Whether Airflow starts DAG runs on their schedules (`checkpoint_audit` daily, `node_return` hourly).
+    A test session turns this off: a scheduled run at a wall-clock boundary (the audit at midnight closes
+    healthy incidents) would change records under a test. Triggered runs work either way."""
 
     def __post_init__(self) -> None:
         if not self.state_dir.is_absolute():
@@ -76,6 +80,8 @@ class Layout:
             raise ValueError(f"bucket must be a valid S3 bucket name (3-63 of a-z0-9.-), got {self.bucket!r}")
         if self.db not in DB_KINDS:
             raise ValueError(f"db must be one of {', '.join(DB_KINDS)}, got {self.db!r}")
+        if not isinstance(self.schedules, bool):
+            raise ValueError(f"schedules must be true or false, got {self.schedules!r}")
 
     # Slurm
     @property
@@ -143,7 +149,12 @@ class Layout:
     def save(self) -> None:
         """Remember the port plan, so `status`/`env`/`down` of this state dir need no flags."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        data = {"port_base": self.port_base, "bucket": self.bucket, "db": self.db}
+        data = {
+            "port_base": self.port_base,
+            "bucket": self.bucket,
+            "db": self.db,
+            "schedules": self.schedules,
+        }
         (self.state_dir / "stack.json").write_text(json.dumps(data, indent=1) + "\n")
 
     @classmethod
@@ -156,7 +167,12 @@ class Layout:
         base = saved.get("port_base") or int(os.environ.get("LONGRUN_PORT_BASE", DEFAULT_PORT_BASE))
         bucket = saved.get("bucket") or os.environ.get("LONGRUN_BUCKET", DEFAULT_BUCKET)
         db = saved.get("db") or os.environ.get("LONGRUN_DB", "sqlite")
-        kwargs: dict[str, object] = {"port_base": base, "bucket": bucket, "db": db}
+        kwargs: dict[str, object] = {
+            "port_base": base,
+            "bucket": bucket,
+            "db": db,
+            "schedules": saved.get("schedules", True),
+        }
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(state_dir=state_dir, **kwargs)  # type: ignore[arg-type]
 

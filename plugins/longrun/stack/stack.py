@@ -23,9 +23,14 @@ class Stack:
         port_base: int | None = None,
         bucket: str | None = None,
         db: str | None = None,
+        schedules: bool | None = None,
     ) -> None:
         self.layout = Layout.load(
-            Path(state_dir) if state_dir else None, port_base=port_base, bucket=bucket, db=db
+            Path(state_dir) if state_dir else None,
+            port_base=port_base,
+            bucket=bucket,
+            db=db,
+            schedules=schedules,
         )
         self.state_dir = self.layout.state_dir
         self.slurm = Slurm(self.layout)
