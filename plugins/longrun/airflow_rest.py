@@ -22,8 +22,8 @@ import requests
 from longrun.runbooks import runbook_url
 
 TERMINAL_RUN_STATES = frozenset({"success", "failed"})
-# Worth another poll: the API was slow or briefly unreachable.
-_TRANSIENT = (requests.Timeout, requests.ConnectionError)
+#: Worth another poll: the API was slow or briefly unreachable (a GET is safe to repeat).
+TRANSIENT_ERRORS = (requests.Timeout, requests.ConnectionError)
 
 
 class AirflowApiError(RuntimeError):
@@ -113,7 +113,7 @@ class AirflowRest:
                     return found
                 hint = file_hint or dag_id
                 errors = [e for e in self.import_errors() if hint in str(e.get("filename", ""))]
-            except _TRANSIENT:
+            except TRANSIENT_ERRORS:
                 errors = []
             if errors:
                 raise AirflowApiError(
@@ -170,7 +170,7 @@ class AirflowRest:
         while time.monotonic() < deadline:
             try:
                 state = str(self.run(dag_id, run_id)["state"])
-            except _TRANSIENT:
+            except TRANSIENT_ERRORS:
                 continue  # a slow answer is not an answer; the deadline still bounds the wait
             if state in TERMINAL_RUN_STATES:
                 return state

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from longrun.airflow_rest import AirflowRest
+from longrun.airflow_rest import TRANSIENT_ERRORS, AirflowRest
 from longrun.dagrun_ids import attempt_run_id, incident_run_id
 from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE
 from longrun.runview import RunView
@@ -150,13 +150,22 @@ def _follow(
     t0 = time.monotonic()
     approved: set[tuple[str, int]] = set()
     while time.monotonic() < deadline:
-        state = rest.run_state(dag_id, run_id)
-        if state is None:
-            time.sleep(1.0)
+        try:
+            state = rest.run_state(dag_id, run_id)
+            if state is None:
+                time.sleep(1.0)
+                continue
+            states = rest.task_states(dag_id, run_id)
+            if approve:
+                _approve_waiting(rest, dag_id, run_id, approved, say)
+        except TRANSIENT_ERRORS as exc:
+            # A slow or restarting API server is not the run's outcome: poll again, within the deadline.
+            # (An approval that timed out but landed is not asked again: its task is no longer waiting.)
+            say(
+                f"  [{time.monotonic() - t0:6.1f}s] {dag_id}: the Airflow API did not answer ({type(exc).__name__}); polling again"
+            )
+            time.sleep(2.0)
             continue
-        states = rest.task_states(dag_id, run_id)
-        if approve:
-            _approve_waiting(rest, dag_id, run_id, approved, say)
         active = sorted(
             t for t, s in states.items() if s in ("running", "deferred", "queued", "awaiting_input")
         )
