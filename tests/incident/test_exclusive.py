@@ -147,3 +147,70 @@ def test_a_lock_without_job_id_is_refused_naming_it() -> None:
     del obj["job_id"]
     with pytest.raises(SchemaError, match="'job_id'"):
         exclusive.IncidentLock.from_json(obj)
+
+
+def _holder_with_record(store: ObjectStore, body: bytes) -> tuple[str, steps.Incident, steps.Incident]:
+    """A run whose lock is held (for job 5) by an incident whose record is `body`, and a newcomer of job 5."""
+    run = _run()
+    first, second = _incident(run, 17, job_id=5), _incident(run, 17, job_id=5, rank=2)
+    assert exclusive.enter(store, run=run, incident_id=first.incident_id, job_id=5).action == "act"
+    store.put_bytes(record.record_key(run, first.incident_id), body)
+    return run, first, second
+
+
+def _relaunched_but_malformed(run: str, inc: steps.Incident) -> bytes:
+    """A holder record whose status says final (relaunched) but whose timeline does not read: the shared
+    schema check passes it, the typed Incident refuses it."""
+    rec = schema.record(
+        "incident",
+        run=run,
+        incident_id=inc.incident_id,
+        alert=inc.alert,
+        timeline=[{"time": 1.0}],  # an event without its name
+        mode="act",
+        status=record.RELAUNCHED,
+    )
+    schema.validate("incident", rec)
+    return json.dumps(rec).encode()
+
+
+@pytest.mark.parametrize("body", ["not json", "malformed"])
+def test_a_holder_record_that_does_not_read_keeps_the_lock_held_and_says_why(
+    store: ObjectStore, body: str
+) -> None:
+    # Attack: the holder's record is garbage, or says "relaunched" (final) in a record that does not read.
+    # A final status frees the lock; an unreadable one must not (it would let a second incident act).
+    run = _run()
+    first = _incident(run, 17, job_id=5)
+    raw = b"{not json" if body == "not json" else _relaunched_but_malformed(run, first)
+    run, first, second = _holder_with_record(store, raw)
+    later = _incident(run, 30, job_id=6)
+    for newcomer in (second, later):  # same job: no join either (its record cannot be written)
+        turn = exclusive.enter(store, run=run, incident_id=newcomer.incident_id, job_id=newcomer.job_id)
+        assert turn.action == "wait" and turn.holder.incident_id == first.incident_id
+        assert record.record_key(run, first.incident_id) in turn.why
+        assert "runbooks/relaunch-failed.md" in turn.why
+    assert exclusive.read(store, run)[0].incident_id == first.incident_id, "the lock stays held"
+
+
+def test_waiting_on_an_unreadable_holder_stops_naming_its_key_and_the_runbook(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, first, _ = _holder_with_record(store, b"[]")
+    later = _incident(run, 30, job_id=6)
+    monkeypatch.setattr(tasks, "TURN_WAIT_S", -1.0)  # give up at the first look
+    with pytest.raises(steps.IncidentStop) as stop:
+        tasks.take_turn(store, later)
+    msg = str(stop.value)
+    assert "does not read" in msg and record.record_key(run, first.incident_id) in msg
+    assert "runbooks/relaunch-failed.md" in msg
+    assert exclusive.read(store, run)[0].incident_id == first.incident_id
+
+
+def test_an_unreadable_holder_past_the_ttl_frees_the_lock(store: ObjectStore) -> None:
+    # The TTL is the lock's own (validated) age: a crashed holder never blocks the run for good.
+    run, first, _ = _holder_with_record(store, b"{not json")
+    old = exclusive.IncidentLock(run=run, incident_id=first.incident_id, job_id=5, acquired_at=1.0)
+    put_json(store, exclusive.lock_key(run), old.to_json())
+    later = _incident(run, 30, job_id=6)
+    assert exclusive.enter(store, run=run, incident_id=later.incident_id, job_id=6).action == "act"

@@ -13,17 +13,20 @@ only if absent) before it acts:
 
 The holder releases the lock in its summary task (which runs whatever happened). A lock whose incident
 record has reached a final status, or older than LOCK_TTL_S, counts as free: a crashed incident never
-blocks the run for good.
+blocks the run for good. A holder record that does not read (not JSON, not an incident record) says
+nothing about its status, so it never frees the lock: until the TTL, the newcomer waits (it does not
+join: it could not write the record either) and says which key to fix.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
-from longrun.incident import record
+from longrun.incident import record, runbooks
 from training import schema
 from training.records import IncidentStatus
 from training.records.base import need, opt_float, opt_int, opt_str, stamped
@@ -44,6 +47,8 @@ FINAL_STATUSES = frozenset(
     }
 )
 JOIN_WAIT_S = 120.0  # the holder writes its record right after taking the lock
+
+log = logging.getLogger("longrun.sdc_incident")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +115,8 @@ class Decision:
 
     action: Literal["act", "join", "wait"]
     holder: IncidentLock
+    why: str = ""
+    """Set when the holder's record does not read: what is wrong, its key, and the runbook."""
 
 
 def lock_key(run: str) -> str:
@@ -131,14 +138,24 @@ def read(store: ObjectStore, run: str) -> tuple[IncidentLock, str] | None:
         return None
 
 
-def _expired(store: ObjectStore, lock: IncidentLock, now: float) -> bool:
+def _expired(store: ObjectStore, lock: IncidentLock, now: float) -> tuple[bool, str]:
+    """(whether the lock counts as free, why not when the holder's record does not read)."""
     if now - lock.acquired_at > LOCK_TTL_S:
-        return True
+        return True, ""
     try:
-        rec = record.load(store, run=lock.run, incident_id=lock.incident_id)
+        rec = record.load_typed(store, run=lock.run, incident_id=lock.incident_id)
     except NotFound:
-        return False  # opened a moment ago, record not written yet
-    return rec.get("status") in FINAL_STATUSES
+        return False, ""  # opened a moment ago, record not written yet
+    except ValueError as e:  # not JSON, or not an incident record: its status is unknown, the lock held
+        key = record.record_key(lock.run, lock.incident_id)
+        why = (
+            f"the record of incident {lock.incident_id}, which holds run {lock.run}'s lock, does not read"
+            f" ({e}); the lock stays held until it reads or is {LOCK_TTL_S / 3600:.0f} h old. Fix or remove"
+            f" {key}, or delete the lock {lock_key(lock.run)}. Runbook: {runbooks.RELAUNCH_FAILED}"
+        )
+        log.warning("%s", why)
+        return False, why
+    return rec.status in FINAL_STATUSES, ""
 
 
 def enter(store: ObjectStore, *, run: str, incident_id: str, job_id: int | None) -> Decision:
@@ -155,14 +172,15 @@ def enter(store: ObjectStore, *, run: str, incident_id: str, job_id: int | None)
         held, etag = found
         if held.incident_id == incident_id:
             return Decision("act", held)
-        if _expired(store, held, time.time()):
+        free, why = _expired(store, held, time.time())
+        if free:
             try:  # replace exactly the lock we judged, never a newer one
                 put_json(store, lock_key(run), mine.to_json(), if_match=etag)
                 return Decision("act", mine)
             except PreconditionFailed:
                 continue
-        same_job = held.job_id is not None and held.job_id == job_id
-        return Decision("join" if same_job else "wait", held)
+        same_job = held.job_id is not None and held.job_id == job_id and not why
+        return Decision("join" if same_job else "wait", held, why)
     raise RuntimeError(f"incident lock of run {run}: changed three times while reading it")
 
 

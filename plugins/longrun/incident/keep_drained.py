@@ -10,7 +10,10 @@ jobs again, and a retry used to refuse the node as "not drained by longrun". So:
 - the diagnose task calls `restore` before it starts (its retry is the next try), and the summary task,
   which runs after the diagnose task whatever its outcome, calls it again;
 - a node drained by someone else (a reason without longrun's prefix) is left alone and stops the incident
-  with the foreign-drain runbook.
+  with the foreign-drain runbook;
+- a ledger entry of the incident that does not read (a malformed `time`, say, or one the rate limit has
+  quarantined for it) still keeps its node drained, its time unknown; one that names no node is logged and
+  passed over.
 
 Only the diagnose task and the summary call `restore`: the pick and the relaunch run beside the diagnosis,
 and draining the node between its resume and the diagnostic job's start would stall the diagnostic.
@@ -19,12 +22,15 @@ and draining the node between its resume and the diagnostic job's start would st
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from longrun.incident import diagnose, ratelimit, record, runbooks
 from longrun.incident.events import Event
+from longrun.incident.ratelimit import DrainEntry
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import SlurmCommandError
@@ -43,6 +49,8 @@ DIAG_HOLD_MIN = 24 * 60
 #: srun's job name for commands run in a reservation (the CLI backend's `run_in_reservation`).
 DIAG_JOB_NAME = "longrun-diag"
 CANCEL_WAIT_S = 30.0
+
+log = logging.getLogger("longrun.sdc_incident")
 
 
 class ForeignDrain(Exception):
@@ -133,17 +141,49 @@ def _reason_from(rec: dict[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerDrain:
+    """A drain-ledger entry as `drained_nodes` reads it: a `DrainEntry`, or what an entry that does not read
+    as one still says (its time then unknown)."""
+
+    incident_id: str | None
+    node: str | None
+    time: float | None
+    """None: the entry does not read (`problem` says why)."""
+    problem: str = ""
+
+    @classmethod
+    def read(cls, obj: Any) -> LedgerDrain:
+        try:
+            e = DrainEntry.from_json(obj)
+        except SchemaError as err:
+            fields = obj if isinstance(obj, Mapping) else {}
+            said = [f if isinstance(f := fields.get(k), str) else None for k in ("incident_id", "node")]
+            return cls(said[0], said[1], None, str(err))
+        return cls(e.incident_id, e.node, e.time)
+
+
 def drained_nodes(store: ObjectStore, rec: dict[str, Any], incident_id: str) -> tuple[str, ...]:
     """The nodes longrun drained for the incident: the record's drain, and the ledger's grants (a drain task
-    that died between its grant and its `drained` event leaves only the grant)."""
+    that died between its grant and its `drained` event leaves only the grant), quarantined ones included.
+    An entry of the incident that does not read keeps its node (the node stays drained); one that names
+    no node, or no incident, is logged and passed over."""
     nodes = []
     if record.on_timeline(rec, Event.DRAINED) and (
         node := Drain.read_or_empty("incident", rec, "drain").node
     ):
         nodes.append(node)
-    for e in ratelimit.entries(store):
-        if isinstance(e, dict) and e.get("incident_id") == incident_id and isinstance(e.get("node"), str):
-            nodes.append(e["node"])
+    for raw in (*ratelimit.entries(store), *ratelimit.quarantined(store)):
+        e = LedgerDrain.read(raw)
+        if e.problem and (e.node is None or e.incident_id is None) and e.incident_id in (incident_id, None):
+            log.warning(
+                "drain ledger entry %.200r does not read (%s) and names no node for incident %s: passed over",
+                raw,
+                e.problem,
+                incident_id,
+            )
+        if e.incident_id == incident_id and e.node is not None:
+            nodes.append(e.node)
     return tuple(v.node("node", n) for n in dict.fromkeys(nodes))
 
 

@@ -156,6 +156,14 @@ def entries(store: ObjectStore) -> list[dict[str, Any]]:
     return list(_read(store)[0]["entries"])
 
 
+def quarantined(store: ObjectStore) -> list[Any]:
+    """The entries moved out of the count (as written; see `_bad`), oldest first."""
+    moved = _read(store)[0].get("quarantined")
+    return (
+        [q["entry"] for q in moved if isinstance(q, dict) and "entry" in q] if isinstance(moved, list) else []
+    )
+
+
 def reserve_drain(
     store: ObjectStore,
     *,

@@ -98,6 +98,8 @@ def take_turn(store: ObjectStore, inc: steps.Incident) -> None:
                 f" {inc.job_id}: nothing is frozen, drained or relaunched twice (its record lists this alert)"
             )
         if time.monotonic() > deadline:
+            if turn.why:
+                raise steps.IncidentStop(f"this alert (job {inc.job_id}) waited and did nothing: {turn.why}")
             raise steps.IncidentStop(
                 f"incident {turn.holder.incident_id} of run {inc.run} (job {turn.holder.job_id}) still acts"
                 f" after {TURN_WAIT_S:.0f} s; this alert (job {inc.job_id}) waited and did nothing."
