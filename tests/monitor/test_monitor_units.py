@@ -20,6 +20,14 @@ def test_seen_round_trip_and_handled():
     assert after.alerts == ("a", "b")
 
 
+@pytest.mark.parametrize("null", [False, True])
+def test_seen_from_a_dict_without_the_optional_fields_takes_seens_own_defaults(null):
+    d = {"run": "r1", "job_id": 7}
+    if null:  # numbers written as null read as absent
+        d |= {"stale_after_s": None, "since": None}
+    assert watch.seen_from_dict(d) == watch.Seen(run="r1", job_id=7)
+
+
 @pytest.mark.parametrize(
     ("kw", "match"),
     [

@@ -143,16 +143,17 @@ def seen_to_dict(seen: Seen) -> dict[str, Any]:
 
 
 def seen_from_dict(d: dict[str, Any]) -> Seen:
-    stale_after_s = opt_float("seen", d, "stale_after_s")  # numbers as written: 600 stays 600
-    since = opt_float("seen", d, "since")
-    return Seen(
-        run=str(d["run"]),
-        job_id=int(d["job_id"]),
-        steps=tuple(int(s) for s in d.get("steps", ())),
-        alerts=tuple(str(a) for a in d.get("alerts", ())),
-        stale_after_s=600.0 if stale_after_s is None else stale_after_s,
-        since=0.0 if since is None else since,
-    )
+    """The Seen that `seen_to_dict` wrote. A field it lacks (a number also when null) takes Seen's default:
+    the defaults live in Seen alone."""
+    given: dict[str, Any] = {"run": str(d["run"]), "job_id": int(d["job_id"])}
+    if "steps" in d:
+        given["steps"] = tuple(int(s) for s in d["steps"])
+    if "alerts" in d:
+        given["alerts"] = tuple(str(a) for a in d["alerts"])
+    for name in ("stale_after_s", "since"):
+        if (value := opt_float("seen", d, name)) is not None:  # numbers as written: 600 stays 600
+            given[name] = value
+    return Seen(**given)
 
 
 def ignore_existing(
