@@ -25,10 +25,11 @@ def _setup(store: ObjectStore, run: str, save: Saver) -> None:
     store.put_bytes(schema.store_key(run, schema.manifest_path(35)), b"{torn")
 
 
-def _incident(store: ObjectStore, run: str, status: str) -> None:
+def _incident(store: ObjectStore, run: str, status: str, **more: object) -> None:
     alert = {"check": "recompute", "step": 27, "suspect_nodes": ["n3"]}
+    fields = {"timeline": [], **more}
     rec = schema.record(
-        "incident", run=run, incident_id="inc-27", alert=alert, timeline=[], mode="act", status=status
+        "incident", run=run, incident_id="inc-27", alert=alert, mode="act", status=status, **fields
     )
     put_json(store, schema.store_key(run, schema.incident_path("inc-27")), rec)
 
@@ -65,6 +66,28 @@ def test_an_open_incident_keeps_what_its_pick_needs(
     held = sorted(s for s, why in plan["keep"].items() if "incident inc-27" in why)
     assert held == kept_for_incident  # recompute alert at 27: pick 20, plus the 1 promoted before it
     assert 50 in plan["keep"] and 60 in plan["keep"]
+
+
+@pytest.mark.parametrize(
+    ("more", "kept_for_incident"),
+    [
+        ({"timeline": [{"time": 1.0}]}, [10, 20]),  # an event without its name: the pick of now
+        ({"timeline": [{"time": 1.0}], "checkpoint": {"step": 10, "key": None, "why": "x"}}, [10]),
+        ({"checkpoint": {"step": "twenty"}}, [10, 20]),
+    ],
+    ids=["bad-timeline", "bad-timeline-with-its-choice", "bad-checkpoint"],
+)
+def test_an_incident_that_does_not_read_keeps_its_checkpoints_whatever_its_status_says(
+    store: ObjectStore, run: str, save_checkpoints: Saver, more: dict, kept_for_incident: list[int]
+) -> None:
+    # Attack: the record says "closed" but does not read as an incident record. Its status is unknown,
+    # so it must not free the checkpoints it may need (deleting them cannot be undone).
+    _setup(store, run, save_checkpoints)
+    _incident(store, run, "closed", **more)
+    plan = plan_retention(store, run, keep=1)
+    held = sorted(s for s, why in plan["keep"].items() if "incident inc-27" in why)
+    assert held == kept_for_incident
+    assert not set(kept_for_incident) & set(apply_retention(store, run, keep=1)["delete"])
 
 
 def test_keep_must_be_positive(store: ObjectStore, run: str) -> None:

@@ -3,7 +3,8 @@
 Kept: the last `keep` promoted checkpoints (by promotion order) and the one the pointer names; every
 checkpoint newer than the newest promoted one (still on its way through validation); for every incident
 that is not closed, the checkpoint it chose (or the pick would choose now) and the `keep` promoted ones
-before it (in case that one is found bad too). Deleted: other complete checkpoints older than the newest
+before it (in case that one is found bad too); an incident record that does not read as one counts as
+not closed (retention never deletes on a status it cannot read). Deleted: other complete checkpoints older than the newest
 promoted one, and incomplete directories (no manifest: interrupted uploads) older than the newest
 complete checkpoint. A directory whose manifest does not parse is reported and left alone.
 
@@ -17,6 +18,8 @@ from typing import Any
 from longrun.checkpoints import catalog
 from longrun.checkpoints.pick import plan_pick
 from training import schema
+from training.records import Incident
+from training.records.incident import RestartCheckpoint
 from training.store import ObjectStore
 
 #: Incident statuses after which an incident needs no checkpoint kept for it.
@@ -47,19 +50,24 @@ def plan_retention(store: ObjectStore, run: str, *, keep: int) -> dict[str, Any]
         if s > newest_promoted:
             kept.setdefault(s, "newer than the newest promoted (not yet through validation)")
     promoted_sorted = sorted(set(order))
-    for inc in catalog.incidents(store, run):
-        if inc.get("status") in CLOSED_STATUSES:
-            continue
-        ident = inc["incident_id"]
-        chosen = (inc.get("checkpoint") or {}).get("step")
-        if not isinstance(chosen, int):
+    for raw in catalog.incidents(store, run):
+        try:
+            inc = Incident.from_json(raw)
+        except ValueError:  # its status is unknown: held as an open incident, with its choice if that reads
+            chosen = _chosen_if_it_reads(raw)
+        else:
+            if inc.status in CLOSED_STATUSES:
+                continue
+            chosen = inc.checkpoint.step
+        ident = raw["incident_id"]
+        if chosen is None:
             try:
-                chosen = plan_pick(store, run, inc["alert"])["step"]
+                chosen = plan_pick(store, run, raw["alert"])["step"]
             except ValueError:
                 chosen = None
         if chosen is None:
             # Nothing chosen and nothing provable: keep every promoted checkpoint before the alert.
-            alert_step = inc["alert"].get("step")
+            alert_step = raw["alert"].get("step")  # the incident's copy of its alert is free-form
             held = [s for s in promoted_sorted if isinstance(alert_step, int) and s <= alert_step]
         else:
             held = [chosen, *[s for s in promoted_sorted if s < chosen][-keep:]]
@@ -74,6 +82,14 @@ def plan_retention(store: ObjectStore, run: str, *, keep: int) -> dict[str, Any]
     ]
     unparsable = [p.key for p in cat.problems if not p.error.startswith("incomplete")]
     return {"keep": kept, "delete": delete, "incomplete": incomplete, "unparsable": unparsable}
+
+
+def _chosen_if_it_reads(raw: dict[str, Any]) -> int | None:
+    """The restart step an incident record that does not read as a whole says it chose, or None."""
+    try:
+        return RestartCheckpoint.read_or_empty("incident", raw, "checkpoint").step
+    except ValueError:
+        return None
 
 
 def _step_of_prefix(prefix: str) -> int:
