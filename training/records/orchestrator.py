@@ -26,10 +26,12 @@ class Validation(Record):
     errors: tuple[str, ...]
     time: float
     manifest_key: str | None = None
+    manifest_etag: str | None = None
+    """The ETag of the manifest this validation read (promotion requires it to be the current one)."""
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    OPTIONAL = {"manifest_key": opt_str}
+    OPTIONAL = {"manifest_key": opt_str, "manifest_etag": opt_str}
 
     @classmethod
     def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:

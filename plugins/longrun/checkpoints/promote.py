@@ -18,6 +18,7 @@ from typing import Any
 from longrun.checkpoints import catalog
 from training import schema
 from training.manifest import CheckpointError, read_manifest
+from training.records import Manifest, Validation
 from training.store import ObjectStore, PreconditionFailed, put_json
 
 POINTER_ATTEMPTS = 8
@@ -49,29 +50,35 @@ def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, dict
     if info is None:
         raise PromotionRefused(f"step {step} of run {run}: no manifest at {manifest_key}, not a checkpoint")
     try:
-        manifest = read_manifest(store.get_bytes(manifest_key), manifest_key)
-    except CheckpointError as e:
+        manifest = Manifest.from_json(read_manifest(store.get_bytes(manifest_key), manifest_key))
+    except (CheckpointError, ValueError) as e:
         raise PromotionRefused(f"step {step} of run {run}: {e}") from None
-    v = catalog.latest_validation(store, run, step)
-    if v is None:
+    raw = catalog.latest_validation(store, run, step)
+    if raw is None:
         raise PromotionRefused(
             f"step {step} of run {run} is not validated: run `longrun checkpoints validate --run {run} --step {step}`"
         )
-    if not v["ok"]:
+    try:
+        v = Validation.from_json(raw)
+    except ValueError as e:
         raise PromotionRefused(
-            f"step {step} of run {run} failed its latest validation: {'; '.join(v['errors'][:3])}"
+            f"step {step} of run {run}: its latest validation does not read: {e}"
+        ) from None
+    if not v.ok:
+        raise PromotionRefused(
+            f"step {step} of run {run} failed its latest validation: {'; '.join(v.errors[:3])}"
         )
-    if v.get("manifest_etag") != info.etag:
+    if v.manifest_etag != info.etag:
         raise PromotionRefused(
             f"step {step} of run {run}: the manifest changed since it was validated; validate again"
         )
-    mark = catalog.suspect_mark_for(store, run, step, manifest.get("time"))
+    mark = catalog.suspect_mark_for(store, run, step, manifest.time)
     if mark is not None:
         raise PromotionRefused(
             f"step {step} of run {run} is suspect (checkpoints after step {mark['after_step']} saved before"
             f" the mark are demoted)"
         )
-    return manifest_key, v
+    return manifest_key, raw
 
 
 def promote(store: ObjectStore, run: str, step: int, *, by: str = "longrun") -> dict[str, Any]:
