@@ -187,7 +187,7 @@ def diagnose_in_job(
         node=known.node,
         fingerprint=known.fingerprint,
     )
-    level = dcgm.level_for(check=str(inc.alert["check"]))
+    level = dcgm.level_for(check=inc.typed_alert.check)
     argv = diagnose.node_check_argv(
         node=node,
         expect=str(known.fingerprint),

@@ -177,7 +177,7 @@ def direct(
         Event.RELAUNCHED_RUNNING,
         fields={
             "relaunch": result,
-            "time_to_recover_s": round(started - float(inc.alert.get("time") or started), 3),
+            "time_to_recover_s": round(started - float(inc.typed_alert.time or started), 3),
             "status": record.RELAUNCHED,
         },
         job_id=inc.job_id,

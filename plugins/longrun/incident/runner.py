@@ -25,8 +25,8 @@ from longrun.incident import modes, record
 from longrun.incident.events import Event
 from longrun.slurm.client import SlurmClient
 from training import schema
+from training.records import Alert, IncidentStatus
 from training.records import Incident as IncidentRecord
-from training.records import IncidentStatus
 from training.store import ObjectStore
 
 Rec = IncidentRecord
@@ -60,7 +60,12 @@ class Incident:
 
     def __post_init__(self) -> None:
         schema.check_run_name(self.run)
-        schema.validate("alert", self.alert)
+        Alert.from_json(self.alert)  # the alert reads as the typed record, or nothing starts
+
+    @property
+    def typed_alert(self) -> Alert:
+        """The alert as the typed record (`alert` is the JSON object as written)."""
+        return Alert.from_json(self.alert)
 
     @property
     def incident_id(self) -> str:

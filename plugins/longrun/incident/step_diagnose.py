@@ -72,7 +72,7 @@ def run_diagnosis(
             node=known.node,
             fingerprint=known.fingerprint,
         )
-        level = dcgm.level_for(check=str(inc.alert["check"]))
+        level = dcgm.level_for(check=inc.typed_alert.check)
         d = diagnose.diagnose(
             client,
             node=node,

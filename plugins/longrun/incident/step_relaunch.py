@@ -87,7 +87,7 @@ def relaunch(
                 stop=f"relaunched job {state.describe()}. Runbook: {runbooks.RELAUNCH_FAILED}",
             )
         now = time.time()
-        alert_time = float(inc.alert.get("time") or now)
+        alert_time = float(inc.typed_alert.time or now)
         result = {
             "job_id": job_id,
             "nodes": list(state.nodes),
