@@ -271,3 +271,27 @@ def test_the_registry_does_not_pull_in_the_orchestrator() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.parametrize(
+    ("obj", "want"),
+    [
+        ({"step": 27, "check": "recompute", "suspect_nodes": ["n3"]}, (27, "recompute", ("n3",))),
+        ({"check": "finite"}, (None, "finite", ())),  # a partial copy still shows what it has
+        ({"step": True, "check": 5, "suspect_nodes": "n3"}, (None, None, ())),  # wrong types read as empty
+        ({"step": "27", "suspect_nodes": None}, (None, None, ())),
+        (["not", "an", "object"], (None, None, ())),
+        (None, (None, None, ())),
+    ],
+)
+def test_an_alert_copy_reads_tolerantly_and_never_raises(obj: Any, want: tuple) -> None:
+    ref = records.AlertRef.from_json(obj)
+    assert (ref.step, ref.check, ref.suspect_nodes) == want
+
+
+def test_an_incident_reads_its_partial_alert_copy_tolerantly() -> None:
+    rec = schema.record(
+        "incident", run="r1", incident_id="i", alert={"step": 9, "check": 3}, timeline=[], mode="act"
+    )
+    ref = records.Incident.from_json(rec).alert_ref
+    assert (ref.step, ref.check, ref.suspect_nodes) == (9, None, ())

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from training.records.base import Record, RecordType
-from training.records.job import Alert, CheckRecord, Manifest, Progress, Report, Save, World
+from training.records.job import Alert, AlertRef, CheckRecord, Manifest, Progress, Report, Save, World
 from training.records.orchestrator import (
     Incident,
     IncidentStatus,
@@ -110,6 +110,7 @@ __all__ = [
     "KINDS",
     "SCHEMA_KINDS",
     "Alert",
+    "AlertRef",
     "CheckRecord",
     "Incident",
     "IncidentStatus",

@@ -64,6 +64,28 @@ _RANK_NODE_KEYS = ("nodes", "rank_nodes", "world_nodes")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AlertRef:
+    """What a reader that must not fail takes from a copy of an alert (an incident's `alert`, which may be
+    partial or older): each field of the right type, or empty. The whole record is `Alert`."""
+
+    step: int | None = None
+    check: str | None = None
+    suspect_nodes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Self:
+        """Never raises: a field that is absent or not of its type reads as empty."""
+        if not isinstance(obj, Mapping):
+            return cls()
+        step, check, nodes = obj.get("step"), obj.get("check"), obj.get("suspect_nodes")
+        return cls(
+            step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+            check=check if isinstance(check, str) else None,
+            suspect_nodes=tuple(str(n) for n in nodes) if isinstance(nodes, list | tuple) else (),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Alert(Record):
     """One SDC verdict: the orchestrator's trigger."""
 
@@ -245,4 +267,4 @@ class Report(Record):
     OPTIONAL = {"total_steps": opt_int}
 
 
-__all__ = ["Alert", "CheckRecord", "Manifest", "Progress", "Report", "Save", "World", "now"]
+__all__ = ["Alert", "AlertRef", "CheckRecord", "Manifest", "Progress", "Report", "Save", "World", "now"]

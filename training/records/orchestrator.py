@@ -12,6 +12,7 @@ from training import schema
 from training.records.base import Record, ints, opt_float, opt_int, opt_str, strs
 from training.records.diagnosis import Diagnosis, ProbeResult
 from training.records.incident import Attribution, Closing, Drain, Recovery, Relaunch, RestartCheckpoint
+from training.records.job import AlertRef
 from training.schema import SchemaError
 
 
@@ -216,6 +217,12 @@ class Incident(Record):
     def event(self, name: str) -> TimelineEvent | None:
         """The timeline's event `name`, or None when it has not happened."""
         return next((e for e in self.timeline if e.event == name), None)
+
+    @property
+    def alert_ref(self) -> AlertRef:
+        """The step, check and suspect nodes of this incident's copy of its alert, read tolerantly (the copy
+        is free-form: a partial or older alert still shows)."""
+        return AlertRef.from_json(self.alert)
 
     @property
     def opened_at(self) -> float:

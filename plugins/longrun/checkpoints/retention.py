@@ -18,7 +18,7 @@ from typing import Any
 from longrun.checkpoints import catalog
 from longrun.checkpoints.pick import plan_pick
 from training import schema
-from training.records import Incident
+from training.records import AlertRef, Incident
 from training.records.incident import RestartCheckpoint
 from training.store import ObjectStore
 
@@ -67,7 +67,7 @@ def plan_retention(store: ObjectStore, run: str, *, keep: int) -> dict[str, Any]
                 chosen = None
         if chosen is None:
             # Nothing chosen and nothing provable: keep every promoted checkpoint before the alert.
-            alert_step = raw["alert"].get("step")  # the incident's copy of its alert is free-form
+            alert_step = AlertRef.from_json(raw["alert"]).step  # the incident's copy: free-form
             held = [s for s in promoted_sorted if isinstance(alert_step, int) and s <= alert_step]
         else:
             held = [chosen, *[s for s in promoted_sorted if s < chosen][-keep:]]

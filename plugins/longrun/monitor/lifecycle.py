@@ -175,9 +175,9 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
             {
                 "incident_id": i.incident_id,
                 "status": None if i.status is None else str(i.status),  # plain JSON for the XCom
-                # the incident's copy of its alert is a free-form object
-                "alert_step": i.alert.get("step"),
-                "check": i.alert.get("check"),
+                # the incident's copy of its alert is a free-form object, read tolerantly
+                "alert_step": i.alert_ref.step,
+                "check": i.alert_ref.check,
                 "node": i.attribution.node,
                 "lost_steps": i.lost_steps,
                 "time_to_recover_s": i.time_to_recover_s,

@@ -118,15 +118,14 @@ def _incidents(view: RunView) -> tuple[IncidentView, ...]:
     keys = view.keys("incidents/")
     out = []
     for _key, inc in view.incidents:
-        alert = inc.alert
-        step = alert.get("step")
+        alert = inc.alert_ref  # the incident's copy of its alert, read tolerantly
         out.append(
             IncidentView(
                 incident_id=inc.incident_id,
                 mode=inc.mode,
-                step=step if isinstance(step, int) and not isinstance(step, bool) else None,
-                check=alert.get("check"),
-                suspect_nodes=tuple(alert.get("suspect_nodes") or ()),
+                step=alert.step,
+                check=alert.check,
+                suspect_nodes=alert.suspect_nodes,
                 status=inc.status,
                 verdict=inc.diagnosis.verdict or inc.extra.get("verdict"),
                 timeline=tuple(e.to_json() for e in inc.timeline),
