@@ -2,7 +2,9 @@
 
 execute         note what already exists (an earlier attempt's alerts, promoted steps), defer
 execute_complete, one trigger event at a time:
-    checkpoint  validate it, promote it if valid (never an invalid or suspect one), defer again
+    checkpoint  validate it, promote it if valid (never an invalid or suspect one), look once more from
+                the worker (a further checkpoint, an alert or the job's end is handled at once), else
+                defer again
     alert       stop watching; return the alert so the DAG hands it to sdc_incident
     job_done    return the outcome (completed) or fail with Slurm's state and exit code
     stale       fail loudly: the heartbeat stopped while the job runs (runbook: stale heartbeat)
@@ -29,7 +31,7 @@ from longrun.hooks.slurm import SlurmHook
 from longrun.monitor import watch
 from longrun.monitor.event import Carry, MonitorEvent
 from longrun.monitor.gate import gate_checkpoint
-from longrun.monitor.trigger import CHECKPOINT_SETTLE_S, RunMonitorTrigger
+from longrun.monitor.trigger import CHECKPOINT_SETTLE_S, RunMonitorTrigger, event_json
 from longrun.runbooks import runbook_path
 from training import schema
 from training.records import Alert
@@ -39,6 +41,13 @@ from training.store import ObjectStore, store_from_env
 CHECKPOINTS_ALIAS = AssetAlias(name="longrun_checkpoints")
 COMPLETED = "completed"
 ALERTED = "alert"
+#: The events the operator handles from its own look after gating a checkpoint, without deferring: what
+#: the trigger would fire at once or after its settle hold. A stale heartbeat and the store-outage rules
+#: stay the trigger's (they need its clock across looks).
+INLINE = frozenset({watch.CHECKPOINT, watch.JOB_DONE, watch.ALERT})
+#: Events handled that way in one try at most, then the trigger watches again (a backlog of checkpoints
+#: is then gated one per deferral).
+INLINE_MAX = 8
 
 
 def checkpoint_asset(store: ObjectStore, run: str) -> Asset:
@@ -138,7 +147,27 @@ class RunMonitorOperator(BaseOperator):
         )
         self._defer(seen, Carry())
 
-    def execute_complete(self, context: Any, event: Any = None) -> Any:
+    def _look_now(self, seen: watch.Seen, carry: Carry) -> dict[str, Any] | None:
+        """One look from this worker right after a checkpoint was gated: the event the trigger would fire
+        (`INLINE`), built as the trigger builds it, else None (defer). The job's end usually follows its
+        last checkpoint by seconds, so this spares the run a deferral round (the trigger's settle hold,
+        the scheduler's resume, a task start) just to learn what one look tells now. A look that fails
+        (store or Slurm unreachable) is the trigger's to ride out: None."""
+        try:
+            fields, _activity = watch.look(self.store, self.hook.client, seen)
+        except Exception as e:
+            self.log.info(
+                "look after the checkpoint failed (%s: %s); the trigger looks next", type(e).__name__, e
+            )
+            return None
+        if fields is None or fields.get("type") not in INLINE:
+            return None
+        self.log.info(
+            "run %s: %s seen right after the checkpoint; handled in this try", seen.run, fields["type"]
+        )
+        return event_json(fields, seen, carry)
+
+    def execute_complete(self, context: Any, event: Any = None, *, _inline: int = 0) -> Any:
         try:
             ev = MonitorEvent.from_json(event)
         except SchemaError as e:
@@ -147,7 +176,11 @@ class RunMonitorOperator(BaseOperator):
         if ev.type == watch.CHECKPOINT:
             assert ev.step is not None  # MonitorEvent refuses a checkpoint event without one
             result = gate_checkpoint(self.store, seen.run, ev.step, log=self.log, by=_promoter(context))
-            self._defer(watch.handled(seen, event), carry.add(result))
+            seen, carry = watch.handled(seen, event), carry.add(result)
+            after = self._look_now(seen, carry) if _inline < INLINE_MAX else None
+            if after is not None:
+                return self.execute_complete(context, after, _inline=_inline + 1)
+            self._defer(seen, carry)
             return None
         if ev.type == watch.ERROR:
             if ev.retryable:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -47,6 +47,22 @@ CHECKPOINT_SETTLE_S = 15.0
 
 #: Events held until the settle time has passed (the others fire at once).
 HELD = frozenset({watch.CHECKPOINT, watch.JOB_DONE})
+
+
+def event_json(fields: Mapping[str, Any], seen: watch.Seen, carry: Carry) -> dict[str, Any]:
+    """The event of `fields` (one `watch` event, or an error) with what every event carries, written by
+    the type the operator reads it with (`MonitorEvent`): each field where the look put it, a null kept,
+    then seen, carry, at. The trigger fires it; the operator builds one from its own look the same way."""
+    declared = {k: v for k, v in fields.items() if k in MonitorEvent.READ}
+    event = MonitorEvent(
+        **declared,
+        seen=seen,
+        carry=carry,
+        at=time.time(),
+        nulls=frozenset(k for k, v in declared.items() if v is None),
+        extra={k: v for k, v in fields.items() if k not in MonitorEvent.READ},
+    )
+    return event.to_json()
 
 
 class RunMonitorTrigger(BaseTrigger):
@@ -101,19 +117,7 @@ class RunMonitorTrigger(BaseTrigger):
         )
 
     def _event(self, **fields: Any) -> TriggerEvent:
-        """The event of `fields` (one `watch` event, or an error) with what every event carries, written
-        by the type the operator reads it with (`MonitorEvent`): each field where the look put it, a null
-        kept, then seen, carry, at."""
-        declared = {k: v for k, v in fields.items() if k in MonitorEvent.READ}
-        event = MonitorEvent(
-            **declared,
-            seen=self._seen,
-            carry=self._carry,
-            at=time.time(),
-            nulls=frozenset(k for k, v in declared.items() if v is None),
-            extra={k: v for k, v in fields.items() if k not in MonitorEvent.READ},
-        )
-        return TriggerEvent(event.to_json())
+        return TriggerEvent(event_json(fields, self._seen, self._carry))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         seen = self._seen
