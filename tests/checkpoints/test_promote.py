@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -179,3 +180,21 @@ def test_checkpoints_saved_after_a_mark_are_not_suspect(
     assert mark_suspect(store, run, 25, "incident 3", incident_id="inc-3")["pointer"] == (
         "moved from step 30 back to step 10"
     )
+
+
+def test_a_suspect_mark_that_does_not_read_refuses_the_promotion(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    """A mark the table accepts but that does not read as a SuspectMark (here `steps` is not a list of
+    ints) is never skipped: the promotion it might forbid is refused, naming the mark's key."""
+    _ready(store, run, save_checkpoints, [10])
+    mark_suspect(store, run, 50, "a mark that does not demote step 10")
+    [info] = list(store.list(schema.store_key(run, "suspect/")))
+    bad = {**json.loads(store.get_bytes(info.key)), "steps": "10"}
+    store.put_bytes(info.key, json.dumps(bad).encode())
+    with pytest.raises(PromotionRefused, match=f"a suspect mark does not read: {info.key}"):
+        promote(store, run, 10)
+    with pytest.raises(ValueError, match=info.key):
+        catalog.suspect_after(store, run)
+    store.put_bytes(info.key, json.dumps({**bad, "steps": [50]}).encode())
+    assert promote(store, run, 10)["step"] == 10

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,25 +167,30 @@ def promoted_steps(store: ObjectStore, run: str) -> list[int]:
     return sorted(steps)
 
 
-def suspect_marks(store: ObjectStore, run: str) -> list[dict[str, Any]]:
-    return sorted(
-        (rec for _key, rec in _records(store, run, "suspect/", "suspect")), key=lambda r: r["after_step"]
-    )
+def suspect_marks(store: ObjectStore, run: str) -> list[SuspectMark]:
+    """The run's suspect marks, by `after_step`. A mark that the table accepts but that does not read as a
+    `SuspectMark` raises a ValueError naming its key: a mark is never skipped, since skipping one could let
+    a suspect checkpoint be picked or promoted."""
+    marks = []
+    for key, rec in _records(store, run, "suspect/", "suspect"):
+        try:
+            marks.append(SuspectMark.from_json(rec))
+        except ValueError as e:
+            raise ValueError(f"{key}: not a suspect mark ({e})") from e
+    return sorted(marks, key=lambda m: m.after_step)
 
 
 def suspect_after(store: ObjectStore, run: str) -> int | None:
     """Checkpoints with a step above this are suspect (the lowest `after_step` of all marks), or None."""
     marks = suspect_marks(store, run)
-    return min(m["after_step"] for m in marks) if marks else None
+    return min(m.after_step for m in marks) if marks else None
 
 
 def is_suspect(step: int, after: int | None) -> bool:
     return after is not None and step > after
 
 
-def suspect_mark_for(
-    store: ObjectStore, run: str, step: int, saved_at: float | None
-) -> dict[str, Any] | None:
+def suspect_mark_for(store: ObjectStore, run: str, step: int, saved_at: float | None) -> SuspectMark | None:
     """The suspect mark that demotes checkpoint `step` saved at `saved_at`, or None.
 
     A mark demotes the checkpoints after its last known-good step that were saved BEFORE the mark: the
@@ -194,9 +199,9 @@ def suspect_mark_for(
     return demoting_mark(suspect_marks(store, run), step, saved_at)
 
 
-def demoting_mark(marks: list[dict[str, Any]], step: int, saved_at: float | None) -> dict[str, Any] | None:
+def demoting_mark(marks: Sequence[SuspectMark], step: int, saved_at: float | None) -> SuspectMark | None:
     """Pure form of `suspect_mark_for` over marks already read (the rule is `SuspectMark.demotes`)."""
-    return next((m for m in marks if SuspectMark.from_json(m).demotes(step, saved_at)), None)
+    return next((m for m in marks if m.demotes(step, saved_at)), None)
 
 
 def saved_at(store: ObjectStore, run: str, step: int) -> float | None:

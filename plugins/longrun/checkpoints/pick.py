@@ -135,7 +135,7 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
                 continue
             mark = catalog.suspect_mark_for(store, run, s, have[s].manifest["time"])
             if mark is not None:
-                rejected.append(f"{s}: suspect (after step {mark['after_step']})")
+                rejected.append(f"{s}: suspect (after step {mark.after_step})")
                 continue
             v = catalog.latest_validation(store, run, s)
             if v is None or not v["ok"]:

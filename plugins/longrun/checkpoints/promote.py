@@ -13,12 +13,13 @@ be of the manifest as it is now) or that is suspect.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from longrun.checkpoints import catalog
 from training import schema
 from training.manifest import CheckpointError, read_manifest
-from training.records import Manifest, Validation
+from training.records import Manifest, SuspectMark, Validation
 from training.store import ObjectStore, PreconditionFailed, put_json
 
 POINTER_ATTEMPTS = 8
@@ -72,10 +73,13 @@ def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, dict
         raise PromotionRefused(
             f"step {step} of run {run}: the manifest changed since it was validated; validate again"
         )
-    mark = catalog.suspect_mark_for(store, run, step, manifest.time)
+    try:
+        mark = catalog.suspect_mark_for(store, run, step, manifest.time)
+    except ValueError as e:
+        raise PromotionRefused(f"step {step} of run {run}: a suspect mark does not read: {e}") from None
     if mark is not None:
         raise PromotionRefused(
-            f"step {step} of run {run} is suspect (checkpoints after step {mark['after_step']} saved before"
+            f"step {step} of run {run} is suspect (checkpoints after step {mark.after_step} saved before"
             f" the mark are demoted)"
         )
     return manifest_key, raw
@@ -149,7 +153,7 @@ def mark_suspect(
 demote = mark_suspect
 
 
-def _suspect(store: ObjectStore, run: str, marks: list[dict[str, Any]], step: int) -> bool:
+def _suspect(store: ObjectStore, run: str, marks: Sequence[SuspectMark], step: int) -> bool:
     return catalog.demoting_mark(marks, step, catalog.saved_at(store, run, step)) is not None
 
 
