@@ -147,3 +147,24 @@ def test_validation_records_parse_as_schema_records(
     [info] = list(store.list(schema.store_key(run, "validations/")))
     assert json.loads(store.get_bytes(info.key)) == json.loads(json.dumps(rec))
     schema.validate("validation", rec)
+
+
+def test_a_manifest_whose_world_does_not_read_is_a_problem_not_a_checkpoint(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    """The table accepts any object as `world`; the catalog reads manifests as typed records, so one whose
+    world does not read (size 0) is listed as a problem, and retention neither counts nor deletes it."""
+    from longrun.checkpoints.retention import plan_retention
+
+    save_checkpoints(store, run, [10, 20])
+    key = _key(run, 20, "manifest.json")
+    store.put_bytes(
+        key, json.dumps({**json.loads(store.get_bytes(key)), "world": {"world_size": 0}}).encode()
+    )
+    cat = catalog.checkpoints(store, run)
+    assert [c.step for c in cat.checkpoints] == [10]
+    assert [(p.key, "does not read" in p.error and "world_size" in p.error) for p in cat.problems] == [
+        (key, True)
+    ]
+    plan = plan_retention(store, run, keep=1)
+    assert plan["unparsable"] == [key] and 20 not in plan["delete"]

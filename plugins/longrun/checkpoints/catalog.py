@@ -15,7 +15,7 @@ from typing import Any
 
 from training import schema
 from training.manifest import CheckpointError, read_manifest
-from training.records import SuspectMark
+from training.records import Manifest, SuspectMark
 from training.store import NotFound, ObjectStore
 
 _STEP_DIR = re.compile(r"checkpoints/step-(\d{8})/([^/]+)$")
@@ -29,7 +29,7 @@ class Checkpoint:
     """Training step."""
     manifest_key: str
     """Store key of its manifest."""
-    manifest: dict[str, Any]
+    manifest: Manifest
     """The parsed manifest."""
 
     @property
@@ -85,18 +85,21 @@ def checkpoints(store: ObjectStore, run: str) -> Catalog:
             )
             continue
         try:
-            manifest = read_manifest(store.get_bytes(key), key)
+            manifest = Manifest.from_json(read_manifest(store.get_bytes(key), key))
         except NotFound:
             problems.append(Problem(key=key, error="manifest vanished while listing"))
             continue
         except CheckpointError as e:
             problems.append(Problem(key=key, error=str(e)))
             continue
-        if manifest["step"] != step or manifest["run"] != run:
+        except ValueError as e:
+            problems.append(Problem(key=key, error=f"manifest {key} does not read: {e}"))
+            continue
+        if manifest.step != step or manifest.run != run:
             problems.append(
                 Problem(
                     key=key,
-                    error=f"manifest says run {manifest['run']!r} step {manifest['step']}, "
+                    error=f"manifest says run {manifest.run!r} step {manifest.step}, "
                     f"its key says run {run!r} step {step}",
                 )
             )

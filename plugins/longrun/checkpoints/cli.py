@@ -80,9 +80,9 @@ def _list(store: ObjectStore, args: argparse.Namespace) -> int:
                 "validated": None if last is None else last["ok"],
                 "promoted": c.step in promoted,
                 "current": cur is not None and cur[0]["step"] == c.step,
-                "suspect": catalog.demoting_mark(marks, c.step, c.manifest.get("time")) is not None,
-                "loss": c.manifest.get("loss"),
-                "bytes": sum(f["size"] for f in c.manifest["files"]),
+                "suspect": catalog.demoting_mark(marks, c.step, c.manifest.time) is not None,
+                "loss": c.manifest.loss,
+                "bytes": sum(f["size"] for f in c.manifest.files),
             }
         )
     problems = [{"key": p.key, "error": p.error} for p in cat.problems]

@@ -133,7 +133,7 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
             if s not in have:
                 rejected.append(f"{s}: manifest missing or unreadable")
                 continue
-            mark = catalog.suspect_mark_for(store, run, s, have[s].manifest["time"])
+            mark = catalog.suspect_mark_for(store, run, s, have[s].manifest.time)
             if mark is not None:
                 rejected.append(f"{s}: suspect (after step {mark.after_step})")
                 continue

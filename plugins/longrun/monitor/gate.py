@@ -54,9 +54,9 @@ def gate_checkpoint(
             m = checkpoints(store, run).by_step().get(step)
             if m is not None:
                 out.update(
-                    loss=m.manifest["loss"],
-                    saved_at=m.manifest["time"],
-                    world=m.manifest["world"],
+                    loss=m.manifest.loss,
+                    saved_at=m.manifest.time,
+                    world=m.manifest.world.to_json(),
                 )
         except Exception as e:  # metadata is a nicety; the promotion stands
             log.warning("could not read manifest metadata of step %s: %s", step, e)

@@ -274,8 +274,8 @@ class RunMonitorOperator(BaseOperator):
                 "manifest_key": r["manifest_key"],
                 "seq": r["seq"],
                 "promoted_at": r["time"],
-                "loss": m.manifest["loss"] if m else None,
-                "saved_at": m.manifest["time"] if m else None,
+                "loss": m.manifest.loss if m else None,
+                "saved_at": m.manifest.time if m else None,
             }
             events.add(asset, extra=extra)
         self.log.info(
