@@ -106,8 +106,7 @@ def test_layout_is_remembered(tmp_path: Path) -> None:
     assert (again.port_base, again.bucket) == (23000, "other")
 
 
-def test_airflow_cfg(tmp_path: Path) -> None:
-    layout = _layout(tmp_path)
+def _airflow_cfg(layout: Layout, tmp_path: Path) -> configparser.ConfigParser:
     text = render_airflow_cfg(
         layout=layout,
         home=tmp_path / "airflow",
@@ -117,6 +116,12 @@ def test_airflow_cfg(tmp_path: Path) -> None:
     )
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read_string(text)
+    return cfg
+
+
+def test_airflow_cfg(tmp_path: Path) -> None:
+    layout = _layout(tmp_path)
+    cfg = _airflow_cfg(layout, tmp_path)
     assert cfg["api"]["host"] == HOST
     assert cfg["api"]["port"] == str(layout.airflow_port)
     assert cfg["core"]["execution_api_server_url"] == f"http://{HOST}:{layout.airflow_port}/execution/"
@@ -137,15 +142,7 @@ def test_a_stack_without_schedules(tmp_path: Path) -> None:
     Layout(state_dir=tmp_path, schedules=False).save()
     layout = Layout.load(tmp_path)
     assert layout.schedules is False
-    text = render_airflow_cfg(
-        layout=layout,
-        home=tmp_path / "airflow",
-        dags=tmp_path / "dags",
-        plugins=tmp_path / "plugins",
-        secrets_={"fernet_key": "f", "api_secret_key": "a", "jwt_secret": "j"},
-    )
-    cfg = configparser.ConfigParser(interpolation=None)
-    cfg.read_string(text)
+    cfg = _airflow_cfg(layout, tmp_path)
     assert cfg["scheduler"].getboolean("use_job_schedule") is False
     with pytest.raises(ValueError, match="schedules"):
         Layout(state_dir=tmp_path, schedules="no")  # type: ignore[arg-type]
