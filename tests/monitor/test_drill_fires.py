@@ -11,13 +11,14 @@ import subprocess
 
 import pytest
 from longrun import drillcheck
-from longrun.incident import recovery
+from longrun.incident import injob, recovery
 from longrun.monitor import lifecycle
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, make_client
 from longrun.slurm.spec import JobTag
 
 from training import schema
+from training.directive import Directive
 from training.records import Incident as IncidentRecord
 from training.segment import FaultFired, Segment
 from training.store import LocalDirStore, get_json, put_json
@@ -182,6 +183,57 @@ def test_recovery_is_measured_from_the_records(tmp_path):
     _put(store, run, dataclasses.replace(segs[1], start_step=0, resumed_from=None, first_step=1))
     bad = recovery.measure(IncidentRecord.from_json(incident), recovery.segments(store, run), [])
     assert bad["resumed_as_picked"] is False and bad["lost_steps"] == 17
+
+
+def test_an_nvrx_restart_after_the_alert_is_not_the_in_job_relaunch():
+    """Hot spare: the kept job's step 0 raised the alert, NVRx restarted it once more (r1, on the sick node,
+    until the verdict came again), then the supervisor ran the directed attempt as step 2. The recovery is
+    measured to step 2, and lost steps from the segment just before it (seen in a CI replica, where r1 was
+    taken for the relaunch: lost steps and time to training came out wrong)."""
+    run, t = "rc", 1000.0
+    segs = [
+        _segment(segment_id="11.0-r0", start_step=0, resumed_from=None, started_at=t - 30, first_step=1,
+                 first_healthy_step=1, first_healthy_time=t - 29, last_step=20, ended_at=t + 1, exit="sdc_verdict"),
+        _segment(segment_id="11.0-r1", restart_count=1, start_step=10, resumed_from="/tmp/x/step-00000010",
+                 started_at=t + 48, first_step=11, first_healthy_step=11, first_healthy_time=t + 48.1,
+                 last_step=15, ended_at=t + 48.5, exit="sdc_verdict"),
+        _segment(segment_id="11.2-r0", start_step=10, resumed_from="runs/rc/checkpoints/step-00000010/",
+                 started_at=t + 94, first_step=11, first_healthy_step=11, first_healthy_time=t + 94.8,
+                 last_step=40, exit="done", nodes=("n1", "n3", "n4")),
+    ]  # fmt: skip
+    alert = {"step": 20, "check": "recompute", "time": t, "suspect_nodes": ["n2"]}
+    incident = schema.record(
+        "incident", run=run, incident_id="i1", alert=alert, mode="act", status="relaunched",
+        checkpoint={"step": 10}, relaunch={"job_id": 11, "in_job": True},
+        timeline=[{"event": "opened", "time": t + 18}, {"event": "directive_written", "time": t + 65},
+                  {"event": "relaunched_running", "time": t + 93.7}],
+    )  # fmt: skip
+    got = recovery.measure(IncidentRecord.from_json(incident), segs, [])
+    assert got["relaunch_segment"] == "11.2-r0"
+    assert got["milestones_s"]["first_healthy_step"] == 94.8
+    assert (got["resumed_as_picked"], got["lost_steps"]) == (True, 5)
+    # a relaunch as a new job (no in_job) still takes that job's first segment after the alert
+    requeued = dict(incident, relaunch={"job_id": 12})
+    segs12 = [*segs[:2], dataclasses.replace(segs[2], segment_id="12.0-r0", job_id="12")]
+    assert recovery.measure(IncidentRecord.from_json(requeued), segs12, [])["relaunch_segment"] == "12.0-r0"
+
+
+def test_the_directed_attempt_is_a_new_job_step():
+    """injob.attempt_segment: an NVRx restart of step 0 that starts after the directive is not the attempt
+    the directive asked for; the attempt's own step is."""
+    t = 1000.0
+    d = Directive(run="rc", job_id="11", attempt=1, nodes=("n1", "n3", "n4"), resume_from="runs/rc/checkpoints/step-00000010/",
+                  incident_id="i1", exclude=("n2",), issued_at=t + 65)  # fmt: skip
+    r0 = _segment(segment_id="11.0-r0", start_step=0, resumed_from=None, started_at=t - 30)
+    late_restart = _segment(
+        segment_id="11.0-r1", restart_count=1, start_step=10, resumed_from=None, started_at=t + 70
+    )
+    attempt = _segment(segment_id="11.2-r0", start_step=10, resumed_from=d.resume_from, started_at=t + 94)
+    other_job = _segment(
+        segment_id="12.0-r0", job_id="12", start_step=10, resumed_from=None, started_at=t + 80
+    )
+    assert injob.attempt_segment([r0, late_restart, other_job], d) is None
+    assert injob.attempt_segment([r0, late_restart, other_job, attempt], d) == attempt
 
 
 def test_resume_step_reads_checkpoint_references():

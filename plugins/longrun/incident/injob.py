@@ -32,6 +32,7 @@ from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from training import schema
 from training.directive import DIRECTIVES_DIR, Directive
 from training.records.incident import RestartCheckpoint
+from training.segment import Segment
 from training.store import ObjectStore, PreconditionFailed
 
 if TYPE_CHECKING:
@@ -88,16 +89,21 @@ def _write(store: ObjectStore, d: Directive) -> Directive:
         return Directive.from_json(store.get_bytes(key))
 
 
+def attempt_segment(segs: list[Segment], d: Directive) -> Segment | None:
+    """The first segment of the directed attempt: in the job, started after the directive, and of a new job
+    step (a late NVRx restart of an earlier step, same step and a higher restart count, is not it)."""
+    mine = [s for s in segs if s.job_id == d.job_id]
+    earlier = {recovery.job_step(s) for s in mine if s.started_at < d.issued_at - 1.0}
+    found = [s for s in mine if s.started_at >= d.issued_at - 1.0 and recovery.job_step(s) not in earlier]
+    return found[0] if found else None
+
+
 def _followed(store: ObjectStore, client: SlurmClient, d: Directive, timeout_s: float) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
-        segs = [
-            s
-            for s in recovery.segments(store, d.run)
-            if s.job_id == d.job_id and s.started_at >= d.issued_at - 1.0
-        ]
-        if segs:
-            return segs[0]
+        seg = attempt_segment(recovery.segments(store, d.run), d)
+        if seg is not None:
+            return seg
         state = client.job(int(d.job_id))
         if not state.is_active or time.monotonic() > deadline:
             return None

@@ -86,14 +86,24 @@ def segment_table(segs: list[Segment]) -> list[dict[str, Any]]:
     return rows
 
 
+def job_step(seg: Segment) -> str:
+    """`<job>.<step>` of a segment id: an NVRx in-job restart keeps it, a relaunch inside the job does not."""
+    return seg.segment_id.rsplit("-r", 1)[0]
+
+
 def relaunch_segment(segs: list[Segment], incident: IncidentRecord) -> Segment | None:
     """The first segment of the relaunch after `incident`: of the relaunched job if known, else the first
-    segment that started after the alert."""
+    segment that started after the alert. A relaunch inside the kept job (a hot spare) is a new job step:
+    an NVRx in-job restart of the step that raised the alert (NVRx 0.4.1 can restart the workers before
+    the SDC stop closes its rendezvous) starts after the alert in the same job, and is not the relaunch."""
     alert_time = float(incident.alert["time"])
     job_id = incident.relaunch.job_id
     after = [s for s in segs if s.started_at > alert_time]
     if job_id is not None:
         after = [s for s in after if s.job_id == str(job_id)]
+        if incident.relaunch.in_job:
+            earlier = {job_step(s) for s in segs if s.started_at <= alert_time and s.job_id == str(job_id)}
+            after = [s for s in after if job_step(s) not in earlier]
     return after[0] if after else None
 
 
