@@ -338,8 +338,9 @@ class Airflow(Component):
         status = h.get(_HEALTH_KEYS[rec.name], "unknown")
         return status == "healthy", status
 
-    def login_ok(self) -> bool:
-        """Whether POST /auth/token accepts the admin password."""
+    def login_ok(self, *, timeout_s: float = 30.0) -> bool:
+        """Whether POST /auth/token accepts the admin password. The first login after a start can take
+        seconds on 2 busy cores (a clean-clone test run timed out at 5 s): as long as the API client waits."""
         body = json.dumps({"username": ADMIN_USER, "password": self.password()}).encode()
         req = urllib.request.Request(
             f"{self.layout.airflow_url}/auth/token",
@@ -348,7 +349,7 @@ class Airflow(Component):
             method="POST",
         )
         try:
-            with urllib.request.urlopen(req, timeout=5) as r:
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 return "access_token" in json.load(r)
         except urllib.error.HTTPError:
             return False
