@@ -173,7 +173,7 @@ def drained_nodes(store: ObjectStore, rec: dict[str, Any], incident_id: str) -> 
         node := Drain.read_or_empty("incident", rec, "drain").node
     ):
         nodes.append(node)
-    for raw in (*ratelimit.entries(store), *ratelimit.quarantined(store)):
+    for raw in ratelimit.entries_and_quarantined(store):
         e = LedgerDrain.read(raw)
         if e.problem and (e.node is None or e.incident_id is None) and e.incident_id in (incident_id, None):
             log.warning(

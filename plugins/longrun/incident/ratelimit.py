@@ -156,12 +156,22 @@ def entries(store: ObjectStore) -> list[dict[str, Any]]:
     return list(_read(store)[0]["entries"])
 
 
-def quarantined(store: ObjectStore) -> list[Any]:
-    """The entries moved out of the count (as written; see `_bad`), oldest first."""
-    moved = _read(store)[0].get("quarantined")
+def _quarantined_of(ledger: dict[str, Any]) -> list[Any]:
+    moved = ledger.get("quarantined")
     return (
         [q["entry"] for q in moved if isinstance(q, dict) and "entry" in q] if isinstance(moved, list) else []
     )
+
+
+def quarantined(store: ObjectStore) -> list[Any]:
+    """The entries moved out of the count (as written; see `_bad`), oldest first."""
+    return _quarantined_of(_read(store)[0])
+
+
+def entries_and_quarantined(store: ObjectStore) -> list[Any]:
+    """`entries`, then `quarantined`, from one read of the ledger (one version of it)."""
+    ledger = _read(store)[0]
+    return [*ledger["entries"], *_quarantined_of(ledger)]
 
 
 def reserve_drain(
