@@ -58,7 +58,9 @@ def test_training_run_params_are_the_contract(bag):
 
 def test_training_run_shape(bag):
     dag = bag.dags["training_run"]
-    assert {"preflight", "submit", "attach", "monitor", "route", "hand_over", "finish"} <= set(dag.task_ids)
+    assert {"preflight", "submit", "attach", "monitor", "hand_over", "finish"} <= set(dag.task_ids)
+    # No task between the monitor and the hand-over: each of the two skips itself on the other's outcome.
+    assert dag.get_task("monitor").downstream_task_ids == {"hand_over", "finish"}
     assert dag.get_task("monitor").outlets  # the checkpoint asset alias
 
 

@@ -14,14 +14,17 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
+from airflow.sdk.exceptions import AirflowSkipException
 
 from longrun.dagrun_ids import attempt_run_id, incident_run_id
+from longrun.monitor.operator import ALERTED
 from longrun.paused import require_unpaused
 from longrun.runbooks import runbook_path
 
 
 class HandOverOperator(TriggerDagRunOperator):
-    """Trigger `sdc_incident` with the alert found by the task `monitor_task_id`."""
+    """Trigger `sdc_incident` with the alert found by the task `monitor_task_id`; skipped when the monitor
+    ended without one (then `finish` runs instead)."""
 
     def __init__(self, *, monitor_task_id: str = "monitor", **kwargs: Any) -> None:
         kwargs.setdefault("trigger_dag_id", "sdc_incident")
@@ -30,6 +33,8 @@ class HandOverOperator(TriggerDagRunOperator):
 
     def execute(self, context: Any) -> Any:
         result = context["ti"].xcom_pull(task_ids=self.monitor_task_id)
+        if not isinstance(result, dict) or result.get("outcome") != ALERTED:
+            raise AirflowSkipException("the monitor ended without an alert: nothing to hand over")
         alert, key = result["alert"], result["alert_key"]
         require_unpaused(
             context["ti"],

@@ -76,6 +76,16 @@ def job_task(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def finish_task(result: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's clean end: promote the final checkpoint and write the report. Skipped after an alert
+    (then `hand_over` runs instead); a result that is neither fails the task."""
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    from longrun.monitor.operator import ALERTED, COMPLETED
+
+    if result.get("outcome") == ALERTED:
+        raise AirflowSkipException("the monitor ended on an alert: sdc_incident handles this run now")
+    if result.get("outcome") != COMPLETED:
+        raise AirflowFailException(f"the monitor's result has no known outcome: {result.get('outcome')!r}")
     report = lifecycle.finish(store_from_env(), result, params)
     orch = report["orchestrator"]
     log.info(
