@@ -14,7 +14,7 @@ from ckpt_helpers import Saver
 from longrun.checkpoints.cli import main
 
 from training import schema
-from training.store import LocalDirStore, ObjectStore
+from training.store import LocalDirStore, ObjectStore, store_from_env
 
 
 @pytest.fixture
@@ -136,3 +136,28 @@ def test_an_unreachable_store_gives_one_clear_line() -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert "store unreachable" in lines[0] and f"127.0.0.1:{port}" in lines[0]
+
+
+def test_list_shows_a_validation_that_does_not_read_and_pick_refuses_an_alert_that_does_not(
+    cli_env: ObjectStore, run: str, save_checkpoints: Saver, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A validation that does not read is listed as a problem and its step as not passing (the gate
+    refuses it); `pick` without --alert does not skip a newest alert that does not read."""
+    save_checkpoints(cli_env, run, [10])
+    assert main(["validate", "--run", run, "--step", "10"]) == 0
+    capsys.readouterr()
+    store = store_from_env()  # as the CLI sees it: validations are on the orchestrator's side
+    bad = schema.store_key(run, schema.validation_path(10, "9999999999-garbled"))
+    store.put_bytes(bad, b"{garbled")
+    rc, out = _json(capsys, ["list", "--run", run])
+    assert rc == 0 and [(r["step"], r["validated"]) for r in out["checkpoints"]] == [(10, False)]
+    assert [p["key"] for p in out["problems"]] == [bad]
+
+    alert = schema.record(
+        "alert", run=run, step=5, check="recompute", suspect_ranks=[], suspect_nodes=[], evidence={}
+    )
+    store.put_bytes(schema.store_key(run, schema.alert_path(5, "recompute", "a")), json.dumps(alert).encode())
+    newest = schema.store_key(run, schema.alert_path(9, "recompute", "b"))
+    store.put_bytes(newest, b"{garbled")
+    assert main(["pick", "--run", run, "--no-write"]) == 2
+    assert newest in capsys.readouterr().err

@@ -154,6 +154,20 @@ def test_pick_never_takes_a_suspect_or_unvalidated_checkpoint(
     assert step == 10 and "20: newest validation failed" in why
 
 
+def test_pick_never_takes_a_checkpoint_whose_newest_validation_does_not_read(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    """40 passed its validation; a newer one of 40 that is not JSON is never skipped (the older pass
+    would make 40 the pick): 40 is passed over, naming the key, and 30 is picked."""
+    _setup(store, run, save_checkpoints, [10, 20, 30, 40], promoted=[10, 20, 30, 40])
+    alert = {"check": "recompute", "step": 45, "suspect_nodes": []}
+    assert plan_pick(store, run, alert)["step"] == 40
+    key = schema.store_key(run, schema.validation_path(40, "9999999999-garbled"))
+    store.put_bytes(key, b'{"kind": "validation", "ok": tr')
+    step, why = pick_pre_incident(store, run, alert, write=False)
+    assert step == 30 and f"40: a validation does not read ({key}" in why, why
+
+
 def test_no_pick_when_no_check_in_the_class_ever_passed(
     store: ObjectStore, run: str, save_checkpoints: Saver
 ) -> None:

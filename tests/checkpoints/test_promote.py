@@ -62,8 +62,8 @@ def test_promote_moves_the_pointer_and_keeps_history(
     assert second["seq"] == 2 and second["previous_step"] == 10
     assert promote(store, run, 20) == second  # already current: nothing written
     cur = catalog.current_pointer(store, run)
-    assert cur is not None and cur[0] == second
-    assert [(r["seq"], r["step"]) for r in catalog.promotion_history(store, run)] == [(1, 10), (2, 20)]
+    assert cur is not None and cur[0].to_json() == second
+    assert [(r.seq, r.step) for r in catalog.promotion_history(store, run)] == [(1, 10), (2, 20)]
     assert catalog.promoted_steps(store, run) == [10, 20]
 
 
@@ -72,7 +72,7 @@ def test_a_lost_history_entry_is_backfilled(store: ObjectStore, run: str, save_c
     promote(store, run, 10)
     store.delete(schema.store_key(run, schema.promotion_history_path(1)))  # its writer died after the pointer
     promote(store, run, 20)
-    assert [r["step"] for r in catalog.promotion_history(store, run)] == [10, 20]
+    assert [r.step for r in catalog.promotion_history(store, run)] == [10, 20]
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["first", "next"])
@@ -104,8 +104,8 @@ def test_two_writers_from_the_same_state_one_wins(
     losers = [s for s, o in outcome.items() if isinstance(o, PromotionConflict)]
     assert len(winners) == 1 and len(losers) == 1, outcome
     cur = catalog.current_pointer(store, run)
-    assert cur is not None and cur[0]["step"] == winners[0]
-    assert [r["step"] for r in catalog.promotion_history(store, run)] == ([10] if existing else []) + winners
+    assert cur is not None and cur[0].step == winners[0]
+    assert [r.step for r in catalog.promotion_history(store, run)] == ([10] if existing else []) + winners
 
 
 def test_racing_promotions_never_lose_an_update(
@@ -131,9 +131,9 @@ def test_racing_promotions_never_lose_an_update(
     won = sorted((o["seq"], s) for s, o in outcome.items() if isinstance(o, dict))
     assert len(outcome) == len(steps) and won, outcome
     assert [seq for seq, _s in won] == list(range(1, len(won) + 1))  # every win is its own sequence number
-    assert [(r["seq"], r["step"]) for r in catalog.promotion_history(store, run)] == won
+    assert [(r.seq, r.step) for r in catalog.promotion_history(store, run)] == won
     cur = catalog.current_pointer(store, run)
-    assert cur is not None and cur[0]["step"] == won[-1][1]
+    assert cur is not None and cur[0].step == won[-1][1]
 
 
 def test_demotion_marks_later_checkpoints_suspect_and_moves_the_pointer_back(
@@ -145,7 +145,7 @@ def test_demotion_marks_later_checkpoints_suspect_and_moves_the_pointer_back(
     rec = mark_suspect(store, run, 15, "recompute alert at step 27", incident_id="inc-1")
     assert rec["pointer"] == "moved from step 30 back to step 10"
     cur = catalog.current_pointer(store, run)
-    assert cur is not None and cur[0]["step"] == 10 and cur[0]["demoted_from"] == 30
+    assert cur is not None and cur[0].step == 10 and cur[0].extra["demoted_from"] == 30
     with pytest.raises(PromotionRefused, match="suspect"):
         promote(store, run, 20)
     again = mark_suspect(store, run, 15, "recompute alert at step 27", incident_id="inc-1")
@@ -198,3 +198,40 @@ def test_a_suspect_mark_that_does_not_read_refuses_the_promotion(
         catalog.suspect_after(store, run)
     store.put_bytes(info.key, json.dumps({**bad, "steps": [50]}).encode())
     assert promote(store, run, 10)["step"] == 10
+
+
+@pytest.mark.parametrize("garble", ["not-json", "table", "type", "other-step"])
+def test_a_newest_validation_that_does_not_read_refuses_the_promotion(
+    store: ObjectStore, run: str, save_checkpoints: Saver, garble: str
+) -> None:
+    """Step 10 has a passing validation; a newer one that does not read is never skipped (the older pass
+    would then enable the promotion): the promotion is refused naming its key, and the gate validates
+    again but its promotion is refused too. Removed, the promotion goes on."""
+    from longrun.monitor.gate import gate_pending
+
+    _ready(store, run, save_checkpoints, [10])
+    [info] = list(store.list(schema.store_key(run, "validations/")))
+    old_key, old = info.key, json.loads(store.get_bytes(info.key))
+    key = schema.store_key(run, schema.validation_path(10, "9999999999-garbled"))
+    body = {
+        "not-json": b'{"kind": "validation", "ok": fal',
+        "table": json.dumps({**old, "ok": "no"}).encode(),  # the table wants a bool
+        "type": json.dumps({**old, "ok": False, "manifest_etag": 5}).encode(),
+        "other-step": json.dumps({**old, "ok": False, "step": 11}).encode(),
+    }[garble]
+    store.put_bytes(key, body)
+    with pytest.raises(PromotionRefused, match=f"a validation does not read: {key}"):
+        promote(store, run, 10)
+    assert catalog.current_pointer(store, run) is None
+
+    class Log:
+        def __getattr__(self, _name: str) -> object:
+            return lambda *a, **k: None
+
+    [gated] = gate_pending(store, run, before_step=11, log=Log(), by="test")
+    assert gated["validated"] and key in gated["refused"]
+    assert catalog.current_pointer(store, run) is None
+
+    store.delete(key)
+    assert promote(store, run, 10)["step"] == 10
+    assert old_key != key

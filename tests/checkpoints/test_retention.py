@@ -93,3 +93,21 @@ def test_an_incident_that_does_not_read_keeps_its_checkpoints_whatever_its_statu
 def test_keep_must_be_positive(store: ObjectStore, run: str) -> None:
     with pytest.raises(ValueError, match="keep"):
         plan_retention(store, run, keep=0)
+
+
+@pytest.mark.parametrize("garble", ["not-json", "no-step"])
+def test_a_history_entry_that_does_not_read_stops_retention(
+    store: ObjectStore, run: str, save_checkpoints: Saver, garble: str
+) -> None:
+    """Skipping promotion 4 (step 40) would make step 30 one of the last 2 promoted and delete step 40,
+    which is one of them: an entry that does not read stops retention, naming its key, deleting nothing."""
+    _setup(store, run, save_checkpoints)
+    key = schema.store_key(run, schema.promotion_history_path(4))
+    good = store.get_bytes(key)
+    store.put_bytes(key, b"{garbled" if garble == "not-json" else good.replace(b'"step"', b'"stop"'))
+    before = _steps_in_store(store, run)
+    with pytest.raises(schema.SchemaError, match=key):
+        apply_retention(store, run, keep=2)
+    assert _steps_in_store(store, run) == before
+    store.put_bytes(key, good)
+    assert sorted(plan_retention(store, run, keep=2)["keep"]) == [40, 50, 60]

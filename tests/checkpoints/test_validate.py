@@ -38,8 +38,8 @@ def test_a_good_checkpoint_passes_and_is_not_modified(
     assert rec["ok"], rec["errors"]
     assert rec["files"] == 3 and rec["bytes"] > 0 and rec["tensors"] > 0
     assert _snapshot(store, run) == before
-    [stored] = catalog.validations(store, run, 10)
-    assert stored["validation_id"] == rec["validation_id"] and stored["ok"]
+    [(_key, stored)] = catalog.validations(store, run, 10)
+    assert stored.extra["validation_id"] == rec["validation_id"] and stored.ok
 
 
 @pytest.mark.parametrize("name", ["model.pt", "optim.pt", "extra.pt"])

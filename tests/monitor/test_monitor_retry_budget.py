@@ -66,7 +66,7 @@ def test_checkpoint_resumes_spend_no_monitor_retry(airflow_stack, monkeypatch) -
         mismatches = airflow_db.events(eng, DAG, run_id, "monitor", "state mismatch")
         store = store_from_env()
         saved = sorted(watch.manifest_steps(store, run))
-        promoted = sorted({int(r["step"]) for r in catalog.promotion_history(store, run)})
+        promoted = sorted({r.step for r in catalog.promotion_history(store, run)})
         print(f"\n{run}: run {state}, monitor {ti}, state mismatches {len(mismatches)}, promoted {promoted}")
         assert state == "success", api.task_states(DAG, run_id)
         assert saved == list(range(1, STEPS + 1)), saved

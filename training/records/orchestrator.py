@@ -50,10 +50,12 @@ class Promotion(Record):
     time: float
     seq: int
     previous_step: int | None = None
+    by: str | None = None
+    """Who promoted (`longrun`, a monitor's `training_run.monitor:<run id>`, `mark_suspect`)."""
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    OPTIONAL = {"previous_step": opt_int}
+    OPTIONAL = {"previous_step": opt_int, "by": opt_str}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,14 +11,15 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from training import schema
 from training.manifest import CheckpointError, read_manifest
-from training.records import Manifest, SuspectMark
+from training.records import Alert, CheckRecord, Manifest, Promotion, Record, SuspectMark, Validation
 from training.store import NotFound, ObjectStore
 
 _STEP_DIR = re.compile(r"checkpoints/step-(\d{8})/([^/]+)$")
+R = TypeVar("R", bound=Record)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,26 +124,66 @@ def _records(
         yield info.key, rec
 
 
-def validations(store: ObjectStore, run: str, step: int | None = None) -> list[dict[str, Any]]:
-    """Validation records (of `step`, or all), oldest first; each gains `_key`."""
+def _typed(
+    store: ObjectStore, run: str, relative_dir: str, cls: type[R], problems: list[Problem] | None
+) -> list[tuple[str, R]]:
+    """(key, record) for every `cls` record under the run's `relative_dir`, in listing order.
+
+    A record that does not read (not JSON, refused by the table or by its type) raises a ValueError
+    naming its key: the readers that act on these records (promotion, pick, retention) never skip one.
+    With `problems` given, it is listed there instead (for readers that only show). A record deleted
+    while listing is no record."""
+    out = []
+    for info in store.list(schema.store_key(run, relative_dir)):
+        if not info.key.endswith(".json"):
+            continue
+        try:
+            data = store.get_bytes(info.key)
+        except NotFound:
+            continue
+        try:
+            out.append((info.key, cls.from_json(json.loads(data))))
+        except (ValueError, UnicodeDecodeError) as e:
+            if problems is None:
+                raise schema.SchemaError(f"{info.key}: not a {cls.KIND} record ({e})") from e
+            problems.append(Problem(key=info.key, error=f"not a {cls.KIND} record: {e}"))
+    return out
+
+
+def validations(
+    store: ObjectStore, run: str, step: int | None = None, *, problems: list[Problem] | None = None
+) -> list[tuple[str, Validation]]:
+    """(key, validation) of `step` (or all), oldest first. One that does not read raises a ValueError
+    naming its key (see `_typed`; `problems`: list it there instead)."""
     sub = f"validations/step-{step:08d}-" if step is not None else "validations/"
-    out = [{**rec, "_key": key} for key, rec in _records(store, run, sub, "validation")]
-    return sorted(out, key=lambda r: (r["step"], r["time"]))
+    found = _typed(store, run, sub, Validation, problems)
+    return sorted(found, key=lambda kv: (kv[1].step, kv[1].time))
 
 
-def latest_validation(store: ObjectStore, run: str, step: int) -> dict[str, Any] | None:
-    recs = [r for r in validations(store, run, step) if r["step"] == step]
+def latest_validation(store: ObjectStore, run: str, step: int) -> tuple[str, Validation] | None:
+    """(key, newest validation) of checkpoint `step`, or None before its first validation. A validation
+    of `step` that does not read raises a ValueError naming its key: it may be the newest, and skipping
+    it could let an older passing one enable a promotion."""
+    recs = validations(store, run, step)
+    for key, v in recs:
+        if v.step != step:
+            raise schema.SchemaError(f"{key}: a validation of step {v.step} under the key of step {step}")
     return recs[-1] if recs else None
 
 
-def promotion_history(store: ObjectStore, run: str) -> list[dict[str, Any]]:
-    """Promotion records in order of their sequence number."""
-    recs = [rec for _key, rec in _records(store, run, "promoted/history/", "promotion")]
-    return sorted(recs, key=lambda r: r["seq"])
+def promotion_history(
+    store: ObjectStore, run: str, *, problems: list[Problem] | None = None
+) -> list[Promotion]:
+    """Promotion records in order of their sequence number. One that does not read raises a ValueError
+    naming its key (`problems`: list it there instead): retention must not delete the checkpoint an
+    unreadable entry may name."""
+    recs = [rec for _key, rec in _typed(store, run, "promoted/history/", Promotion, problems)]
+    return sorted(recs, key=lambda r: r.seq)
 
 
-def current_pointer(store: ObjectStore, run: str) -> tuple[dict[str, Any], str] | None:
-    """(pointer record, its ETag), or None before the first promotion."""
+def current_pointer(store: ObjectStore, run: str) -> tuple[Promotion, str] | None:
+    """(pointer record, its ETag), or None before the first promotion. A pointer that does not read
+    raises a ValueError."""
     key = schema.store_key(run, schema.PROMOTED_POINTER_PATH)
     for _ in range(8):
         info = store.head(key)
@@ -155,31 +196,25 @@ def current_pointer(store: ObjectStore, run: str) -> tuple[dict[str, Any], str] 
         # The ETag must be that of the bytes we read, so a caller's If-Match means what it read.
         again = store.head(key)
         if again is not None and again.etag == info.etag:
-            rec = json.loads(data)
-            schema.validate("promotion", rec)
-            return rec, info.etag
+            return Promotion.from_json(json.loads(data)), info.etag
     raise RuntimeError(f"{key} kept changing while being read in {store.describe()}")
 
 
 def promoted_steps(store: ObjectStore, run: str) -> list[int]:
-    """Steps ever promoted (history plus the current pointer), ascending, without repeats."""
-    steps = {r["step"] for r in promotion_history(store, run)}
+    """Steps ever promoted (history plus the current pointer), ascending, without repeats. A history
+    entry that does not read is left out (a pick or a demotion then has one candidate fewer)."""
+    steps = {r.step for r in promotion_history(store, run, problems=[])}
     cur = current_pointer(store, run)
     if cur is not None:
-        steps.add(cur[0]["step"])
+        steps.add(cur[0].step)
     return sorted(steps)
 
 
 def suspect_marks(store: ObjectStore, run: str) -> list[SuspectMark]:
-    """The run's suspect marks, by `after_step`. A mark that the table accepts but that does not read as a
-    `SuspectMark` raises a ValueError naming its key: a mark is never skipped, since skipping one could let
-    a suspect checkpoint be picked or promoted."""
-    marks = []
-    for key, rec in _records(store, run, "suspect/", "suspect"):
-        try:
-            marks.append(SuspectMark.from_json(rec))
-        except ValueError as e:
-            raise ValueError(f"{key}: not a suspect mark ({e})") from e
+    """The run's suspect marks, by `after_step`. A mark that does not read (not JSON, or not a
+    `SuspectMark`) raises a ValueError naming its key: a mark is never skipped, since skipping one could
+    let a suspect checkpoint be picked or promoted."""
+    marks = [mark for _key, mark in _typed(store, run, "suspect/", SuspectMark, None)]
     return sorted(marks, key=lambda m: m.after_step)
 
 
@@ -216,8 +251,9 @@ def saved_at(store: ObjectStore, run: str, step: int) -> float | None:
         return None
 
 
-def check_records(store: ObjectStore, run: str) -> Iterator[dict[str, Any]]:
-    """Every parsable check record under the run's checks/*.jsonl (bad lines are skipped)."""
+def check_records(store: ObjectStore, run: str) -> Iterator[CheckRecord]:
+    """Every check record under the run's checks/*.jsonl that reads (a bad line is no evidence, so it is
+    skipped: a pass it might have held is then missing, which can only lower the pick's bound)."""
     for info in store.list(schema.store_key(run, "checks/")):
         if not info.key.endswith(".jsonl"):
             continue
@@ -229,17 +265,19 @@ def check_records(store: ObjectStore, run: str) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
-                schema.validate("check", rec)
+                yield CheckRecord.from_json(json.loads(line))
             except ValueError:
                 continue
-            yield rec
 
 
-def alerts(store: ObjectStore, run: str) -> list[tuple[str, dict[str, Any]]]:
-    """(key, alert record), oldest step first."""
-    return sorted(_records(store, run, "alerts/", "alert"), key=lambda kr: (kr[1]["step"], kr[1]["time"]))
+def alerts(store: ObjectStore, run: str) -> list[tuple[str, Alert]]:
+    """(key, alert), oldest step first. An alert that does not read raises a ValueError naming its key
+    (the newest alert decides what `longrun checkpoints pick` picks for)."""
+    found = _typed(store, run, "alerts/", Alert, None)
+    return sorted(found, key=lambda ka: (ka[1].step, ka[1].time))
 
 
 def incidents(store: ObjectStore, run: str) -> list[dict[str, Any]]:
+    """The run's incident records as stored (the table's check only); retention and the incidents CLI read
+    them typed and decide what one that does not read means for them."""
     return [rec for _key, rec in _records(store, run, "incidents/", "incident")]

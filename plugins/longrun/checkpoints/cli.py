@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import warnings
 from typing import Any
@@ -67,25 +68,28 @@ def _list(store: ObjectStore, args: argparse.Namespace) -> int:
     promoted = set(catalog.promoted_steps(store, args.run))
     cur = catalog.current_pointer(store, args.run)
     marks = catalog.suspect_marks(store, args.run)
-    latest: dict[int, dict[str, Any]] = {}
-    for v in catalog.validations(store, args.run):
-        latest[v["step"]] = v
+    unreadable: list[catalog.Problem] = []
+    latest: dict[int, bool] = {}
+    for _key, v in catalog.validations(store, args.run, problems=unreadable):
+        latest[v.step] = v.ok
+    for p in unreadable:  # it may be the newest: the gate refuses, so it shows as not passing
+        if m := re.search(r"validations/step-(\d{8})-", p.key):
+            latest[int(m.group(1))] = False
     rows = []
     for c in cat.checkpoints:
-        last = latest.get(c.step)
         rows.append(
             {
                 "step": c.step,
                 "key": c.prefix,
-                "validated": None if last is None else last["ok"],
+                "validated": latest.get(c.step),
                 "promoted": c.step in promoted,
-                "current": cur is not None and cur[0]["step"] == c.step,
+                "current": cur is not None and cur[0].step == c.step,
                 "suspect": catalog.demoting_mark(marks, c.step, c.manifest.time) is not None,
                 "loss": c.manifest.loss,
                 "bytes": sum(f["size"] for f in c.manifest.files),
             }
         )
-    problems = [{"key": p.key, "error": p.error} for p in cat.problems]
+    problems = [{"key": p.key, "error": p.error} for p in [*cat.problems, *unreadable]]
     lines = [f"{'step':>10}  {'valid':5}  {'promoted':8}  {'suspect':7}  bytes"]
     for r in rows:
         valid = {None: "-", True: "ok", False: "FAIL"}[r["validated"]]
@@ -105,7 +109,7 @@ def _validate(store: ObjectStore, args: argparse.Namespace) -> int:
     if args.step is not None:
         steps = [args.step]
     else:
-        done = {v["step"] for v in catalog.validations(store, args.run)}
+        done = {v.step for _key, v in catalog.validations(store, args.run, problems=[])}
         steps = [c.step for c in catalog.checkpoints(store, args.run).checkpoints if c.step not in done]
     recs = [validate(store, args.run, s) for s in steps]
     lines = []
@@ -162,7 +166,7 @@ def _pick(store: ObjectStore, args: argparse.Namespace) -> int:
         found = catalog.alerts(store, args.run)
         if not found:
             raise _Usage(f"pick: run {args.run} has no alert records; give --check and --step")
-        alert = found[-1][1]
+        alert = found[-1][1].to_json()
     step, why = pick_pre_incident(store, args.run, alert, write=not args.no_write)
     key = schema.store_key(args.run, schema.checkpoint_dir(step)) if step is not None else None
     _emit(args, {"run": args.run, "step": step, "key": key, "why": why}, f"pick: {key or 'none'}\nwhy: {why}")

@@ -137,9 +137,13 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
             if mark is not None:
                 rejected.append(f"{s}: suspect (after step {mark.after_step})")
                 continue
-            v = catalog.latest_validation(store, run, s)
-            if v is None or not v["ok"]:
-                rejected.append(f"{s}: newest validation {'missing' if v is None else 'failed'}")
+            try:
+                latest = catalog.latest_validation(store, run, s)
+            except ValueError as e:  # it may be the newest: never pick past it
+                rejected.append(f"{s}: a validation does not read ({e})")
+                continue
+            if latest is None or not latest[1].ok:
+                rejected.append(f"{s}: newest validation {'missing' if latest is None else 'failed'}")
                 continue
             step = s
             break

@@ -19,7 +19,7 @@ from typing import Any
 from longrun.checkpoints import catalog
 from training import schema
 from training.manifest import CheckpointError, read_manifest
-from training.records import Manifest, SuspectMark, Validation
+from training.records import Manifest, Promotion, SuspectMark, Validation
 from training.store import ObjectStore, PreconditionFailed, put_json
 
 POINTER_ATTEMPTS = 8
@@ -44,8 +44,9 @@ def _put_history(store: ObjectStore, run: str, rec: dict[str, Any]) -> None:
         pass  # already recorded (a retry, or a backfill by the next promotion)
 
 
-def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, dict[str, Any]]:
-    """(manifest key, newest validation record) if `step` may be promoted, else PromotionRefused."""
+def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, tuple[str, Validation]]:
+    """(manifest key, (key, newest validation)) if `step` may be promoted, else PromotionRefused. A
+    validation of `step` that does not read refuses (it may be the newest), naming its key."""
     manifest_key = schema.store_key(run, schema.manifest_path(step))
     info = store.head(manifest_key)
     if info is None:
@@ -54,17 +55,15 @@ def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, dict
         manifest = Manifest.from_json(read_manifest(store.get_bytes(manifest_key), manifest_key))
     except (CheckpointError, ValueError) as e:
         raise PromotionRefused(f"step {step} of run {run}: {e}") from None
-    raw = catalog.latest_validation(store, run, step)
-    if raw is None:
+    try:
+        latest = catalog.latest_validation(store, run, step)
+    except ValueError as e:
+        raise PromotionRefused(f"step {step} of run {run}: a validation does not read: {e}") from None
+    if latest is None:
         raise PromotionRefused(
             f"step {step} of run {run} is not validated: run `longrun checkpoints validate --run {run} --step {step}`"
         )
-    try:
-        v = Validation.from_json(raw)
-    except ValueError as e:
-        raise PromotionRefused(
-            f"step {step} of run {run}: its latest validation does not read: {e}"
-        ) from None
+    v = latest[1]
     if not v.ok:
         raise PromotionRefused(
             f"step {step} of run {run} failed its latest validation: {'; '.join(v.errors[:3])}"
@@ -82,18 +81,18 @@ def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, dict
             f"step {step} of run {run} is suspect (checkpoints after step {mark.after_step} saved before"
             f" the mark are demoted)"
         )
-    return manifest_key, raw
+    return manifest_key, latest
 
 
 def promote(store: ObjectStore, run: str, step: int, *, by: str = "longrun") -> dict[str, Any]:
     """Point `promoted/current.json` at checkpoint `step`; returns the promotion record. Promoting the
     step the pointer already names returns the current record and writes nothing."""
-    manifest_key, v = check_promotable(store, run, step)
+    manifest_key, (validation_key, _v) = check_promotable(store, run, step)
     cur = catalog.current_pointer(store, run)
-    if cur is not None and cur[0]["step"] == step:
-        return cur[0]
+    if cur is not None and cur[0].step == step:
+        return cur[0].to_json()
     return write_pointer(
-        store, run, step, manifest_key, cur, by=by, validation_key=v["_key"], reason="promoted"
+        store, run, step, manifest_key, cur, by=by, validation_key=validation_key, reason="promoted"
     )
 
 
@@ -102,20 +101,20 @@ def write_pointer(
     run: str,
     step: int,
     manifest_key: str,
-    cur: tuple[dict[str, Any], str] | None,
+    cur: tuple[Promotion, str] | None,
     **fields: Any,
 ) -> dict[str, Any]:
     """Compare-and-swap the pointer: write a promotion of `step` if the pointer is still `cur` (the
     (record, ETag) the caller read, or None for "no pointer yet"); PromotionConflict otherwise."""
     if cur is not None:
-        _put_history(store, run, cur[0])  # backfill if its writer died before recording it
+        _put_history(store, run, cur[0].to_json())  # backfill if its writer died before recording it
     rec = schema.record(
         "promotion",
         run=run,
         step=step,
         manifest_key=manifest_key,
-        seq=cur[0]["seq"] + 1 if cur else 1,
-        previous_step=cur[0]["step"] if cur else None,
+        seq=cur[0].seq + 1 if cur else 1,
+        previous_step=cur[0].step if cur else None,
         **fields,
     )
     pointer = schema.store_key(run, schema.PROMOTED_POINTER_PATH)
@@ -161,7 +160,7 @@ def _repoint_after_demotion(store: ObjectStore, run: str) -> str:
     for _ in range(POINTER_ATTEMPTS):
         cur = catalog.current_pointer(store, run)
         marks = catalog.suspect_marks(store, run)
-        if cur is None or not _suspect(store, run, marks, cur[0]["step"]):
+        if cur is None or not _suspect(store, run, marks, cur[0].step):
             return "unchanged"
         fallback = next(
             (
@@ -172,9 +171,7 @@ def _repoint_after_demotion(store: ObjectStore, run: str) -> str:
             None,
         )
         if fallback is None:
-            return (
-                f"unchanged: it names suspect step {cur[0]['step']} and no earlier promoted checkpoint exists"
-            )
+            return f"unchanged: it names suspect step {cur[0].step} and no earlier promoted checkpoint exists"
         try:
             write_pointer(
                 store,
@@ -183,10 +180,10 @@ def _repoint_after_demotion(store: ObjectStore, run: str) -> str:
                 schema.store_key(run, schema.manifest_path(fallback)),
                 cur,
                 reason="demoted",
-                demoted_from=cur[0]["step"],
+                demoted_from=cur[0].step,
                 by="mark_suspect",
             )
-            return f"moved from step {cur[0]['step']} back to step {fallback}"
+            return f"moved from step {cur[0].step} back to step {fallback}"
         except PromotionConflict:
             continue
     raise PromotionConflict(

@@ -4,7 +4,8 @@ Kept: the last `keep` promoted checkpoints (by promotion order) and the one the 
 checkpoint newer than the newest promoted one (still on its way through validation); for every incident
 that is not closed, the checkpoint it chose (or the pick would choose now) and the `keep` promoted ones
 before it (in case that one is found bad too); an incident record that does not read as one counts as
-not closed (retention never deletes on a status it cannot read). Deleted: other complete checkpoints older than the newest
+not closed (retention never deletes on a status it cannot read); a promotion history entry that does not
+read stops retention (`plan_retention` raises naming its key: it may name a checkpoint to keep). Deleted: other complete checkpoints older than the newest
 promoted one, and incomplete directories (no manifest: interrupted uploads) older than the newest
 complete checkpoint. A directory whose manifest does not parse is reported and left alone.
 
@@ -37,14 +38,14 @@ def plan_retention(store: ObjectStore, run: str, *, keep: int) -> dict[str, Any]
     cur = catalog.current_pointer(store, run)
     order: list[int] = []
     for rec in [*history, *([cur[0]] if cur else [])]:
-        if rec["step"] in order:
-            order.remove(rec["step"])
-        order.append(rec["step"])
+        if rec.step in order:
+            order.remove(rec.step)
+        order.append(rec.step)
     kept: dict[int, str] = {}
     for s in order[-keep:]:
         kept[s] = f"among the last {keep} promoted"
     if cur is not None:
-        kept[cur[0]["step"]] = "the promoted pointer names it"
+        kept[cur[0].step] = "the promoted pointer names it"
     newest_promoted = max(order, default=-1)
     for s in steps:
         if s > newest_promoted:

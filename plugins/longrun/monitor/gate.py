@@ -69,11 +69,18 @@ def gate_checkpoint(
 def gate_pending(
     store: ObjectStore, run: str, *, before_step: int, log: Any, by: str
 ) -> list[dict[str, Any]]:
-    """Gate every checkpoint with a manifest, step < `before_step`, never validated yet (ascending)."""
+    """Gate every checkpoint with a manifest, step < `before_step`, never validated yet (ascending). One
+    with a validation that does not read is gated too: its promotion is then refused, naming the key."""
     from longrun.checkpoints import catalog
 
     out = []
     for step in sorted(catalog.checkpoints(store, run).by_step()):
-        if step < before_step and catalog.latest_validation(store, run, step) is None:
+        if step >= before_step:
+            continue
+        try:
+            pending = catalog.latest_validation(store, run, step) is None
+        except ValueError:
+            pending = True
+        if pending:
             out.append(gate_checkpoint(store, run, step, log=log, by=by))
     return out

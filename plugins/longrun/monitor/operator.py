@@ -260,20 +260,21 @@ class RunMonitorOperator(BaseOperator):
         from longrun.checkpoints import catalog
 
         by = _promoter(context)
-        history = [r for r in catalog.promotion_history(self.store, run) if r.get("by") == by]
+        # An entry that does not read is left out: these events report, they decide nothing.
+        history = [r for r in catalog.promotion_history(self.store, run, problems=[]) if r.by == by]
         if not history:
             return
         manifests = catalog.checkpoints(self.store, run).by_step()
         asset = checkpoint_asset(self.store, run)
         events = context["outlet_events"][CHECKPOINTS_ALIAS]
-        for r in sorted(history, key=lambda r: r["seq"]):
-            m = manifests.get(r["step"])
+        for r in history:  # by seq
+            m = manifests.get(r.step)
             extra = {
                 "run": run,
-                "step": r["step"],
-                "manifest_key": r["manifest_key"],
-                "seq": r["seq"],
-                "promoted_at": r["time"],
+                "step": r.step,
+                "manifest_key": r.manifest_key,
+                "seq": r.seq,
+                "promoted_at": r.time,
                 "loss": m.manifest.loss if m else None,
                 "saved_at": m.manifest.time if m else None,
             }
@@ -282,7 +283,7 @@ class RunMonitorOperator(BaseOperator):
             "asset events for %d promoted checkpoint(s) of %s: %s",
             len(history),
             asset.uri,
-            [r["step"] for r in history],
+            [r.step for r in history],
         )
 
 
