@@ -119,7 +119,9 @@ def test_no_verdict_from_the_step_falls_back_after_releasing_the_node(tmp_path, 
     store = LocalDirStore(tmp_path / "store")
     inc = kept_incident(tmp_path, client, store, run="inj2")
     steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
-    steps.remember_reference(store, "debug", {"node": "n1", "fingerprint": "0123456789abcdef"})
+    ref = {"node": "n1", "verdict": "no-reference", "fingerprint": "0123456789abcdef", "torch": "2.0",
+           "cpu_capability": "DEFAULT", "threads": 1}  # fmt: skip
+    steps.remember_reference(store, "debug", ref)  # a usable cached reference: no reference step
     # a step that cannot run the diagnostic (no interpreter there): no verdict, so no conviction
     out = inalloc.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug", python="/bin/false")
     assert out is None

@@ -18,16 +18,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from longrun.incident import dcgm, node_check, runbooks
+from longrun.incident.probe_reference import confirms
 from longrun.slurm import ops
 from longrun.slurm import validate as v
 from longrun.slurm.client import CommandResult, NodeState, SlurmClient
 from longrun.slurm.errors import ForeignDrainError, SlurmCommandError
-from training.records.diagnosis import NodeCheck
+from training.records.diagnosis import NodeCheck, ProbeResult
+from training.schema import SchemaError
 
 SDC = "sdc"
 DIAG = "diag"
@@ -162,6 +164,30 @@ def summarize(node: str, d: NodeCheck) -> str:
     return "; ".join(parts)
 
 
+def checked_verdict(
+    seen: Mapping[str, Any], known: ProbeResult | None, *, stored: bool = False
+) -> tuple[str, str]:
+    """node_check's verdict as longrun takes it, and a note for the summary. Against a reference, a pass
+    needs the probe's own fingerprint and environment to match it, and a fail in another environment is
+    not comparable: both are `error` (no verdict, the node stays drained). A pass against a `stored`
+    reference (read back from the store, not computed by this try) is `error` too, until a fresh
+    reference confirms it (reference_source.confirm_pass)."""
+    outcome = str(seen.get("verdict", node_check.ERROR))
+    if outcome not in (node_check.PASS, node_check.FAIL) or known is None:
+        return (outcome if outcome in (node_check.PASS, node_check.FAIL) else node_check.ERROR), ""
+    try:
+        probe = NodeCheck.from_json(dict(seen)).probe_result
+    except SchemaError:
+        return node_check.ERROR, "; node_check's JSON does not read"
+    if outcome == node_check.FAIL and probe and known.env != probe.env:
+        return node_check.ERROR, f"; reference environment {list(known.env)} differs: not comparable"
+    if outcome == node_check.PASS and not confirms(known, probe):
+        return node_check.ERROR, "; the probe does not match the reference's fingerprint and environment"
+    if outcome == node_check.PASS and stored:
+        return node_check.ERROR, "; a pass against a stored reference, not confirmed by a fresh one"
+    return outcome, ""
+
+
 def diagnose(
     client: SlurmClient,
     *,
@@ -175,8 +201,11 @@ def diagnose(
     state_dir: str | None = None,
     reservation: str | None = None,
     hold_min: int | None = None,
+    known: ProbeResult | None = None,
+    stored: bool = False,
 ) -> DiagnosisOutcome:
-    """Run node_check on the drained `node` in a MAINT reservation; the node ends drained with the verdict."""
+    """Run node_check on the drained `node` in a MAINT reservation; the node ends drained with the verdict
+    (`checked_verdict` against `known`, the reference, when given)."""
     argv = node_check_argv(
         node=node,
         expect=expect,
@@ -189,7 +218,7 @@ def diagnose(
 
     def verdict(result: CommandResult) -> str:
         seen.update(_details(result))
-        return verdict_reason(run, step, str(seen.get("verdict", node_check.ERROR)))
+        return verdict_reason(run, step, checked_verdict(seen, known, stored=stored)[0])
 
     started = time.monotonic()
     result = ops.run_on_drained_node(
@@ -203,9 +232,7 @@ def diagnose(
     )
     if not seen:  # run_on_drained_node calls verdict() only when the command ran
         seen.update(_details(result))
-    outcome = str(seen.get("verdict", node_check.ERROR))
-    if outcome not in (node_check.PASS, node_check.FAIL):
-        outcome = node_check.ERROR
+    outcome, note = checked_verdict(seen, known, stored=stored)
     book = {node_check.FAIL: runbooks.DIAGNOSTIC_FAILED, node_check.PASS: runbooks.DIAGNOSTIC_PASSED}.get(
         outcome, runbooks.DIAGNOSTIC_FAILED
     )
@@ -213,7 +240,7 @@ def diagnose(
         node=node,
         verdict=outcome,
         reason=verdict_reason(run, step, outcome),
-        summary=summarize(node, NodeCheck.from_json(seen)),
+        summary=summarize(node, NodeCheck.from_json(seen)) + note,
         runbook=book,
         duration_s=time.monotonic() - started,
         exit_code=result.exit_code,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from longrun.incident import dcgm, diagnose, injob, node_check, runbooks
 from longrun.incident.events import Event
 from longrun.incident.jobstep import batch_host, run_step
-from longrun.incident.probe_reference import reference_of
+from longrun.incident.probe_reference import checked_reference, confirms, judge_fresh, reference_of
 from longrun.incident.runner import Outcome, write
 from longrun.slurm import validate as v
 from longrun.slurm.client import JobState, SlurmClient
@@ -122,6 +122,19 @@ def reference_in_job(
     return obj
 
 
+def _fresh(
+    client: SlurmClient, inc: Incident, node: str, healthy: tuple[str, ...], **probe: Any
+) -> dict[str, Any] | str:
+    """A reference computed now as a step on a healthy node of the kept job, or why there is none."""
+    assert inc.job_id is not None
+    probe["timeout_s"] = min(300.0, probe["timeout_s"])
+    try:
+        ref = reference_in_job(client, job_id=inc.job_id, nodes=healthy, **probe)
+    except RuntimeError as e:
+        return str(e)
+    return ref if checked_reference(ref, suspect=node) is not None else f"not usable: {str(ref)[:300]}"
+
+
 def _node_check(seen: dict[str, Any]) -> NodeCheck | None:
     """node_check's JSON line as a NodeCheck; None when it does not read as one (no verdict)."""
     try:
@@ -130,7 +143,8 @@ def _node_check(seen: dict[str, Any]) -> NodeCheck | None:
         return None
 
 
-def _healthy(client: SlurmClient, held: tuple[str, ...], suspect: str) -> tuple[str, ...]:
+def healthy_in(client: SlurmClient, held: tuple[str, ...], suspect: str) -> tuple[str, ...]:
+    """The nodes of `held` other than `suspect` that are neither drained nor down."""
     states = {n.name: n for n in client.nodes()}
     return tuple(
         n for n in held if n != suspect and n in states and not states[n].drain_flag and not states[n].is_down
@@ -163,21 +177,18 @@ def diagnose_in_job(
         return None
     steps.authenticate(store, client, inc, node=node)  # act only on a node of the signed alert's job
     t0 = time.time()
+    healthy = healthy_in(client, state.nodes, node)
     recorded = reference_of(rec)
-    ref = recorded.to_json() if recorded else steps.cached_reference(store, partition)
+    ref = recorded.to_json() if recorded else None
+    if ref is None or checked_reference(ref, suspect=node) is None:
+        ref = steps.cached_reference(store, partition, suspect=node)
+    stored = ref is not None  # read back: it may convict, a pass needs a fresh reference too
     if ref is None:
-        try:
-            ref = reference_in_job(
-                client,
-                job_id=inc.job_id,
-                nodes=_healthy(client, state.nodes, node),
-                python=python,
-                state_dir=state_dir,
-                timeout_s=min(300.0, timeout_s),
-            )
-        except RuntimeError as e:
-            _skip(store, client, inc, node, f"reference: {e}")
+        got = _fresh(client, inc, node, healthy, python=python, state_dir=state_dir, timeout_s=timeout_s)
+        if isinstance(got, str):
+            _skip(store, client, inc, node, f"reference: {got}")
             return None
+        ref = got
         steps.remember_reference(store, partition, ref)
     known = ProbeResult.from_json(ref)
     inc.event(
@@ -214,12 +225,17 @@ def diagnose_in_job(
             f"the step gave no verdict (rc {result.exit_code}): {result.stderr[-300:]}",
         )
         return None
-    outcome = str(checked.verdict)
+    outcome, note = diagnose.checked_verdict(seen, known, stored=stored)
     probe = checked.probe_result
-    summary = diagnose.summarize(node, checked)
-    if outcome == node_check.FAIL and probe and known.env != probe.env:
-        outcome = node_check.ERROR  # different torch / CPU level / threads: not comparable, not a verdict
-        summary += "; the reference's environment differs from the node's: not comparable"
+    summary = diagnose.summarize(node, checked) + note
+    if stored and checked.verdict == node_check.PASS and confirms(known, probe):
+        fresh = _fresh(client, inc, node, healthy, python=python, state_dir=state_dir, timeout_s=timeout_s)
+        if isinstance(fresh, str):
+            summary += f"; no fresh reference: {fresh}"
+        else:
+            steps.remember_reference(store, partition, fresh)
+            outcome, note = judge_fresh(probe, ProbeResult.from_json(fresh))
+            summary += note
     reason = diagnose.verdict_reason(inc.run, inc.step, outcome)
     client.drain(node, reason)  # drained already; the reason now carries the verdict
     book = runbooks.DIAGNOSTIC_PASSED if outcome == node_check.PASS else runbooks.DIAGNOSTIC_FAILED

@@ -3,33 +3,66 @@
 The diagnosis compares the suspect node's probe fingerprint with it. It is only valid for the same
 software and CPU level (`PROBE_ENV`): a reference from another environment makes no verdict.
 Orchestrator side of the store (`ops/probe-reference/<partition>.json`), written once (If-None-Match).
+
+The cached object is hostile input like any other record read back (docs/architecture.md): it is used
+only when it reads as a reference (`checked_reference`): the probe's own JSON of a run without
+`--expect` (verdict `no-reference`), a 16-digit lower-case hex fingerprint, the whole environment, and a
+node other than the suspect. Anything else is never used: the caller computes a fresh reference (and
+replaces an unreadable cached one), or stops with the node drained. Whichever reference is used, a pass
+is recorded only when the suspect's own probe gave the same fingerprint in the same environment
+(`confirms`): a reference that does not fit the node's run gives `error`, never `pass`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from training.records import Incident as IncidentRecord
 from training.records.diagnosis import ProbeResult
+from training.schema import SchemaError
 from training.store import ObjectStore, PreconditionFailed, StoreError, put_json
 
 # The probe's environment: a reference fingerprint is only valid for the same software and CPU level.
 PROBE_ENV = ("torch", "cpu_capability", "threads")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
+_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _reference_key(partition: str) -> str:
     return f"ops/probe-reference/{partition}.json"
 
 
-def cached_reference(store: ObjectStore, partition: str) -> dict[str, Any] | None:
-    """A known-good probe result from an earlier incident in this partition (nodes of one kind), or None."""
+def checked_reference(obj: Any, *, suspect: str | None = None) -> ProbeResult | None:
+    """`obj` as a usable reference, or None (why does not matter to the caller: it is never used)."""
     try:
-        ref = json.loads(store.get_bytes(_reference_key(partition)))
+        ref = ProbeResult.from_json(obj)
+    except SchemaError:
+        return None
+    ok = (
+        ref.verdict == "no-reference"
+        and isinstance(ref.fingerprint, str)
+        and _HEX16.fullmatch(ref.fingerprint) is not None
+        and isinstance(ref.node, str)
+        and _NODE.fullmatch(ref.node) is not None
+        and ref.node != suspect
+        and all(e not in (None, "") for e in ref.env)
+    )
+    return ref if ok else None
+
+
+def cached_reference(
+    store: ObjectStore, partition: str, *, suspect: str | None = None
+) -> dict[str, Any] | None:
+    """A known-good probe result from an earlier incident in this partition (nodes of one kind) that
+    passes `checked_reference`, or None."""
+    try:
+        obj = json.loads(store.get_bytes(_reference_key(partition)))
     except (StoreError, ValueError):
         return None
-    return ref if isinstance(ref, dict) and ref.get("fingerprint") else None
+    return dict(obj) if checked_reference(obj, suspect=suspect) is not None else None
 
 
 def reference_of(rec: IncidentRecord) -> ProbeResult | None:
@@ -39,12 +72,55 @@ def reference_of(rec: IncidentRecord) -> ProbeResult | None:
 
 
 def remember_reference(store: ObjectStore, partition: str, ref: Mapping[str, Any]) -> None:
+    """Cache a freshly computed reference. Written once; a cached object that is unusable (garbled, not a
+    reference) or disagrees with this fresh one (fingerprint or environment) is replaced, conditionally on
+    its version, so that a bad entry cannot stay for good."""
+    if checked_reference(dict(ref)) is None:
+        return  # never cache what would not be used
+    key = _reference_key(partition)
     try:
-        put_json(store, _reference_key(partition), dict(ref), if_none_match=True)
+        put_json(store, key, dict(ref), if_none_match=True)
+        return
     except PreconditionFailed:
         pass  # one is there already (ours, or a concurrent incident's: equal by construction)
+    try:
+        info = store.head(key)
+        if info is None:
+            return  # deleted meanwhile: the next fresh reference writes it
+        try:
+            old = checked_reference(json.loads(store.get_bytes(key)))
+        except ValueError:
+            old = None  # garbled: replaced below
+        new = ProbeResult.from_json(dict(ref))
+        if old is not None and (old.fingerprint, old.env) == (new.fingerprint, new.env):
+            return
+        put_json(store, key, dict(ref), if_match=info.etag)
+    except (PreconditionFailed, StoreError, ValueError):
+        pass  # changed meanwhile, or unreadable: the next fresh reference tries again
 
 
 def reference_matches(ref: Mapping[str, Any], probe: Mapping[str, Any]) -> bool:
     """Is `ref` a valid reference for this probe run (same torch, CPU level, threads)?"""
     return all(ref.get(k) == probe.get(k) for k in PROBE_ENV)
+
+
+def confirms(known: ProbeResult, probe: ProbeResult | None) -> bool:
+    """Does the suspect's probe run match the reference: the same fingerprint, in the same environment?
+    The one condition under which a diagnosis may say `pass`."""
+    return (
+        probe is not None
+        and probe.fingerprint is not None
+        and probe.fingerprint == known.fingerprint
+        and probe.env == known.env
+    )
+
+
+def judge_fresh(probe: ProbeResult | None, fresh: ProbeResult) -> tuple[str, str]:
+    """The verdict (pass, fail or error) and a note, for a node whose probe matched a stored reference,
+    against a reference computed just now: pass on a match, fail on another fingerprint in the same
+    environment (the stored reference was wrong), else error (not comparable)."""
+    if confirms(fresh, probe):
+        return "pass", f"; confirmed by a fresh reference on {fresh.node}"
+    if probe is not None and probe.fingerprint and probe.env == fresh.env:
+        return "fail", f"; a fresh reference on {fresh.node} is {fresh.fingerprint}: the stored one was wrong"
+    return "error", f"; the fresh reference on {fresh.node} is not comparable"

@@ -1,24 +1,36 @@
 """sdc_incident's diagnose step: the replay probe (and DCGM where present) on the drained node.
 
-The probe's reference comes from the record, the partition's cached reference (probe_reference.py) or a
-run on a healthy idle node; the diagnostic runs in a MAINT reservation (incident/diagnose.py) whose name
-is the same on every try (keep_drained). Run by incident/runner.py; listed in incident/steps.py.
+The probe's reference comes from the record, the partition's cached reference, a run on a healthy idle
+node or, when the relaunch holds them all, a step of the relaunch (reference_source.py); the diagnostic
+runs in a MAINT reservation (incident/diagnose.py) whose name is the same on every try (keep_drained). A
+pass against a stored reference counts only once a fresh reference confirms it (confirm_pass). Run by
+incident/runner.py; listed in incident/steps.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
-from longrun.incident import dcgm, diagnose, keep_drained, node_check, runbooks
+from longrun.incident import dcgm, diagnose, keep_drained, node_check
 from longrun.incident.events import Event
-from longrun.incident.probe_reference import cached_reference, reference_of, remember_reference
-from longrun.incident.runner import Incident, IncidentStop, Outcome, Rec, run
+from longrun.incident.probe_reference import confirms
+from longrun.incident.reference_source import STORED, confirm_pass, reference_for
+from longrun.incident.runner import Incident, Outcome, Rec, run
 from longrun.incident.step_drain import restore_drain
 from longrun.slurm.client import SlurmClient
 from training.records.diagnosis import NodeCheck, ProbeResult
+from training.schema import SchemaError
 from training.store import ObjectStore
+
+
+def _matched(d: diagnose.DiagnosisOutcome, known: ProbeResult) -> bool:
+    """node_check passed against `known` (its verdict was turned into a pending error)."""
+    try:
+        check = NodeCheck.from_json(d.details)
+    except SchemaError:
+        return False
+    return check.verdict == node_check.PASS and confirms(known, check.probe_result)
 
 
 def run_diagnosis(
@@ -47,23 +59,17 @@ def run_diagnosis(
 
     def act(rec: Rec) -> Outcome:
         t0 = time.time()
-        recorded = reference_of(rec)
-        ref = recorded.to_json() if recorded else cached_reference(store, partition)
-        if ref is None:
-            healthy = diagnose.pick_healthy(client.nodes(), exclude=[node], prefer=run_nodes)
-            if healthy is None:
-                raise IncidentStop(
-                    f"no healthy idle node to compute the probe's reference on; {node} stays drained"
-                    f" ({diagnose.sdc_reason(inc.run, inc.step)}). Runbook: {runbooks.DIAGNOSTIC_FAILED}"
-                )
-            ref = diagnose.reference(
-                client,
-                node=healthy,
-                python=python,
-                state_dir=state_dir,
-                reservation=keep_drained.reservation_name(keep_drained.REF, inc.incident_id, healthy),
-            )
-            remember_reference(store, partition, ref)
+        ref, source = reference_for(
+            store,
+            client,
+            inc,
+            rec,
+            node=node,
+            run_nodes=run_nodes,
+            partition=partition,
+            python=python,
+            state_dir=state_dir,
+        )
         known = ProbeResult.from_json(ref)
         inc.event(
             store,
@@ -71,6 +77,7 @@ def run_diagnosis(
             fields={"reference": ref},
             node=known.node,
             fingerprint=known.fingerprint,
+            source=source,
         )
         level = dcgm.level_for(check=inc.typed_alert.check)
         d = diagnose.diagnose(
@@ -85,19 +92,26 @@ def run_diagnosis(
             state_dir=state_dir,
             reservation=keep_drained.reservation_name(keep_drained.DIAG, inc.incident_id, node),
             hold_min=keep_drained.DIAG_HOLD_MIN,
+            known=known,  # a pass only on a real match (diagnose.checked_verdict)
+            stored=source in STORED,  # ... and, against a stored reference, a pending one (error)
         )
-        probe = NodeCheck.from_json(d.details).probe_result
-        if d.verdict == node_check.FAIL and probe and known.env != probe.env:
-            # Different torch / CPU level / threads: the fingerprints cannot be compared. Not a verdict.
-            d = dataclasses.replace(
+        checked_on = None
+        if source in STORED and d.verdict == node_check.ERROR and _matched(d, known):
+            d, checked_on = confirm_pass(
+                store,
+                client,
+                inc,
                 d,
-                verdict=node_check.ERROR,
-                summary=d.summary + f"; reference environment {list(known.env)} differs from "
-                f"the node's {list(probe.env)}: not comparable",
+                partition=partition,
+                run_nodes=run_nodes,
+                python=python,
+                state_dir=state_dir,
             )
         result = {
             **d.to_dict(),
             "reference_node": known.node,
+            "confirmed_on": checked_on,
+            "reference_from": source,
             "dcgm_level": level,
             "total_s": round(time.time() - t0, 3),
         }

@@ -17,12 +17,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from longrun.incident import dcgm, diagnose, node_check, steps
+from longrun.incident.probe_reference import checked_reference
 from longrun.nodes import history as h
 from longrun.nodes.incident_hooks import probe_evidence
 from longrun.nodes.outcome import NodeProbe, NodeReturn
 from longrun.nodes.policy import NodePolicy, standing
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
+from training.records.diagnosis import ProbeResult
 from training.store import ObjectStore
 
 PASS_KIND = f"{diagnose.DIAG}-{node_check.PASS}"
@@ -87,15 +89,15 @@ def _reference(
     state_dir: str | None,
     python: str | None,
 ) -> dict[str, Any]:
-    ref = steps.cached_reference(store, partition)
-    if ref is None:
-        healthy = diagnose.pick_healthy(client.nodes(), exclude=[node])
-        if healthy is None:
-            raise RuntimeError(
-                f"no healthy idle node to compute the probe's reference on; {node} stays drained"
-            )
-        ref = diagnose.reference(client, node=healthy, python=python, state_dir=state_dir)
-        steps.remember_reference(store, partition, ref)
+    # Always computed now, never read back from the store: a node returns to service only on a comparison
+    # with a reference run on a healthy node (a stored one could be forged; docs/reliability.md, issue 14).
+    healthy = diagnose.pick_healthy(client.nodes(), exclude=[node])
+    if healthy is None:
+        raise RuntimeError(f"no healthy idle node to compute the probe's reference on; {node} stays drained")
+    ref = diagnose.reference(client, node=healthy, python=python, state_dir=state_dir)
+    if checked_reference(ref, suspect=node) is None:
+        raise RuntimeError(f"the reference probe on {healthy} gave no usable reference; {node} stays drained")
+    steps.remember_reference(store, partition, ref)
     return ref
 
 
@@ -135,6 +137,7 @@ def probe(
             timeout_s=timeout_s,
             python=python,
             state_dir=state_dir,
+            known=ProbeResult.from_json(ref),  # a pass only on a real match (diagnose.checked_verdict)
         )
         res = {**d.to_dict(), "dcgm_level": level, "round": i + 1}
         probe_res = (d.details.get("probe") or {}).get("result") or {}

@@ -1,0 +1,172 @@
+"""The reservation path's probe reference on the real four-node cluster (issue 14: a retried diagnose
+found every healthy node held by the relaunch and gave no verdict).
+
+- The relaunch holds every healthy node: the reference is taken as a step of the relaunch (`srun
+  --jobid --overlap`) and the sick node is convicted; the relaunch keeps running, untouched.
+- No reference anywhere, no idle node, no job of the incident: the step stops loudly with the runbook and
+  the node keeps its SDC drain.
+- Attack: a forged cached reference (the sick node's own fingerprint, in the right environment, which the
+  form checks cannot tell from a real one) or a garbled one never passes a sick node: a pass against a
+  stored reference counts only once a fresh reference confirms it.
+
+Real parts: Slurm (sbatch, srun --jobid, MAINT reservations, drains), the replay probe, node_check, a signed
+alert, a local store. Nothing is mocked; DCGM is absent here (no GPU), so the probe carries the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+from helpers.signed_job import keyed_job, sign_as_job
+from longrun.incident import runbooks, steps
+from longrun.incident.ratelimit import DrainPolicy
+from longrun.slurm import ops
+from longrun.slurm.client import JobStatus, make_client
+from longrun.slurm.spec import JobSpec, JobTag
+
+from training import schema
+from training.faults import sick_marker
+from training.store import LocalDirStore
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SUSPECT = "n2"
+OTHERS = ("n1", "n3", "n4")
+REF_KEY = "ops/probe-reference/debug.json"
+
+
+@pytest.fixture
+def client(slurm_cluster) -> Iterator:
+    c = make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
+    jobs: list[int] = []
+    c.test_jobs = jobs  # type: ignore[attr-defined]
+    try:
+        yield c
+    finally:  # leave the cluster as we found it: our jobs gone, our drains resumed, no reservation
+        for job_id in jobs:
+            c.cancel(job_id)
+            ops.wait_for(c, job_id, lambda s: s.is_terminal, timeout_s=60)
+        for n in c.nodes():
+            if n.drain_flag and n.is_ours:
+                c.resume(n.name)
+        for r in c.reservations():
+            if r.startswith("longrun_"):
+                c.delete_reservation(r)
+
+
+def incident(tmp_path, client, store, *, run: str) -> steps.Incident:
+    """An incident about a signed alert of a (finished) longrun job of `run` naming SUSPECT, drained."""
+    nodes = (SUSPECT, *OTHERS[:2])
+    job_id, key = keyed_job(client, store, run=run, nodelist=nodes, workdir=tmp_path, partition="debug")
+    alert = schema.record(
+        "alert", run=run, step=17, check="recompute", suspect_ranks=[1], suspect_nodes=[SUSPECT],
+        evidence={"world": {"nodes": list(nodes)}},
+    )  # fmt: skip
+    inc = steps.Incident(
+        run=run, alert_key=f"runs/{run}/alerts/00000017-recompute-r000-1.json",
+        alert=sign_as_job(alert, job_id=job_id, key=key), job_id=job_id,
+        run_params={"run_name": run, "nodes": 3, "gpus_per_node": 0, "incident_mode": "act"},
+        dag_run_id=f"test_{run}",
+    )  # fmt: skip
+    steps.open_record(store, inc)
+    steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
+    return inc
+
+
+def hold_others(tmp_path, client, *, tag: str) -> int:
+    """A running job on every node but the suspect (as the relaunch holds them), tagged `tag`."""
+    spec = JobSpec(
+        name="holder", partition="debug", comment=tag, nodes=len(OTHERS), nodelist=OTHERS, gpus_per_node=0,
+        exclusive=False, time_limit_min=10, workdir=str(tmp_path), output=f"{tmp_path}/slurm-%j.out",
+        command=("sleep 600",),
+    )  # fmt: skip
+    job_id = client.submit(spec)
+    client.test_jobs.append(job_id)
+    ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60)
+    return job_id
+
+
+def sick(tmp_path) -> str:
+    state_dir = tmp_path / "fault-state"
+    marker = sick_marker(state_dir, SUSPECT)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("drill")
+    return str(state_dir)
+
+
+def diagnose(store, client, inc, state_dir):
+    return steps.run_diagnosis(
+        store, client, inc, node=SUSPECT, run_nodes=OTHERS[:2], state_dir=state_dir, python=sys.executable,
+        partition="debug",
+    )  # fmt: skip
+
+
+def test_a_retry_gets_its_reference_from_the_relaunch_that_holds_every_healthy_node(tmp_path, client):
+    store = LocalDirStore(tmp_path / "store")
+    state_dir = sick(tmp_path)
+    inc = incident(tmp_path, client, store, run="rs1")
+    relaunch_tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch").render()
+    job_id = hold_others(tmp_path, client, tag=relaunch_tag)
+    assert not [n for n in client.nodes() if n.state == "idle" and not n.drain_flag]  # nothing idle
+    out = diagnose(store, client, inc, state_dir)
+    assert out["verdict"] == "fail", out["summary"]
+    assert out["reference_from"] == "running_job" and out["reference_node"] in OTHERS, out
+    assert client.node(SUSPECT).reason == "longrun:diag-fail:rs1:17"
+    # the relaunch ran on, on the same nodes; the reference is cached for later incidents
+    job = client.job(job_id)
+    assert job.status is JobStatus.RUNNING and set(job.nodes) == set(OTHERS), job.describe()
+    assert json.loads(store.get_bytes(REF_KEY))["fingerprint"] == out["details"]["probe"]["result"]["expect"]
+    assert not [r for r in client.reservations() if r.startswith("longrun_")]
+
+
+def test_no_reference_and_no_node_stops_loudly_and_a_forged_cache_gives_no_pass(tmp_path, client):
+    store = LocalDirStore(tmp_path / "store")
+    state_dir = sick(tmp_path)
+    inc = incident(tmp_path, client, store, run="rs2")
+    hold_others(tmp_path, client, tag="not-this-incident")  # someone else's job holds every healthy node
+    with pytest.raises(steps.IncidentStop, match="no healthy idle node") as e:
+        diagnose(store, client, inc, state_dir)
+    assert runbooks.DIAGNOSTIC_FAILED in str(e.value)
+    assert client.node(SUSPECT).reason == "longrun:sdc:rs2:17"
+    assert not inc.rec(store).diagnosis
+    # Attack, with still no node for a fresh reference: a forged cached reference that is the sick node's
+    # own fingerprint, in the right environment. node_check matches it; longrun records no pass.
+    forged = probe_json(SUSPECT, state_dir)
+    store.put_bytes(REF_KEY, json.dumps({**forged, "node": "n1"}).encode())
+    out = diagnose(store, client, inc, state_dir)
+    assert out["details"]["probe"]["verdict"] == "pass"  # what the forgery achieved on the node...
+    assert out["verdict"] == "error", out["summary"]  # ...is no verdict
+    assert "not confirmed" in out["summary"] and "no healthy idle node" in out["summary"], out["summary"]
+    assert client.node(SUSPECT).reason == "longrun:diag-error:rs2:17"
+
+
+def probe_json(node: str, state_dir: str) -> dict:
+    """The replay probe's JSON for `node` here (this machine runs every test node): the sick node's own
+    fingerprint, in the environment the nodes report."""
+    argv = [sys.executable, "-m", "training.probe", "--node", node, "--state-dir", state_dir]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("cached", ["forged", "garbled"])
+def test_a_forged_or_garbled_cached_reference_never_passes_a_sick_node(tmp_path, client, cached):
+    store = LocalDirStore(tmp_path / "store")
+    state_dir = sick(tmp_path)
+    inc = incident(tmp_path, client, store, run=f"rs3{cached}")
+    forged = {**probe_json(SUSPECT, state_dir), "node": "n1"}
+    store.put_bytes(REF_KEY, json.dumps(forged).encode() if cached == "forged" else b'{"fingerprint": "0')
+    out = diagnose(store, client, inc, state_dir)
+    assert out["verdict"] == "fail", out["summary"]
+    assert client.node(SUSPECT).reason == f"longrun:diag-fail:rs3{cached}:17"
+    # the fresh reference replaced the bad cached object
+    assert json.loads(store.get_bytes(REF_KEY))["fingerprint"] != forged["fingerprint"]
+    if cached == "forged":  # matched the forgery, then a fresh reference convicted it
+        assert out["reference_from"] == "cached" and out["confirmed_on"] in OTHERS, out
+        assert "the stored one was wrong" in out["summary"]
+    else:  # never used: the reference was computed on an idle healthy node
+        assert out["reference_from"] == "idle_node" and out["reference_node"] in OTHERS, out
+    assert not [r for r in client.reservations() if r.startswith("longrun_")]
