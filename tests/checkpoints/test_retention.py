@@ -111,3 +111,28 @@ def test_a_history_entry_that_does_not_read_stops_retention(
     assert _steps_in_store(store, run) == before
     store.put_bytes(key, good)
     assert sorted(plan_retention(store, run, keep=2)["keep"]) == [40, 50, 60]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{garbled",
+        b'{"kind": "incident", "status": "closed"}',
+        b'{"status": "closed", "alert": {"step": "x"}}',
+    ],
+    ids=["not-json", "table-refuses", "no-alert-step"],
+)
+def test_an_incident_with_nothing_readable_keeps_every_promoted_checkpoint(
+    store: ObjectStore, run: str, save_checkpoints: Saver, body: bytes
+) -> None:
+    """An incident record that reads so little that neither its status, its choice nor its alert's step
+    is known (before: skipped, or holding nothing) may need any promoted checkpoint: all are kept."""
+    _setup(store, run, save_checkpoints)
+    key = schema.store_key(run, schema.incident_path("inc-27"))
+    store.put_bytes(key, body)
+    plan = plan_retention(store, run, keep=1)
+    assert sorted(plan["keep"]) == [10, 20, 30, 40, 50, 60] and plan["delete"] == []
+    assert sorted(s for s, why in plan["keep"].items() if "may need it" in why) == [10, 20, 30, 40]
+    assert apply_retention(store, run, keep=1)["delete"] == []
+    store.delete(key)
+    assert plan_retention(store, run, keep=1)["delete"] == [10, 20, 30, 40]

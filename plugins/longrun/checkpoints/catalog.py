@@ -15,7 +15,16 @@ from typing import Any, TypeVar
 
 from training import schema
 from training.manifest import CheckpointError, read_manifest
-from training.records import Alert, CheckRecord, Manifest, Promotion, Record, SuspectMark, Validation
+from training.records import (
+    Alert,
+    CheckRecord,
+    Incident,
+    Manifest,
+    Promotion,
+    Record,
+    SuspectMark,
+    Validation,
+)
 from training.store import NotFound, ObjectStore
 
 _STEP_DIR = re.compile(r"checkpoints/step-(\d{8})/([^/]+)$")
@@ -47,6 +56,8 @@ class Problem:
     """Store key (or prefix) concerned."""
     error: str
     """What is wrong."""
+    record: Any = None
+    """The decoded JSON of a record that did not read as its type (None: it did not decode)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,10 +71,6 @@ class Catalog:
 
     def by_step(self) -> dict[int, Checkpoint]:
         return {c.step: c for c in self.checkpoints}
-
-
-def _get_json(store: ObjectStore, key: str) -> Any:
-    return json.loads(store.get_bytes(key))
 
 
 def checkpoints(store: ObjectStore, run: str) -> Catalog:
@@ -109,21 +116,6 @@ def checkpoints(store: ObjectStore, run: str) -> Catalog:
     return Catalog(checkpoints=tuple(found), problems=tuple(problems))
 
 
-def _records(
-    store: ObjectStore, run: str, relative_dir: str, kind: str
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(key, record) for every parsable record of `kind` under the run's `relative_dir`; others skipped."""
-    for info in store.list(schema.store_key(run, relative_dir)):
-        if not info.key.endswith(".json"):
-            continue
-        try:
-            rec = _get_json(store, info.key)
-            schema.validate(kind, rec)
-        except (NotFound, ValueError):
-            continue
-        yield info.key, rec
-
-
 def _typed(
     store: ObjectStore, run: str, relative_dir: str, cls: type[R], problems: list[Problem] | None
 ) -> list[tuple[str, R]]:
@@ -134,19 +126,23 @@ def _typed(
     With `problems` given, it is listed there instead (for readers that only show). A record deleted
     while listing is no record."""
     out = []
-    for info in store.list(schema.store_key(run, relative_dir)):
-        if not info.key.endswith(".json"):
-            continue
+    prefix = schema.store_key(run, relative_dir)
+    folder = prefix.rsplit("/", 1)[0] + "/"
+    for info in store.list(prefix):
+        if not info.key.endswith(".json") or "/" in info.key[len(folder) :]:
+            continue  # an attachment in a subfolder (an incident's plots) is no record
         try:
             data = store.get_bytes(info.key)
         except NotFound:
             continue
+        obj: Any = None
         try:
-            out.append((info.key, cls.from_json(json.loads(data))))
+            obj = json.loads(data)
+            out.append((info.key, cls.from_json(obj)))
         except (ValueError, UnicodeDecodeError) as e:
             if problems is None:
                 raise schema.SchemaError(f"{info.key}: not a {cls.KIND} record ({e})") from e
-            problems.append(Problem(key=info.key, error=f"not a {cls.KIND} record: {e}"))
+            problems.append(Problem(key=info.key, error=f"not a {cls.KIND} record: {e}", record=obj))
     return out
 
 
@@ -277,7 +273,10 @@ def alerts(store: ObjectStore, run: str) -> list[tuple[str, Alert]]:
     return sorted(found, key=lambda ka: (ka[1].step, ka[1].time))
 
 
-def incidents(store: ObjectStore, run: str) -> list[dict[str, Any]]:
-    """The run's incident records as stored (the table's check only); retention and the incidents CLI read
-    them typed and decide what one that does not read means for them."""
-    return [rec for _key, rec in _records(store, run, "incidents/", "incident")]
+def incidents(
+    store: ObjectStore, run: str, *, problems: list[Problem] | None = None
+) -> list[tuple[str, Incident]]:
+    """(key, incident) of the run. One that does not read raises a ValueError naming its key, unless
+    `problems` is given: then it is listed there with its decoded JSON (retention holds checkpoints for
+    it, as for an open incident)."""
+    return _typed(store, run, "incidents/", Incident, problems)

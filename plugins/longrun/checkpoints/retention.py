@@ -3,11 +3,12 @@
 Kept: the last `keep` promoted checkpoints (by promotion order) and the one the pointer names; every
 checkpoint newer than the newest promoted one (still on its way through validation); for every incident
 that is not closed, the checkpoint it chose (or the pick would choose now) and the `keep` promoted ones
-before it (in case that one is found bad too); an incident record that does not read as one counts as
-not closed (retention never deletes on a status it cannot read); a promotion history entry that does not
-read stops retention (`plan_retention` raises naming its key: it may name a checkpoint to keep). Deleted: other complete checkpoints older than the newest
-promoted one, and incomplete directories (no manifest: interrupted uploads) older than the newest
-complete checkpoint. A directory whose manifest does not parse is reported and left alone.
+before it (in case that one is found bad too); an incident record that does not read as one (not even
+JSON) counts as not closed (retention never deletes on a status it cannot read), and one whose choice and
+alert step do not read either holds every promoted checkpoint; a promotion history entry that does not
+read stops retention (`plan_retention` raises naming its key: it may name a checkpoint to keep).
+Deleted: other complete checkpoints older than the newest promoted one, and incomplete directories (no
+manifest: interrupted uploads) older than the newest complete checkpoint. A directory whose manifest does not parse is reported and left alone.
 
 A checkpoint is deleted manifest first, so a half-deleted one is never a checkpoint.
 """
@@ -19,7 +20,7 @@ from typing import Any
 from longrun.checkpoints import catalog
 from longrun.checkpoints.pick import plan_pick
 from training import schema
-from training.records import AlertRef, Incident
+from training.records import AlertRef
 from training.records.incident import RestartCheckpoint
 from training.store import ObjectStore
 
@@ -51,25 +52,25 @@ def plan_retention(store: ObjectStore, run: str, *, keep: int) -> dict[str, Any]
         if s > newest_promoted:
             kept.setdefault(s, "newer than the newest promoted (not yet through validation)")
     promoted_sorted = sorted(set(order))
-    for raw in catalog.incidents(store, run):
-        try:
-            inc = Incident.from_json(raw)
-        except ValueError:  # its status is unknown: held as an open incident, with its choice if that reads
-            chosen = _chosen_if_it_reads(raw)
-        else:
-            if inc.status in CLOSED_STATUSES:
-                continue
-            chosen = inc.checkpoint.step
-        ident = raw["incident_id"]
-        if chosen is None:
+    unreadable: list[catalog.Problem] = []
+    held_for: list[tuple[str, int | None, Any]] = []  # (incident, its choice, its alert as stored)
+    for _key, inc in catalog.incidents(store, run, problems=unreadable):
+        if inc.status not in CLOSED_STATUSES:
+            held_for.append((inc.incident_id, inc.checkpoint.step, inc.alert))
+    for p in unreadable:  # its status is unknown: held as an open incident, with its choice if that reads
+        raw = p.record if isinstance(p.record, dict) else {}
+        held_for.append((str(raw.get("incident_id") or p.key), _chosen_if_it_reads(raw), raw.get("alert")))
+    for ident, chosen, alert in held_for:
+        if chosen is None and isinstance(alert, dict):
             try:
-                chosen = plan_pick(store, run, raw["alert"])["step"]
+                chosen = plan_pick(store, run, alert)["step"]
             except ValueError:
                 chosen = None
         if chosen is None:
-            # Nothing chosen and nothing provable: keep every promoted checkpoint before the alert.
-            alert_step = AlertRef.from_json(raw["alert"]).step  # the incident's copy: free-form
-            held = [s for s in promoted_sorted if isinstance(alert_step, int) and s <= alert_step]
+            # Nothing chosen and nothing provable: keep every promoted checkpoint before the alert, or
+            # every promoted one when the alert's step does not read either.
+            alert_step = AlertRef.from_json(alert).step  # the incident's copy: free-form
+            held = [s for s in promoted_sorted if alert_step is None or s <= alert_step]
         else:
             held = [chosen, *[s for s in promoted_sorted if s < chosen][-keep:]]
         for s in held:

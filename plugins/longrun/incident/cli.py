@@ -45,8 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             if not incs:
                 print(f"no incidents for run {args.run} in {store.describe()}", file=sys.stderr)
                 return 1
-            for raw in incs:
-                rec = IncidentRecord.from_json(raw)
+            for _key, rec in incs:
                 state = "closed" if rec.status in CLOSED_STATUSES else "open"
                 alert = Alert.from_json(rec.alert)
                 print(
