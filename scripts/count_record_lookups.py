@@ -16,7 +16,7 @@ tracked files; the working tree with `--worktree`) and sorts each into one categ
   task context, HITL replies, connection extras, HTTP requests), `rest` (Airflow REST replies),
   `boto` (S3 replies), `route` (FastAPI `@app.get("/...")`), `expectations` (Great Expectations
   results), `config` (the stack's saved layout, the store spec, a job spec or RunSpec's input, the
-  local hash cache).
+  local hash cache), `tally` (a count the UI computed from typed records).
 
 A line is classified by its file, the function it is in (found with `ast` on that commit's file) and the
 expression in front of each `.get("` on it (its *receiver*). Rules only ever take a line OUT of
@@ -112,6 +112,7 @@ RULES: tuple[Rule, ...] = (
     Rule("boto", r"^training/s3_store\.py$", None, "boto3 replies and errors"),
     Rule("expectations", r"/audit/expectations\.py$", None, "Great Expectations validation results"),
     Rule("config", r"/stack/layout\.py$", r"^saved$", "the stack's saved layout"),
+    Rule("tally", r"/ui/page\.py$", r"^v$", "check_counts(): check -> verdict -> count, computed", "_tiles"),
     Rule("config", r"^training/store\.py$", r"^(spec|cached)$", "the store spec, the local hash cache"),
 )
 

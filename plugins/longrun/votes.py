@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from training.records import CheckRecord
@@ -31,17 +30,14 @@ class Vote:
 def vote(c: CheckRecord, world: int | None) -> Vote | None:
     """Agreement at one weight vote: exact when the record lists every replica's fingerprint (failures
     do); a pass means every replica agreed; no strict majority means nobody agrees."""
-    by_rank = c.evidence.get("fingerprints_by_rank")
-    if isinstance(by_rank, Mapping) and by_rank:
+    by_rank = c.fingerprints_by_rank
+    if by_rank:
         top, n = Counter(by_rank.values()).most_common(1)[0]
         if 2 * n <= len(by_rank):
             return Vote(step=c.step, agreeing=0, replicas=len(by_rank))
         dissent = tuple(sorted(int(r) for r, v in by_rank.items() if v != top))
         return Vote(step=c.step, agreeing=n, replicas=len(by_rank), dissenters=dissent)
-    replicas = c.evidence.get("replicas")
-    replicas = (
-        replicas if isinstance(replicas, int) and not isinstance(replicas, bool) and replicas else world or 1
-    )
+    replicas = c.replicas or world or 1
     if c.verdict == "pass":
         return Vote(step=c.step, agreeing=replicas, replicas=replicas)
     if c.verdict == "fail":

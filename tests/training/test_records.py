@@ -295,3 +295,23 @@ def test_an_incident_reads_its_partial_alert_copy_tolerantly() -> None:
     )
     ref = records.Incident.from_json(rec).alert_ref
     assert (ref.step, ref.check, ref.suspect_nodes) == (9, None, ())
+
+
+def test_a_check_records_vote_evidence_reads_as_attributes() -> None:
+    def check(evidence: dict) -> records.CheckRecord:
+        rec = schema.record(
+            "check",
+            run="r",
+            step=1,
+            check="weight_vote",
+            verdict="fail",
+            rank=0,
+            duration_s=0.1,
+            evidence=evidence,
+        )
+        return records.CheckRecord.from_json(rec)
+
+    rec = check({"replicas": 4, "fingerprints_by_rank": {"0": "a", "1": "b"}})
+    assert rec.replicas == 4 and rec.fingerprints_by_rank == {"0": "a", "1": "b"}
+    for odd in ({"replicas": True}, {"replicas": "4"}, {"replicas": 0}, {"fingerprints_by_rank": ["a"]}, {}):
+        assert check(odd).replicas is None and check(odd).fingerprints_by_rank == {}, odd

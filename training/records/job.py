@@ -172,6 +172,18 @@ class CheckRecord(Record):
             "suspect_nodes": strs(cls.KIND, "suspect_nodes", obj.get("suspect_nodes") or ()),
         }
 
+    @property
+    def fingerprints_by_rank(self) -> dict[str, Any]:
+        """A weight vote's fingerprint of every replica, when its evidence lists them (failures do)."""
+        by_rank = self.evidence.get("fingerprints_by_rank")
+        return dict(by_rank) if isinstance(by_rank, Mapping) else {}
+
+    @property
+    def replicas(self) -> int | None:
+        """The replicas a weight vote counted, when its evidence says (a non-zero integer), else None."""
+        n = self.evidence.get("replicas")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n else None
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Progress(Record):
