@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from training import schema
+from training.records import Progress
 
 log = logging.getLogger("training.nvrx")
 
@@ -374,13 +375,10 @@ def _launch_verdict(args: argparse.Namespace) -> int:
 def restarts_since(run_dir: Path, since: float) -> int | None:
     """The job-wide in-job restart count of the last progress record written since `since`, or None."""
     try:
-        obj = json.loads((run_dir / schema.PROGRESS_PATH).read_bytes())
-        schema.validate("progress", obj)
-    except (OSError, ValueError, schema.SchemaError):
+        prog = Progress.from_json(json.loads((run_dir / schema.PROGRESS_PATH).read_bytes()))
+    except (OSError, ValueError):  # a SchemaError is a ValueError
         return None
-    if float(obj["time"]) < since or not isinstance(obj.get("restart_count"), int):
-        return None
-    return int(obj["restart_count"])
+    return prog.restart_count if prog.time >= since else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -116,3 +116,7 @@ def test_restarts_since_reads_this_launchs_progress(tmp_path: Path) -> None:
     write_durably(run_dir / schema.PROGRESS_PATH, progress)
     assert nvrx.restarts_since(run_dir, now - 1) == 2
     assert nvrx.restarts_since(run_dir, now + 60) is None  # an earlier launch's record
+    write_durably(run_dir / schema.PROGRESS_PATH, {**progress, "restart_count": "2"})
+    assert nvrx.restarts_since(run_dir, now - 1) is None  # a count that does not read is no count
+    write_durably(run_dir / schema.PROGRESS_PATH, {**progress, "restart_count": None})
+    assert nvrx.restarts_since(run_dir, now - 1) is None
