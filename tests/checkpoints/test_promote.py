@@ -235,3 +235,16 @@ def test_a_newest_validation_that_does_not_read_refuses_the_promotion(
     store.delete(key)
     assert promote(store, run, 10)["step"] == 10
     assert old_key != key
+
+
+def test_a_suspect_mark_that_is_not_json_refuses_the_promotion(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    """Before, a mark that was not JSON was skipped, so the checkpoints it might demote could be promoted."""
+    _ready(store, run, save_checkpoints, [10])
+    key = schema.store_key(run, schema.suspect_path("00000005-garbled"))
+    store.put_bytes(key, b'{"kind": "suspect", "after_step": 5')
+    with pytest.raises(PromotionRefused, match=f"a suspect mark does not read: {key}"):
+        promote(store, run, 10)
+    store.delete(key)
+    assert promote(store, run, 10)["step"] == 10
