@@ -48,8 +48,9 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         state_dir = tmp_path_factory.mktemp("stack")
     base, lock = claim_port_base(state_dir)
     try:
-        # No scheduled DAG runs: midnight's checkpoint_audit closed a drill's incident mid-test.
-        yield Stack(state_dir, port_base=base, db=db, schedules=False)
+        # No scheduled DAG runs: midnight's checkpoint_audit closed a drill's incident mid-test. The
+        # scheduler imports torch once, so the many validation tasks a session runs do not.
+        yield Stack(state_dir, port_base=base, db=db, schedules=False, preload_torch=True)
     finally:
         lock.close()
 

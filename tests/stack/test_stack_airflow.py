@@ -8,6 +8,7 @@ import requests
 from helpers.airflow_api import AirflowApi
 from helpers.stack_fixtures import AirflowStack
 from longrun.stack import Stack
+from longrun.stack.airflow import DAEMONS
 
 from .listening import listeners, process_group_pids
 
@@ -35,7 +36,7 @@ def test_listens_on_loopback_only(airflow_stack: AirflowStack, local_stack: Stac
     assert [(s.address, s.port) for s in mine] == [("127.0.0.1", local_stack.layout.airflow_port)]
 
 
-def test_smoke_dag_through_scheduler(airflow_stack: AirflowStack) -> None:
+def test_smoke_dag_through_scheduler(airflow_stack: AirflowStack, local_stack: Stack) -> None:
     api = AirflowApi.login(airflow_stack.url, airflow_stack.user, airflow_stack.password)
     api.wait_dag_parsed("smoke", timeout=90, file_hint="smoke.py")
     api.unpause("smoke")
@@ -45,3 +46,22 @@ def test_smoke_dag_through_scheduler(airflow_stack: AirflowStack) -> None:
     log = api.task_log("smoke", run_id, "hello")
     # The stack hands Slurm and S3 settings to tasks.
     assert "stack variables present: SLURM_CONF AWS_ENDPOINT_URL AWS_ACCESS_KEY_ID LONGRUN_BUCKET" in log, log
+    # The task is a fork of the scheduler's worker: with preload_torch (a test session's stack) it finds
+    # torch imported already; without, it does not (nothing before the task imports it).
+    preloaded = "yes" if local_stack.layout.preload_torch else "no"
+    assert f"torch imported before the task: {preloaded}" in log, log
+
+
+def _has_torch_loaded(pid: int) -> bool:
+    """Whether the process has torch's C library mapped, i.e. has imported torch."""
+    with open(f"/proc/{pid}/maps") as f:
+        return any("libtorch" in line for line in f)
+
+
+def test_only_the_scheduler_preloads_torch(airflow_stack: AirflowStack, local_stack: Stack) -> None:
+    """preload_torch imports torch in the scheduler only (its workers and tasks are forks of it); the
+    api-server, dag-processor and triggerer would only pay its memory and start-up time."""
+    daemons = dict(DAEMONS)
+    loaded = {st.name: _has_torch_loaded(st.pid) for st in local_stack.airflow.status() if st.name in daemons}
+    preloaded = local_stack.layout.preload_torch
+    assert loaded == {"api-server": False, "scheduler": preloaded, "dag-processor": False, "triggerer": False}

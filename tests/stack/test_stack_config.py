@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import configparser
+import os
+import sys
 from pathlib import Path
 
 import pytest
 from helpers.stack_fixtures import TEST_PORT_BASES
-from longrun.stack.airflow import render_airflow_cfg
+from longrun.stack import scheduler_preload
+from longrun.stack.airflow import Airflow, render_airflow_cfg
 from longrun.stack.layout import DEFAULT_PORT_BASE, HOST, NODES, SLOT_WIDTH, Layout
 from longrun.stack.slurm_conf import render_cgroup_conf, render_slurm_conf
 from longrun.stack.slurm_version import SlurmVersion, parse_version
@@ -146,3 +149,49 @@ def test_a_stack_without_schedules(tmp_path: Path) -> None:
     assert cfg["scheduler"].getboolean("use_job_schedule") is False
     with pytest.raises(ValueError, match="schedules"):
         Layout(state_dir=tmp_path, schedules="no")  # type: ignore[arg-type]
+
+
+def test_preload_torch_is_remembered_and_off_by_default(tmp_path: Path) -> None:
+    assert Layout.load(tmp_path).preload_torch is False
+    Layout(state_dir=tmp_path, preload_torch=True).save()
+    assert Layout.load(tmp_path).preload_torch is True
+    with pytest.raises(ValueError, match="preload_torch"):
+        Layout(state_dir=tmp_path, preload_torch="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("preload_torch", [True, False])
+def test_local_settings_follow_preload_torch(tmp_path: Path, preload_torch: bool) -> None:
+    # A stale copy from an earlier start with the option on is removed when it is off.
+    airflow = Airflow(Layout(state_dir=tmp_path, preload_torch=preload_torch))
+    stale = airflow.home / "config" / "airflow_local_settings.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("stale\n")
+    airflow._write_config()
+    if preload_torch:
+        assert stale.read_text() == Path(scheduler_preload.__file__).read_text()
+    else:
+        assert not stale.exists()
+
+
+def test_preload_imports_what_the_variable_names_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "lr_preload_probe.py").write_text(
+        "import os\nBLAS = os.environ.get('OPENBLAS_NUM_THREADS')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lr_preload_probe", raising=False)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv(scheduler_preload.PRELOAD_ENV, "lr_preload_probe, json")
+    assert scheduler_preload.preload() == ["lr_preload_probe", "json"]
+    # Imported with numpy's BLAS at one thread; both variables are gone again, so the programs the
+    # scheduler's tasks start (an `airflow` command) neither import again nor inherit the BLAS limit.
+    assert sys.modules["lr_preload_probe"].BLAS == "1"
+    assert scheduler_preload.PRELOAD_ENV not in os.environ
+    assert "OPENBLAS_NUM_THREADS" not in os.environ
+    assert scheduler_preload.preload() == []
+    # A BLAS setting of the environment's own is kept.
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    monkeypatch.setenv(scheduler_preload.PRELOAD_ENV, "json")
+    assert scheduler_preload.preload() == ["json"]
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "2"

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import urllib.error
@@ -31,6 +32,10 @@ from .component import Component, ProcStatus, Say
 from .layout import HOST, Layout, repo_root
 from .postgres import Postgres
 from .procs import ProcRecord, StackError, write_private
+from .scheduler_preload import PRELOAD_ENV
+
+# Modules the scheduler imports at its start when the layout's preload_torch is on (scheduler_preload.py).
+SCHEDULER_PRELOAD = ("torch",)
 
 ADMIN_USER = "admin"
 MIGRATE_TIMEOUT_S = 300.0
@@ -192,6 +197,13 @@ class Airflow(Component):
         )
         write_private(self.home / "airflow.cfg", text)
         self.password()
+        # Airflow imports $AIRFLOW_HOME/config/airflow_local_settings.py in each of its processes.
+        local_settings = self.home / "config" / "airflow_local_settings.py"
+        if self.layout.preload_torch:
+            local_settings.parent.mkdir(exist_ok=True)
+            shutil.copyfile(Path(__file__).with_name("scheduler_preload.py"), local_settings)
+        else:
+            local_settings.unlink(missing_ok=True)
 
     def health(self) -> dict[str, str]:
         """Component -> status from the API's health endpoint (no auth needed). The timeout is generous: on
@@ -255,6 +267,9 @@ class Airflow(Component):
             # Names the daemon in pg_stat_activity (libpq reads it), so an operator can tell whose
             # session holds a lock.
             env = {**env, "PGAPPNAME": f"airflow-{name}"}
+        if name == "scheduler" and self.layout.preload_torch:
+            # Its LocalExecutor workers and their tasks are forks of it: they inherit the imports.
+            env = {**env, PRELOAD_ENV: ",".join(SCHEDULER_PRELOAD)}
         rec = procs.spawn(
             name=name, argv=[str(airflow_bin()), *args], log=self.home / f"{name}.log", env=env, cwd=self.home
         )

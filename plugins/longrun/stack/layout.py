@@ -70,6 +70,11 @@ class Layout:
     """Whether Airflow starts DAG runs on their schedules (`checkpoint_audit` daily, `node_return` hourly).
     A test session turns this off: a scheduled run at a wall-clock boundary (the audit at midnight closes
     healthy incidents) would change records under a test. Triggered runs work either way."""
+    preload_torch: bool = False
+    """Whether Airflow's scheduler imports torch at its start, so every task it runs (a fork of it under
+    LocalExecutor) finds torch already imported instead of importing it again (seconds per task on a busy
+    machine; how and why: longrun/stack/scheduler_preload.py). Costs the scheduler torch's memory (shared
+    copy-on-write with its workers and tasks). A test session turns this on."""
 
     def __post_init__(self) -> None:
         if not self.state_dir.is_absolute():
@@ -82,6 +87,8 @@ class Layout:
             raise ValueError(f"db must be one of {', '.join(DB_KINDS)}, got {self.db!r}")
         if not isinstance(self.schedules, bool):
             raise ValueError(f"schedules must be true or false, got {self.schedules!r}")
+        if not isinstance(self.preload_torch, bool):
+            raise ValueError(f"preload_torch must be true or false, got {self.preload_torch!r}")
 
     # Slurm
     @property
@@ -154,6 +161,7 @@ class Layout:
             "bucket": self.bucket,
             "db": self.db,
             "schedules": self.schedules,
+            "preload_torch": self.preload_torch,
         }
         (self.state_dir / "stack.json").write_text(json.dumps(data, indent=1) + "\n")
 
@@ -172,6 +180,7 @@ class Layout:
             "bucket": bucket,
             "db": db,
             "schedules": saved.get("schedules", True),
+            "preload_torch": saved.get("preload_torch", False),
         }
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(state_dir=state_dir, **kwargs)  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ class Stack:
         bucket: str | None = None,
         db: str | None = None,
         schedules: bool | None = None,
+        preload_torch: bool | None = None,
     ) -> None:
         self.layout = Layout.load(
             Path(state_dir) if state_dir else None,
@@ -31,6 +32,7 @@ class Stack:
             bucket=bucket,
             db=db,
             schedules=schedules,
+            preload_torch=preload_torch,
         )
         self.state_dir = self.layout.state_dir
         self.slurm = Slurm(self.layout)
