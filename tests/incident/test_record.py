@@ -42,6 +42,7 @@ def test_open_twice_gives_the_same_record(store, alert):
     b = record.open_incident(store, run="r1", alert=alert, alert_key=ALERT_KEY, mode="observe")
     assert a == b and b["mode"] == "act"
     assert b["runbooks"] == [runbooks.RECOMPUTE_MISMATCH]
+    assert b["timeline"][0]["alert_time"] == 100.0 and b["alert"] == alert
     key = "runs/r1/incidents/00000017-recompute-r000-1764430000.json"
     assert store.head(key) is not None
     schema.validate("incident", record.load(store, run="r1", incident_id=a["incident_id"]))

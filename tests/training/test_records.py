@@ -276,17 +276,23 @@ def test_the_registry_does_not_pull_in_the_orchestrator() -> None:
 @pytest.mark.parametrize(
     ("obj", "want"),
     [
-        ({"step": 27, "check": "recompute", "suspect_nodes": ["n3"]}, (27, "recompute", ("n3",))),
-        ({"check": "finite"}, (None, "finite", ())),  # a partial copy still shows what it has
-        ({"step": True, "check": 5, "suspect_nodes": "n3"}, (None, None, ())),  # wrong types read as empty
-        ({"step": "27", "suspect_nodes": None}, (None, None, ())),
-        (["not", "an", "object"], (None, None, ())),
-        (None, (None, None, ())),
+        (
+            {"step": 27, "check": "recompute", "suspect_nodes": ["n3"], "time": 5},
+            (27, "recompute", ("n3",), 5),
+        ),
+        ({"check": "finite"}, (None, "finite", (), None)),  # a partial copy still shows what it has
+        (
+            {"step": True, "check": 5, "suspect_nodes": "n3", "time": True},
+            (None, None, (), None),
+        ),  # wrong types
+        ({"step": "27", "suspect_nodes": None, "time": "5"}, (None, None, (), None)),
+        (["not", "an", "object"], (None, None, (), None)),
+        (None, (None, None, (), None)),
     ],
 )
 def test_an_alert_copy_reads_tolerantly_and_never_raises(obj: Any, want: tuple) -> None:
     ref = records.AlertRef.from_json(obj)
-    assert (ref.step, ref.check, ref.suspect_nodes) == want
+    assert (ref.step, ref.check, ref.suspect_nodes, ref.time) == want
 
 
 def test_an_incident_reads_its_partial_alert_copy_tolerantly() -> None:

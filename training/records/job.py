@@ -71,6 +71,8 @@ class AlertRef:
     step: int | None = None
     check: str | None = None
     suspect_nodes: tuple[str, ...] = ()
+    time: float | None = None
+    """When the job raised it (epoch seconds), a number as written."""
 
     @classmethod
     def from_json(cls, obj: Any) -> Self:
@@ -78,10 +80,12 @@ class AlertRef:
         if not isinstance(obj, Mapping):
             return cls()
         step, check, nodes = obj.get("step"), obj.get("check"), obj.get("suspect_nodes")
+        t = obj.get("time")
         return cls(
             step=step if isinstance(step, int) and not isinstance(step, bool) else None,
             check=check if isinstance(check, str) else None,
             suspect_nodes=tuple(str(n) for n in nodes) if isinstance(nodes, list | tuple) else (),
+            time=t if isinstance(t, int | float) and not isinstance(t, bool) else None,
         )
 
 

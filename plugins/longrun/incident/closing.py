@@ -19,8 +19,8 @@ from typing import Any
 from longrun.incident import record
 from longrun.incident.events import Event
 from training import schema
+from training.records import AlertRef, IncidentStatus, Progress
 from training.records import Incident as IncidentRecord
-from training.records import IncidentStatus, Progress
 from training.store import NotFound, ObjectStore
 
 CLOSED = IncidentStatus.CLOSED
@@ -82,7 +82,8 @@ def _alert_after(store: ObjectStore, run: str, since: float) -> bool:
             alert = json.loads(store.get_bytes(info.key))
         except (NotFound, ValueError):
             continue
-        if isinstance(alert, dict) and isinstance(alert.get("time"), int | float) and alert["time"] > since:
+        t = AlertRef.from_json(alert).time  # any alert with a time counts, whole or not
+        if t is not None and t > since:
             return True
     return False
 

@@ -21,7 +21,7 @@ from typing import Any
 from longrun.incident import runbooks
 from longrun.incident.events import Event
 from training import schema
-from training.records import Alert, IncidentStatus
+from training.records import Alert, AlertRef, IncidentStatus
 from training.records import Incident as IncidentRecord
 from training.store import ObjectStore, PreconditionFailed
 
@@ -59,16 +59,17 @@ def open_incident(
     """Create the record for `alert` (or return the one a previous try created)."""
     incident_id = incident_id_for(alert_key)
     key = record_key(run, incident_id)
+    ref = AlertRef.from_json(alert)  # the monitor handed over a whole alert; its copy is kept as is
     rec = schema.record(
         "incident",
         run=run,
         incident_id=incident_id,
         alert=dict(alert),
         alert_key=alert_key,
-        timeline=[{"event": Event.OPENED.value, "time": _now(), "alert_time": alert.get("time")}],
+        timeline=[{"event": Event.OPENED.value, "time": _now(), "alert_time": ref.time}],
         mode=mode,
         status=OPEN,
-        runbooks=[runbooks.for_check(str(alert.get("check")))],
+        runbooks=[runbooks.for_check(str(ref.check))],
     )
     try:
         store.put_bytes(key, _dump(rec), if_none_match=True)
