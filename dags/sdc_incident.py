@@ -177,11 +177,16 @@ def sdc_incident() -> None:
     # do not need it gone (a drain never stops a running job). The relaunch excludes the drained node
     # whatever the diagnosis finds, so the diagnosis runs beside the pick and the relaunch instead of
     # in front of them: recovery does not wait for it. The summary waits for both.
+    # The two gates read only the mode, so they run beside attribute and pick instead of after them: in
+    # act mode no gate stands on the alert's critical path (open -> attribute -> drain -> pick -> relaunch).
+    # An approval still waits for what it shows (the attribution; the picked checkpoint).
     opened >> [frozen, attributed]
-    attributed >> gate1 >> [approve_drain, drained]
+    gate1 >> [approve_drain, drained]
+    attributed >> [approve_drain, drained]
     approve_drain >> drained
     [drained, frozen] >> diagnosed
-    [drained, frozen] >> picked >> gate2 >> [approve_relaunch, relaunched]
+    [drained, frozen] >> picked >> [approve_relaunch, relaunched]
+    gate2 >> [approve_relaunch, relaunched]
     approve_relaunch >> relaunched >> reenter
     [reenter, diagnosed] >> done
 

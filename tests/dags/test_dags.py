@@ -83,6 +83,14 @@ def test_sdc_incident_shape(bag):
     ] == []
     assert type(dag.get_task("approve_drain")).__name__ == "ApprovalOperator"
     assert type(dag.get_task("approve_relaunch")).__name__ == "ApprovalOperator"
+    # The mode gates read only the opened record, so in act mode neither stands on the alert's path ...
+    assert dag.get_task("drain_gate").upstream_task_ids == {"open_record"}
+    assert dag.get_task("relaunch_gate").upstream_task_ids == {"open_record"}
+    # ... while each approval still waits for what it shows, and each action for its approval.
+    assert {"attribute", "drain_gate"} <= dag.get_task("approve_drain").upstream_task_ids
+    assert {"pick_checkpoint", "relaunch_gate"} <= dag.get_task("approve_relaunch").upstream_task_ids
+    assert {"attribute", "approve_drain"} <= dag.get_task("drain").upstream_task_ids
+    assert {"pick_checkpoint", "approve_relaunch"} <= dag.get_task("relaunch").upstream_task_ids
 
 
 @pytest.mark.parametrize(
