@@ -122,16 +122,28 @@ def git(*args: str) -> str:
 
 
 def grep_lines(rev: str | None) -> Iterator[tuple[str, int, str]]:
-    """(path, line number, text) of every line the issue's grep counts."""
-    args = ["grep", "-n", "-F", LITERAL]
+    """(path, line number, text) of every line the issue's grep counts: `git grep` of commit `rev`'s
+    tracked files, or (`rev` None) every text file on disk under PATHS, as `grep -rn` reads them."""
+    if rev is None:
+        yield from _disk_lines()
+        return
     out = subprocess.run(
-        ["git", *args, *([rev] if rev else []), "--", *PATHS], capture_output=True, text=True
+        ["git", "grep", "-n", "-F", LITERAL, rev, "--", *PATHS], capture_output=True, text=True, check=False
     ).stdout
     for line in out.splitlines():
-        if rev:
-            line = line.split(":", 1)[1]
-        path, num, text = line.split(":", 2)
+        path, num, text = line.split(":", 1)[1].split(":", 2)
         yield path, int(num), text
+
+
+def _disk_lines() -> Iterator[tuple[str, int, str]]:
+    for top in PATHS:
+        for path in sorted(p for p in Path(top).rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            if b"\0" in data:
+                continue  # binary: grep does not print its lines
+            for num, text in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+                if LITERAL in text:
+                    yield path.as_posix(), num, text
 
 
 @cache

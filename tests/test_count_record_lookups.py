@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,8 +42,14 @@ def test_receivers_skip_calls_and_parentheses() -> None:
     assert counter.receivers(text) == ["plan", '(plan.get("a") or {})', "self", 'self.get("/x")']
 
 
-def test_it_counts_the_same_lines_as_the_grep() -> None:
-    """The script's lines at HEAD are the grep's lines of the committed tree (git grep, same pattern)."""
-    lines = list(counter.grep_lines("HEAD"))
-    assert lines and all('.get("' in text for _p, _n, text in lines)
-    assert all(p.startswith(counter.PATHS) for p, _n, _t in lines)
+def test_it_counts_the_same_lines_as_the_grep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On disk, the script's lines are exactly those of the issue's `grep -rn '\\.get("' plugins/longrun
+    training` (run from the repository root)."""
+    root = _PATH.parents[1]
+    monkeypatch.chdir(root)
+    grep = subprocess.run(
+        ["grep", "-rn", '\\.get("', *counter.PATHS], capture_output=True, text=True, check=False
+    ).stdout.splitlines()
+    want = sorted(line.split(":", 2)[0] + ":" + line.split(":", 2)[1] for line in grep)
+    got = sorted(f"{p}:{n}" for p, n, _t in counter.grep_lines(None))
+    assert got and got == want
