@@ -263,10 +263,8 @@ def run_drill(
         raise DrillError(f"run {run} has no readable run report: {view.problems}")
     result.final_fingerprint = report.final_fingerprint
     result.final_step = report.final_step
-    orchestrator = report.extra.get("orchestrator")
-    orchestrator = orchestrator if isinstance(orchestrator, Mapping) else {}
-    result.promoted_steps = list(orchestrator.get("promoted_steps") or [])
-    result.segments = list(orchestrator.get("segments") or [])
+    result.promoted_steps = list(report.orchestrator.promoted_steps)
+    result.segments = list(report.orchestrator.segments)
     if result.incident:  # the relaunch's finish added the recovery to the incident record
         result.incident = _incident(store, run)
     result.wall_s = round(time.monotonic() - t0, 1)

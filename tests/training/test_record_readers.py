@@ -100,3 +100,28 @@ def test_a_part_names_its_record_in_errors_by_a_class_attribute() -> None:
         Carry.from_json({"promoted": 1})
     with pytest.raises(SchemaError, match="incident attribution record field 'node' = 3 is not a string"):
         Attribution.from_json({"node": 3})
+
+
+def test_a_run_report_reads_its_orchestrator_section_as_written_and_an_old_or_odd_one_as_empty() -> None:
+    from training.records import Report
+
+    base = {
+        "schema_version": 1,
+        "kind": "report",
+        "run": "r",
+        "final_step": 9,
+        "final_fingerprint": "ab",
+        "time": 1,
+    }
+    seg = {"job_id": 7, "start_step": 0, "end_step": 9, "ended": "completed"}
+    report = Report.from_json(
+        {**base, "orchestrator": {"attempt": 1, "promoted_steps": [4, 8], "segments": [seg]}}
+    )
+    assert report.orchestrator.promoted_steps == (4, 8)
+    assert report.orchestrator.segments == (seg,)
+    assert report.to_json()["orchestrator"]["promoted_steps"] == [4, 8]  # kept as written
+    for odd in ({**base}, {**base, "orchestrator": None}, {**base, "orchestrator": "x"}):
+        assert Report.from_json(odd).orchestrator.promoted_steps == ()
+        assert Report.from_json(odd).orchestrator.segments == ()
+    odd_lists = Report.from_json({**base, "orchestrator": {"promoted_steps": "48", "segments": {"a": 1}}})
+    assert odd_lists.orchestrator.promoted_steps == () and odd_lists.orchestrator.segments == ()

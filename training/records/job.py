@@ -282,5 +282,43 @@ class Report(Record):
 
     OPTIONAL = {"total_steps": opt_int}
 
+    @property
+    def orchestrator(self) -> ReportOrchestrator:
+        """The section the orchestrator adds at the run's end (`orchestrator`), read tolerantly."""
+        return ReportOrchestrator.from_json(self.extra.get("orchestrator"))
 
-__all__ = ["Alert", "AlertRef", "CheckRecord", "Manifest", "Progress", "Report", "Save", "World", "now"]
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportOrchestrator:
+    """What a reader that must not fail takes from a run report's `orchestrator` section (written by
+    longrun.monitor.lifecycle.finish, absent before the run ended): each list as written, or empty."""
+
+    promoted_steps: tuple[Any, ...] = ()
+    segments: tuple[Any, ...] = ()
+    """One object per incarnation of the trainer, in order (recovery.segment_table)."""
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Self:
+        """Never raises: a section that is absent or not an object, or a field that is not a list, reads
+        as empty."""
+        if not isinstance(obj, Mapping):
+            return cls()
+        promoted, segments = obj.get("promoted_steps"), obj.get("segments")
+        return cls(
+            promoted_steps=tuple(promoted) if isinstance(promoted, list | tuple) else (),
+            segments=tuple(segments) if isinstance(segments, list | tuple) else (),
+        )
+
+
+__all__ = [
+    "Alert",
+    "AlertRef",
+    "CheckRecord",
+    "Manifest",
+    "Progress",
+    "Report",
+    "ReportOrchestrator",
+    "Save",
+    "World",
+    "now",
+]
