@@ -125,3 +125,16 @@ def test_a_run_report_reads_its_orchestrator_section_as_written_and_an_old_or_od
         assert Report.from_json(odd).orchestrator.segments == ()
     odd_lists = Report.from_json({**base, "orchestrator": {"promoted_steps": "48", "segments": {"a": 1}}})
     assert odd_lists.orchestrator.promoted_steps == () and odd_lists.orchestrator.segments == ()
+
+
+def test_a_timeline_entry_shown_reads_as_from_json_and_one_that_does_not_read_keeps_its_fields() -> None:
+    from training.records import TimelineEvent
+
+    entry = {"event": "drained", "time": 1767225600, "node": "n2"}
+    assert TimelineEvent.shown(entry) == TimelineEvent.from_json(entry)
+    assert TimelineEvent.shown("opened") == TimelineEvent(event="opened", time=None)  # the oldest form
+    odd = TimelineEvent.shown({"time": "yesterday", "node": "n2"})
+    assert (odd.event, odd.time, dict(odd.details)) == ("", None, {"time": "yesterday", "node": "n2"})
+    odd = TimelineEvent.shown({"event": 3, "time": 5})
+    assert (odd.event, odd.time, dict(odd.details)) == ("", 5, {"event": 3})
+    assert dict(TimelineEvent.shown(7).details) == {"entry": 7}

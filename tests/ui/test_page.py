@@ -49,3 +49,24 @@ def test_record_text_is_escaped(store):
     html = page.run_html(dataclasses.replace(h, incidents=(evil,)), base="/longrun", store="<b>s</b>")
     assert "<script>alert(1)" not in html and "&lt;script&gt;" in html
     assert "<b>s</b>" not in html
+
+
+def test_the_timeline_is_in_time_order_and_an_entry_that_does_not_read_still_shows(store):
+    fill_drill(store)
+    h = data.load_run_health(store, "drill-1")
+    (inc,) = h.incidents
+    odd = (
+        {"event": "drained", "time": T0 + 5, "node": "n2"},
+        {"event": "opened", "time": T0},
+        {"time": "yesterday", "note": "no event"},  # an entry no writer writes: shown, never fatal
+        {"event": "later", "time": None},
+    )
+    html = page.run_html(
+        dataclasses.replace(h, incidents=(dataclasses.replace(inc, timeline=odd),)), base="/l", store="s"
+    )
+    table = html.split("<table class='timeline'>", 1)[1].split("</table>", 1)[0]
+    rows = table.split("<tr>")[2:]
+    assert "opened" in rows[0] and "+0.0" in rows[0]
+    assert "drained" in rows[1] and "+5.0" in rows[1] and "&quot;node&quot;: &quot;n2&quot;" in rows[1]
+    assert "yesterday" in rows[2] + rows[3] and "no event" in rows[2] + rows[3]
+    assert "later" in rows[2] + rows[3]

@@ -147,6 +147,22 @@ class TimelineEvent:
             details={k: v for k, v in obj.items() if k not in ("event", "time")},
         )
 
+    @classmethod
+    def shown(cls, obj: Any) -> Self:
+        """For a reader that must not fail (the UI): `from_json`, or, for an entry that does not read, an
+        event named '' whose details are the entry's fields (its time too, when that is not a number)."""
+        try:
+            return cls.from_json(obj)
+        except SchemaError:
+            fields = dict(obj) if isinstance(obj, Mapping) else {"entry": obj}
+            t = fields.pop("time", None)
+            if t is not None and (not isinstance(t, int | float) or isinstance(t, bool)):
+                fields["time"], t = t, None
+            event = fields.pop("event", "")
+            if not isinstance(event, str):
+                fields["event"], event = event, ""
+            return cls(event=event, time=t, details=fields)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"event": self.event}
         if self.time is not None:

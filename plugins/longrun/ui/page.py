@@ -12,6 +12,7 @@ from html import escape
 from typing import Any
 
 from longrun.ui.model import CheckEvent, RunHealth
+from training.records import TimelineEvent
 
 REFRESH_S = 15
 
@@ -167,10 +168,9 @@ def _incidents(h: RunHealth, *, base: str, run_url: str) -> str:
             else "<span class='warn'>no runbook named in the record</span>"
         )
         facts = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in inc.facts)
-        t0 = min((e["time"] for e in inc.timeline if isinstance(e.get("time"), int | float)), default=None)
-        ordered = sorted(
-            inc.timeline, key=lambda e: e["time"] if isinstance(e.get("time"), int | float) else float("inf")
-        )
+        events = [TimelineEvent.shown(e) for e in inc.timeline]  # an entry that does not read still shows
+        t0 = min((e.time for e in events if e.time is not None), default=None)
+        ordered = sorted(events, key=lambda e: e.time if e.time is not None else float("inf"))
         rows = "".join(_timeline_row(e, t0) for e in ordered)
         plots = "".join(
             f'<a href="{run_url}/{escape(k)}"><img alt="{escape(k)}" style="max-width:30rem" src="{run_url}/{escape(k)}"></a>'
@@ -193,16 +193,12 @@ def _incidents(h: RunHealth, *, base: str, run_url: str) -> str:
     return "".join(out)
 
 
-def _timeline_row(e: dict[str, Any], t0: float | None) -> str:
-    t = e.get("time")
-    rel = f"{t - t0:+.1f}" if isinstance(t, int | float) and t0 is not None else ""
-    name = e.get("event") or e.get("phase") or e.get("step_name") or e.get("what") or ""
-    rest = {k: v for k, v in e.items() if k not in ("time", "event", "phase", "step_name", "what")}
-    when = _fmt_time(t) if isinstance(t, int | float) else escape(str(t or "-"))
-    details = escape(json.dumps(rest, sort_keys=True)) if rest else ""
-    return (
-        f"<tr><td>{when}</td><td>{rel}</td><td>{escape(str(name))}</td><td><code>{details}</code></td></tr>"
-    )
+def _timeline_row(e: TimelineEvent, t0: float | None) -> str:
+    t = e.time
+    rel = f"{t - t0:+.1f}" if t is not None and t0 is not None else ""
+    when = _fmt_time(t) if t is not None else "-"
+    details = escape(json.dumps(dict(e.details), sort_keys=True)) if e.details else ""
+    return f"<tr><td>{when}</td><td>{rel}</td><td>{escape(e.event)}</td><td><code>{details}</code></td></tr>"
 
 
 def _checks(h: RunHealth) -> str:
