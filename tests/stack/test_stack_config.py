@@ -133,6 +133,9 @@ def test_airflow_cfg(tmp_path: Path) -> None:
     assert cfg["core"]["executor"] == "LocalExecutor"
     assert cfg["database"]["sql_alchemy_conn"].startswith("sqlite:///")
     assert int(cfg["dag_processor"]["refresh_interval"]) <= 10
+    # A changed DAG file is parsed again at once (not after min_file_process_interval) only when the
+    # queue is sorted by modification time.
+    assert cfg["dag_processor"]["file_parsing_sort_mode"] == "modified_time"
     # One JWT secret for all components, else task tokens signed by one are refused by another.
     assert cfg["api_auth"]["jwt_secret"] == "j"
     # A killed scheduler's tasks are reset within about a minute, not Airflow's default five.

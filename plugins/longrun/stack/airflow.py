@@ -99,7 +99,12 @@ def render_airflow_cfg(
     cfg["dag_processor"] = {
         # New DAG files must show within seconds, not the default 5 minutes.
         "refresh_interval": "5",
-        "min_file_process_interval": "5",
+        # Sorting by modification time (Airflow's default, pinned here) parses a file changed since its
+        # last parse at once, and a new file goes to the front of the queue at the next refresh: the
+        # interval below is only how often an unchanged file is parsed again. At 5 s every DAG file was
+        # parsed about every 6 s, a quarter of a core all the time on two cores; 30 is Airflow's default.
+        "file_parsing_sort_mode": "modified_time",
+        "min_file_process_interval": "30",
         "parsing_processes": "1",
         "stale_dag_threshold": "30",
     }
