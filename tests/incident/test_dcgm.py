@@ -99,3 +99,63 @@ def test_log_lines_before_the_json_are_skipped():
 def test_bad_output_is_a_clear_error(text, match):
     with pytest.raises(dcgm.DcgmParseError, match=match):
         dcgm.parse(text)
+
+
+def test_describe_reads_a_verdict_as_an_incident_record_keeps_it():
+    """Literal `dcgm` objects as node_check printed them and incident records keep them."""
+    failed = {
+        "passed": False,
+        "level": 3,
+        "tests_run": 8,
+        "runtime_error": None,
+        "version": "3.3.5",
+        "failures": [
+            {
+                "category": "Hardware",
+                "test": "Diagnostic",
+                "gpu": "3",
+                "status": "fail",
+                "message": "x",
+                "error_ids": [],
+            },
+            {
+                "category": "Stress",
+                "test": "Memory",
+                "gpu": "1",
+                "status": "warn",
+                "message": "",
+                "error_ids": [],
+            },
+            {
+                "category": "Hardware",
+                "test": "PCIe",
+                "gpu": None,
+                "status": "fail",
+                "message": "",
+                "error_ids": [],
+            },
+        ],
+        "overall_result": "Fail",
+    }
+    assert dcgm.describe(failed) == "dcgmi diag -r 3: FAILED Diagnostic@gpu3, PCIe"
+    assert (
+        dcgm.describe({"passed": True, "level": 2, "failures": []}) == "dcgmi diag -r 2: passed (0 results)"
+    )
+    assert dcgm.describe({"passed": False, "runtime_error": "timed out", "level": 4}) == (
+        "dcgmi diag could not run: timed out"
+    )
+    assert (
+        dcgm.describe({"passed": False, "level": 1, "overall_result": "Fail"})
+        == "dcgmi diag -r 1: FAILED Fail"
+    )
+    assert dcgm.describe(None) == "dcgmi absent on the node"
+
+
+@pytest.mark.parametrize(
+    "odd", [{"passed": "yes", "level": 3}, {"level": 3}, {"passed": 1, "failures": "fail"}, []]
+)
+def test_a_verdict_that_does_not_say_passed_true_never_reads_as_passed(odd):
+    from longrun.incident import node_check
+
+    assert "FAILED" in dcgm.describe(odd)
+    assert node_check.combine({"verdict": "pass"}, odd) == "fail"

@@ -5,8 +5,8 @@ also the diagnosis' reference. Reading and writing: training/records/parts.py.""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Self
 
 from training.records.base import opt_bool, opt_float, opt_int, opt_str
 from training.records.parts import PART, Part, opt_job_id, opt_obj
@@ -158,4 +158,49 @@ class Diagnosis(Part):
         return self.details or NodeCheck()
 
 
-__all__ = ["Diagnosis", "NodeCheck", "Part", "Probe", "ProbeResult"]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DcgmFailed:
+    """One failing result of `DcgmSummary`: the test and GPU as written (None: not written)."""
+
+    test: Any = None
+    gpu: Any = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DcgmSummary:
+    """What a reader that must not fail takes from DCGM's verdict as incident/dcgm.py writes it
+    (`DcgmVerdict.to_dict`, node_check's `dcgm`, `NodeCheck.dcgm`): the values as written, for people.
+    The whole verdict is incident/dcgm.py's `DcgmVerdict`."""
+
+    passed: bool = False
+    """True only when the verdict says `"passed": true`: anything else never passes a node."""
+    level: Any = None
+    tests_run: Any = 0
+    """As written; absent: 0."""
+    runtime_error: Any = None
+    failed: tuple[DcgmFailed, ...] = ()
+    """The results with status `fail`, in order (warnings left out)."""
+    overall_result: Any = None
+
+    @classmethod
+    def shown(cls, obj: Any) -> Self:
+        """Never raises: a verdict that is not an object reads as one that did not pass and names
+        nothing; a `failures` entry that is not an object is skipped."""
+        if not isinstance(obj, Mapping):
+            return cls()
+        failures = obj.get("failures")
+        return cls(
+            passed=obj.get("passed") is True,
+            level=obj.get("level"),
+            tests_run=obj.get("tests_run", 0),
+            runtime_error=obj.get("runtime_error"),
+            failed=tuple(
+                DcgmFailed(test=f.get("test"), gpu=f.get("gpu"))
+                for f in (failures if isinstance(failures, list | tuple) else ())
+                if isinstance(f, Mapping) and f.get("status") == "fail"
+            ),
+            overall_result=obj.get("overall_result"),
+        )
+
+
+__all__ = ["DcgmFailed", "DcgmSummary", "Diagnosis", "NodeCheck", "Part", "Probe", "ProbeResult"]

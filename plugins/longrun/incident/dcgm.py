@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.records.diagnosis import DcgmSummary
+
 LEVELS = (1, 2, 3, 4)
 _TOP_KEYS = ("DCGM Diagnostic", "DCGM GPU Diagnostic")
 _FAIL = {"fail", "failed", "error"}
@@ -117,16 +119,14 @@ def describe(result: Mapping[str, Any] | None) -> str:
     keeps it); None: dcgmi is not on the node."""
     if result is None:
         return "dcgmi absent on the node"
-    if result.get("runtime_error"):
-        return f"dcgmi diag could not run: {result['runtime_error']}"
-    bad = [f for f in result.get("failures") or () if isinstance(f, Mapping) and f.get("status") == "fail"]
-    if not bad and result.get("passed"):
-        return f"dcgmi diag -r {result.get('level')}: passed ({result.get('tests_run', 0)} results)"
-    parts = [
-        f"{f.get('test')}@gpu{f['gpu']}" if f.get("gpu") is not None else str(f.get("test")) for f in bad
-    ]
-    named = ", ".join(parts) or result.get("overall_result") or "no failing test named"
-    return f"dcgmi diag -r {result.get('level')}: FAILED {named}"
+    d = DcgmSummary.shown(result)
+    if d.runtime_error:
+        return f"dcgmi diag could not run: {d.runtime_error}"
+    if not d.failed and d.passed:
+        return f"dcgmi diag -r {d.level}: passed ({d.tests_run} results)"
+    parts = [f"{f.test}@gpu{f.gpu}" if f.gpu is not None else str(f.test) for f in d.failed]
+    named = ", ".join(parts) or d.overall_result or "no failing test named"
+    return f"dcgmi diag -r {d.level}: FAILED {named}"
 
 
 class DcgmParseError(ValueError):

@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from longrun.incident import dcgm
+from training.records.diagnosis import DcgmSummary
 
 PASS, FAIL, ERROR = "pass", "fail", "error"
 
@@ -91,7 +92,7 @@ def run_dcgm(level: int, timeout_s: float) -> dict[str, Any] | None:
 def combine(probe: dict[str, Any], dcgm_result: dict[str, Any] | None) -> str:
     """The node's verdict: a failing probe or a failing DCGM run fails it; a probe that could not run is
     an error unless DCGM failed anyway."""
-    dcgm_failed = dcgm_result is not None and not dcgm_result.get("passed", False)
+    dcgm_failed = dcgm_result is not None and not DcgmSummary.shown(dcgm_result).passed
     if probe["verdict"] == FAIL or dcgm_failed:
         return FAIL
     if probe["verdict"] == ERROR:
