@@ -138,3 +138,27 @@ def test_a_timeline_entry_shown_reads_as_from_json_and_one_that_does_not_read_ke
     odd = TimelineEvent.shown({"event": 3, "time": 5})
     assert (odd.event, odd.time, dict(odd.details)) == ("", 5, {"event": 3})
     assert dict(TimelineEvent.shown(7).details) == {"entry": 7}
+
+
+def test_a_manifest_file_entry_reads_as_written_and_an_odd_one_as_empty() -> None:
+    from training.records import FileEntry
+
+    entry = {"name": "model.pt", "sha256": "ab" * 32, "size": 1024}  # as the saver writes it
+    assert FileEntry.shown(entry) == FileEntry(name="model.pt", sha256="ab" * 32, size=1024)
+    assert FileEntry.shown({"key": "runs/r/checkpoints/x/model.pt"}).key == "runs/r/checkpoints/x/model.pt"
+    odd = FileEntry.shown({"name": 3, "key": None, "sha256": ["x"], "size": True})
+    assert odd == FileEntry()
+    assert FileEntry.shown("model.pt") == FileEntry() and FileEntry.shown(None) == FileEntry()
+
+
+def test_the_audit_names_a_file_by_its_key_else_its_name_else_nothing() -> None:
+    from longrun.audit.table import _file_key
+
+    from training import schema
+
+    assert _file_key("r", 4, {"key": "runs/r/x/model.pt", "name": "n"}) == "runs/r/x/model.pt"
+    assert (
+        _file_key("r", 4, {"name": "model.pt"})
+        == schema.run_prefix("r") + schema.checkpoint_dir(4) + "model.pt"
+    )
+    assert _file_key("r", 4, {"key": 7}) == "" and _file_key("r", 4, "model.pt") == ""

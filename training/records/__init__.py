@@ -22,7 +22,18 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from training.records.base import Record, RecordType
-from training.records.job import Alert, AlertRef, CheckRecord, Manifest, Progress, Report, Save, World
+from training.records.job import (
+    Alert,
+    AlertRef,
+    CheckRecord,
+    FileEntry,
+    Manifest,
+    Progress,
+    Report,
+    ReportOrchestrator,
+    Save,
+    World,
+)
 from training.records.orchestrator import (
     Incident,
     IncidentStatus,
@@ -112,6 +123,7 @@ __all__ = [
     "Alert",
     "AlertRef",
     "CheckRecord",
+    "FileEntry",
     "Incident",
     "IncidentStatus",
     "Manifest",
@@ -121,6 +133,7 @@ __all__ = [
     "Record",
     "RecordType",
     "Report",
+    "ReportOrchestrator",
     "Save",
     "SchemaError",
     "SuspectMark",

@@ -238,6 +238,33 @@ class Manifest(Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FileEntry:
+    """What a reader that must not fail (the audit) takes from one entry of a manifest's `files`: each
+    field of the right type, or None."""
+
+    name: str | None = None
+    """The file's name in the checkpoint's folder."""
+    key: str | None = None
+    """The file's store key, where the writer gave one instead of a name."""
+    sha256: str | None = None
+    size: int | None = None
+
+    @classmethod
+    def shown(cls, obj: Any) -> Self:
+        """Never raises: an entry that is not an object, or a field that is not of its type, reads as
+        empty."""
+        if not isinstance(obj, Mapping):
+            return cls()
+        name, key, sha, size = obj.get("name"), obj.get("key"), obj.get("sha256"), obj.get("size")
+        return cls(
+            name=name if isinstance(name, str) else None,
+            key=key if isinstance(key, str) else None,
+            sha256=sha if isinstance(sha, str) else None,
+            size=size if isinstance(size, int) and not isinstance(size, bool) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Save(Record):
     """The outcome of one background checkpoint save (failures too)."""
 
@@ -314,6 +341,7 @@ __all__ = [
     "Alert",
     "AlertRef",
     "CheckRecord",
+    "FileEntry",
     "Manifest",
     "Progress",
     "Report",

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from training import schema
+from training.records import FileEntry
 from training.store import ObjectInfo, ObjectStore
 
 #: The table's columns in order; every row has every column (None/NaN where it does not apply).
@@ -116,10 +117,11 @@ def nan_flag(manifest: dict[str, Any]) -> bool:
 
 
 def _file_key(run: str, step: int, entry: Any) -> str:
-    if isinstance(entry, dict) and isinstance(entry.get("key"), str):
-        rel = entry["key"]
-    elif isinstance(entry, dict) and isinstance(entry.get("name"), str):
-        rel = schema.checkpoint_dir(step) + entry["name"]
+    f = FileEntry.shown(entry)
+    if f.key is not None:
+        rel = f.key
+    elif f.name is not None:
+        rel = schema.checkpoint_dir(step) + f.name
     else:
         return ""
     return rel if rel.startswith("runs/") else schema.run_prefix(run) + rel
@@ -188,8 +190,7 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
                 )
             )
             for i, entry in enumerate(obj["files"]):
-                sha = entry.get("sha256") if isinstance(entry, dict) else None
-                size = entry.get("size") if isinstance(entry, dict) else None
+                f = FileEntry.shown(entry)
                 rows.append(
                     _row(
                         "file",
@@ -197,8 +198,8 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
                         # An entry naming no object is still reported, by its place in the manifest.
                         _file_key(run, obj["step"], entry) or f"{key}#files[{i}]",
                         step=obj["step"],
-                        sha256=sha if isinstance(sha, str) else "",
-                        size=size if isinstance(size, int) and not isinstance(size, bool) else None,
+                        sha256=f.sha256 if f.sha256 is not None else "",
+                        size=f.size,
                         rehashed=False,
                         manifest_key=key,
                     )
