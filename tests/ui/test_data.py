@@ -181,3 +181,28 @@ def test_model_validation_names_the_field():
         CheckEvent(step=1, check="finite", verdict="maybe")
     with pytest.raises(ValueError, match="agreeing = 4"):
         VotePoint(step=1, agreeing=4, replicas=3)
+
+
+def test_an_old_incident_with_a_top_level_verdict_and_runbook_still_shows_them(store):
+    """The oldest incident records kept the verdict and the runbook at the top level."""
+    old = {
+        "schema_version": 1,
+        "kind": "incident",
+        "run": "old-1",
+        "incident_id": "inc-old",
+        "alert": {"check": "finite", "step": 3},
+        "timeline": ["opened"],
+        "mode": "act",
+        "verdict": "fail",
+        "runbook": "runbooks/nonfinite-loss.md",
+        "runbooks": ["runbooks/recompute-mismatch.md", "runbooks/nonfinite-loss.md"],
+    }
+    put_json(store, schema.store_key("old-1", "incidents/inc-old.json"), old)
+    (inc,) = data.load_run_health(store, "old-1").incidents
+    assert inc.verdict == "fail"
+    assert inc.runbooks == ("nonfinite-loss", "recompute-mismatch")
+    put_json(
+        store, schema.store_key("old-1", "incidents/inc-old.json"), {**old, "verdict": 3, "runbook": ["x"]}
+    )
+    (inc,) = data.load_run_health(store, "old-1").incidents
+    assert inc.verdict is None and inc.runbooks == ("recompute-mismatch", "nonfinite-loss")

@@ -243,6 +243,20 @@ class Incident(Record):
         return AlertRef.from_json(self.alert)
 
     @property
+    def old_verdict(self) -> str | None:
+        """The diagnosis verdict as the oldest records kept it (a top-level `verdict`, before the
+        `diagnosis` part), when it is a string."""
+        v = self.extra.get("verdict")
+        return v if isinstance(v, str) else None
+
+    @property
+    def old_runbook(self) -> str | None:
+        """The runbook path as the oldest records kept it (a top-level `runbook`, before `runbooks`), when
+        it is a string."""
+        v = self.extra.get("runbook")
+        return v if isinstance(v, str) else None
+
+    @property
     def opened_at(self) -> float:
         """The earliest time on the timeline (0.0 when none has one)."""
         times = [e.time for e in self.timeline if e.time is not None]

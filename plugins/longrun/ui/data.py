@@ -127,7 +127,7 @@ def _incidents(view: RunView) -> tuple[IncidentView, ...]:
                 check=alert.check,
                 suspect_nodes=alert.suspect_nodes,
                 status=inc.status,
-                verdict=inc.diagnosis.verdict or inc.extra.get("verdict"),
+                verdict=inc.diagnosis.verdict or inc.old_verdict,
                 timeline=tuple(e.to_json() for e in inc.timeline),
                 runbooks=_runbook_names(inc),
                 restart_step=inc.checkpoint.step,
@@ -143,8 +143,8 @@ def _incidents(view: RunView) -> tuple[IncidentView, ...]:
 
 def _runbook_names(inc: Incident) -> tuple[str, ...]:
     """'runbooks/recompute-mismatch.md' -> 'recompute-mismatch' (records carry repository paths)."""
-    single = inc.extra.get("runbook")
-    paths = [single, *inc.runbooks] if isinstance(single, str) else list(inc.runbooks)
+    single = inc.old_runbook
+    paths = [single, *inc.runbooks] if single is not None else list(inc.runbooks)
     names: list[str] = []
     for p in paths:
         name = str(p).rsplit("/", 1)[-1].removesuffix(".md")
