@@ -373,16 +373,23 @@ def test_rerunning_the_incident_changes_nothing(rest, clean):
     assert {j.job_id for j in client.find_jobs(tag.prefix())} <= {before["relaunch"]["job_id"]}
 
 
-def test_observe_mode_changes_nothing(rest, clean):
+def nan_drill_in_mode(rest: Rest, mode: str, *, approve: bool = False) -> tuple[SlurmClient, DrillResult]:
+    """A NaN on rank 1 at step 13, in incident mode `mode`, on nodes returned to service first."""
     client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
     return_to_service(client)
     drill = {"kind": "nan", "step": 13, "target": "1"}
     result = run_drill(
         rest,
         store_from_env(),
-        {**DRILL_CONF, "run_name": name("observe"), "incident_mode": "observe", "drill": drill},
+        {**DRILL_CONF, "run_name": name(mode), "incident_mode": mode, "drill": drill},
+        approve=approve,
     )
     print("\n" + result.summary())
+    return client, result
+
+
+def test_observe_mode_changes_nothing(rest, clean):
+    client, result = nan_drill_in_mode(rest, "observe")
     inc = result.incident
     assert inc is not None and inc.status == "observed" and inc.mode == "observe"
     events = [e.event for e in inc.timeline]
@@ -393,16 +400,7 @@ def test_observe_mode_changes_nothing(rest, clean):
 
 
 def test_approve_mode_asks_a_person_twice(rest, clean):
-    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
-    return_to_service(client)
-    drill = {"kind": "nan", "step": 13, "target": "1"}
-    result = run_drill(
-        rest,
-        store_from_env(),
-        {**DRILL_CONF, "run_name": name("approve"), "incident_mode": "approve", "drill": drill},
-        approve=True,
-    )
-    print("\n" + result.summary())
+    _client, result = nan_drill_in_mode(rest, "approve", approve=True)
     assert result.incident is not None and result.incident.status == "relaunched"
     states = rest.task_states("sdc_incident", result.dag_runs[1][1])
     assert states["approve_drain"] == "success" and states["approve_relaunch"] == "success"
