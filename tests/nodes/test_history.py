@@ -167,3 +167,17 @@ def test_cli_list_and_show(store, capsys):
     assert [json.loads(x)["kind"] for x in lines] == ["suspected", "diagnosed"]
     assert longrun_main(["nodes", "show", "n3"]) == 1
     assert longrun_main(["nodes", "show", "bad[node]"]) == 2
+
+
+def test_the_return_probe_suite_follows_the_last_suspicion_as_recorded():
+    from longrun.nodes.returning import dcgm_level
+
+    def suspected(evidence: dict, t: float = 1.0) -> h.NodeEvent:
+        return h.NodeEvent(node="n2", kind=h.SUSPECTED, time=t, source=f"inc-{t}", evidence=evidence)
+
+    finite = {"check": "finite", "step": 7, "suspect_ranks": [1], "verdict": "hardware"}  # as recorded
+    assert dcgm_level([]) == 3
+    assert dcgm_level([suspected(finite)]) == 2
+    assert dcgm_level([suspected({**finite, "check": "recompute"})]) == 3
+    assert dcgm_level([suspected({"check": 5}), suspected(finite, 2.0)]) == 4  # suspected before
+    assert dcgm_level([suspected({"step": 7})]) == 3 and dcgm_level([suspected({"check": 5})]) == 3

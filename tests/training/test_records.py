@@ -321,3 +321,19 @@ def test_a_check_records_vote_evidence_reads_as_attributes() -> None:
     assert rec.replicas == 4 and rec.fingerprints_by_rank == {"0": "a", "1": "b"}
     for odd in ({"replicas": True}, {"replicas": "4"}, {"replicas": 0}, {"fingerprints_by_rank": ["a"]}, {}):
         assert check(odd).replicas is None and check(odd).fingerprints_by_rank == {}, odd
+
+
+@pytest.mark.parametrize(
+    ("evidence", "want"),
+    [
+        ({"nodes": ["n1", "n2"], "world": {"nodes": ["n9"]}}, ("n1", "n2")),  # evidence.nodes only
+        ({"world": {"nodes": ["n9"]}}, ()),
+        ({"nodes": "n1"}, ()),
+        ({"nodes": None}, ()),
+    ],
+)
+def test_an_alert_names_the_nodes_its_evidence_lists(evidence: dict, want: tuple) -> None:
+    alert = schema.record(
+        "alert", run="r1", step=3, check="finite", suspect_ranks=[0], suspect_nodes=["n1"], evidence=evidence
+    )
+    assert records.Alert.from_json(alert).evidence_nodes == want

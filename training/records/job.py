@@ -139,6 +139,13 @@ class Alert(Record):
         return ()
 
     @property
+    def evidence_nodes(self) -> tuple[str, ...]:
+        """The nodes the job ran on as the evidence lists them (`evidence.nodes`); empty when it lists
+        none. `rank_nodes` is the node of every rank, wherever the alert carries it."""
+        v = self.evidence.get("nodes")
+        return tuple(str(n) for n in v) if isinstance(v, list | tuple) else ()
+
+    @property
     def fingerprints_by_rank(self) -> dict[str, str]:
         """The weight vote's fingerprint of every replica, when the evidence lists them."""
         by_rank = self.evidence.get("fingerprints_by_rank")

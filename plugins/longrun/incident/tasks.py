@@ -186,7 +186,7 @@ def drain_task(params: Mapping[str, Any], dag_run_id: str, node: str, approved: 
 def diagnose_task(params: Mapping[str, Any], dag_run_id: str, node: str) -> dict[str, Any]:
     def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
         spec = lifecycle.spec_from_params(inc.run_params)
-        run_nodes = tuple(inc.alert.get("evidence", {}).get("nodes") or ())
+        run_nodes = inc.typed_alert.evidence_nodes
         out = steps.run_diagnosis(
             store,
             SlurmHook().client,

@@ -24,6 +24,7 @@ from longrun.nodes.outcome import NodeProbe, NodeReturn
 from longrun.nodes.policy import NodePolicy, standing
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
+from training.records import AlertRef
 from training.records.diagnosis import ProbeResult
 from training.store import ObjectStore
 
@@ -104,7 +105,7 @@ def _reference(
 def dcgm_level(evs: Sequence[h.NodeEvent]) -> int:
     """The history's call: the last suspicion's check; a node suspected before gets the long suite."""
     suspicions = [e for e in evs if e.kind == h.SUSPECTED]
-    check = str(suspicions[-1].evidence.get("check")) if suspicions else "recompute"
+    check = str(AlertRef.from_json(suspicions[-1].evidence).check) if suspicions else "recompute"
     return dcgm.level_for(check=check, prior_incidents=max(0, len(suspicions) - 1))
 
 
