@@ -181,3 +181,26 @@ def test_the_return_probe_suite_follows_the_last_suspicion_as_recorded():
     assert dcgm_level([suspected({**finite, "check": "recompute"})]) == 3
     assert dcgm_level([suspected({"check": 5}), suspected(finite, 2.0)]) == 4  # suspected before
     assert dcgm_level([suspected({"step": 7})]) == 3 and dcgm_level([suspected({"check": 5})]) == 3
+
+
+def test_a_timeline_line_shows_the_probe_fingerprints_a_diagnosed_event_keeps():
+    from longrun.nodes.cli import timeline_line
+
+    def diagnosed(evidence: dict) -> h.NodeEvent:
+        return h.NodeEvent(
+            node="n2", kind=h.DIAGNOSED, time=1.0, source="s", verdict="fail", evidence=evidence
+        )
+
+    kept = {
+        "summary": "fail",
+        "probe_verdict": "fail",
+        "fingerprint": "ab12",
+        "expected": "cd34",
+        "probe_env": {},
+    }
+    assert timeline_line(diagnosed(kept)).endswith("fingerprint=ab12 expected=cd34")
+    assert timeline_line(diagnosed({"fingerprint": "ab12"})).endswith("fingerprint=ab12 expected=None")
+    odd = timeline_line(diagnosed({"fingerprint": "ab12", "expected": 5, "threads": "x"}))  # never fails
+    assert odd.endswith("fingerprint=ab12 expected=None")
+    assert "fingerprint" not in timeline_line(diagnosed({"fingerprint": 7}))
+    assert "fingerprint" not in timeline_line(diagnosed({}))

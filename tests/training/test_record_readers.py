@@ -162,3 +162,15 @@ def test_the_audit_names_a_file_by_its_key_else_its_name_else_nothing() -> None:
         == schema.run_prefix("r") + schema.checkpoint_dir(4) + "model.pt"
     )
     assert _file_key("r", 4, {"key": 7}) == "" and _file_key("r", 4, "model.pt") == ""
+
+
+def test_a_part_shown_leaves_out_only_the_fields_that_do_not_read() -> None:
+    from training.records.diagnosis import Probe, ProbeResult
+
+    written = {"node": "n2", "verdict": "pass", "fingerprint": "ab", "threads": 8, "host": "h"}
+    assert ProbeResult.shown(written) == ProbeResult.from_json(written)
+    odd = ProbeResult.shown({"node": "n2", "threads": "eight", "fingerprint": 3, "host": "h"})
+    assert odd.to_json() == {"node": "n2", "host": "h"}
+    nested = Probe.shown({"verdict": "fail", "result": {"fingerprint": 3}, "exit_code": 1})
+    assert nested.to_json() == {"verdict": "fail", "exit_code": 1}
+    assert ProbeResult.shown(["x"]) == ProbeResult() and ProbeResult.shown(None) == ProbeResult()

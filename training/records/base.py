@@ -275,6 +275,22 @@ class Part:
         return cls(**args)
 
     @classmethod
+    def shown(cls, obj: Any) -> Self:
+        """For a reader that must not fail (a display): `from_json` of `obj` without the declared fields
+        that do not read (each left out); something that is no object is the empty part."""
+        if not isinstance(obj, Mapping):
+            return cls()
+
+        def reads(k: str, v: Any) -> bool:
+            try:
+                cls.from_json({k: v})
+            except SchemaError:
+                return False
+            return True
+
+        return cls.from_json({k: v for k, v in obj.items() if k not in cls.READ or reads(k, v)})
+
+    @classmethod
     def read(cls, kind: str, obj: Mapping[str, Any], name: str) -> Self | None:
         """A `Reader` of the part as a field of `obj` (absent or null: None)."""
         v = opt_obj(kind, obj, name)

@@ -16,6 +16,7 @@ import time
 
 from longrun.nodes import history as h
 from longrun.nodes.policy import NodePolicy, standing
+from training.records.diagnosis import ProbeResult
 from training.store import StoreError
 
 
@@ -42,8 +43,9 @@ def timeline_line(e: h.NodeEvent) -> str:
     parts.append(f"source={e.source}")
     if e.reason:
         parts.append(f"reason={e.reason}")
-    if e.evidence.get("fingerprint"):
-        parts.append(f"fingerprint={e.evidence['fingerprint']} expected={e.evidence.get('expected')}")
+    probe = ProbeResult.shown(e.evidence)  # a diagnosed event keeps the probe's fingerprints
+    if probe.fingerprint:
+        parts.append(f"fingerprint={probe.fingerprint} expected={probe.expected}")
     return "  ".join(parts)
 
 
