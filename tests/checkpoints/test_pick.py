@@ -184,3 +184,24 @@ def test_pick_rejects_a_bad_alert(store: ObjectStore, run: str) -> None:
         plan_pick(store, run, {"check": "vibes", "step": 3})
     with pytest.raises(ValueError, match="alert step"):
         plan_pick(store, run, {"check": "finite", "step": "3"})
+
+
+def test_pick_reads_the_alerts_world_from_its_evidence(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    _setup(store, run, save_checkpoints, [10, 20, 30, 40], promoted=[10, 20, 40])
+    # check records that do not state their world: only the alert's world says which ranks make a pass
+    bare = [{k: v for k, v in r.items() if k != "world_size"} | {"run": run} for r in _history()]
+    lines = "".join(json.dumps(r) + "\n" for r in bare)
+    store.put_bytes(schema.store_key(run, schema.check_batch_path(1, 50, 0)), lines.encode())
+    alert = {"check": "recompute", "step": 37, "suspect_nodes": ["n2"]}
+
+    def pick(world: Any) -> int | None:
+        return plan_pick(store, run, {**alert, "evidence": {"world": world}})["step"]
+
+    assert pick({"world_size": 3, "nodes": ["n1", "n2", "n3"]}) == 20
+    assert pick({"world_size": 4}) is None  # rank 3 never passed: nothing provable
+    assert plan_pick(store, run, alert)["step"] is None  # no world named: nothing provable
+    for odd in ({"world_size": "3"}, {"world_size": 3.0}, {"world_size": True}, {"size": 3}, "3", None):
+        assert pick(odd) is None  # a world that does not read names no world
+    assert plan_pick(store, run, {**alert, "evidence": [3]})["step"] is None

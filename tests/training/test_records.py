@@ -337,3 +337,19 @@ def test_an_alert_names_the_nodes_its_evidence_lists(evidence: dict, want: tuple
         "alert", run="r1", step=3, check="finite", suspect_ranks=[0], suspect_nodes=["n1"], evidence=evidence
     )
     assert records.Alert.from_json(alert).evidence_nodes == want
+
+
+@pytest.mark.parametrize(
+    ("obj", "want"),
+    [
+        ({"evidence": {"world": {"world_size": 4, "nodes": ["n1"]}}}, 4),
+        ({"evidence": {"world": {"world_size": 0}}}, None),
+        ({"evidence": {"world": {"world_size": True}}}, None),
+        ({"evidence": {"world": {"size": 4}}}, None),  # only world_size, as the pick always read it
+        ({"evidence": {"world": [4]}}, None),
+        ({"evidence": "world"}, None),
+        ({}, None),
+    ],
+)
+def test_an_alert_copy_reads_its_world_size_tolerantly(obj: Any, want: int | None) -> None:
+    assert records.AlertRef.from_json(obj).world_size == want

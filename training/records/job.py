@@ -73,6 +73,8 @@ class AlertRef:
     suspect_nodes: tuple[str, ...] = ()
     time: float | None = None
     """When the job raised it (epoch seconds), a number as written."""
+    world_size: int | None = None
+    """The replicas the evidence names (`evidence.world.world_size`), when a positive integer."""
 
     @classmethod
     def from_json(cls, obj: Any) -> Self:
@@ -81,11 +83,15 @@ class AlertRef:
             return cls()
         step, check, nodes = obj.get("step"), obj.get("check"), obj.get("suspect_nodes")
         t = obj.get("time")
+        evidence = obj.get("evidence")
+        world = evidence.get("world") if isinstance(evidence, Mapping) else None
+        size = world.get("world_size") if isinstance(world, Mapping) else None
         return cls(
             step=step if isinstance(step, int) and not isinstance(step, bool) else None,
             check=check if isinstance(check, str) else None,
             suspect_nodes=tuple(str(n) for n in nodes) if isinstance(nodes, list | tuple) else (),
             time=t if isinstance(t, int | float) and not isinstance(t, bool) else None,
+            world_size=size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else None,
         )
 
 

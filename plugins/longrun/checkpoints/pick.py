@@ -21,7 +21,7 @@ from typing import Any
 
 from longrun.checkpoints import catalog
 from training import schema
-from training.records import CheckRecord
+from training.records import AlertRef, CheckRecord
 from training.store import ObjectStore, put_json
 
 
@@ -106,13 +106,11 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
     check, alert_step = _alert_fields(alert)
     checks = tuple(schema.CHECKS_FOR_ALERT[check])
     cat = catalog.checkpoints(store, run)
-    evidence = alert.get("evidence")
-    world = evidence.get("world") if isinstance(evidence, Mapping) else None
     lkg = last_known_good(
         checks,
         alert_step,
         list(catalog.check_records(store, run)),
-        world_size=_world(world.get("world_size")) if isinstance(world, Mapping) else None,
+        world_size=AlertRef.from_json(alert).world_size,  # the alert's world, when it names one
     )
     after = catalog.suspect_after(store, run)
     promoted = catalog.promoted_steps(store, run)
