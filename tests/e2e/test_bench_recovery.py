@@ -13,17 +13,14 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers.marks import END_TO_END
 from longrun.drill import Rest, prepare
 from longrun.slurm.client import make_client
 
 from training.store import store_from_env
 
 pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.slurm,
-    pytest.mark.s3,
-    pytest.mark.airflow,
-    pytest.mark.timeout(5400),
+    *END_TO_END,
     pytest.mark.skipif(
         os.environ.get("LONGRUN_BENCH_TESTS") != "1",
         reason="a bench run as a test: `make test-bench` (LONGRUN_BENCH_TESTS=1)",

@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 from helpers.airflow_api import trigger_retrying
 from helpers.cleanup import restore_cluster
+from helpers.marks import END_TO_END
 from longrun.airflow_rest import AirflowApiError
 from longrun.drill import DRILL_CONF, DrillResult, Rest, prepare, return_to_service, run_drill
 from longrun.monitor import lifecycle
@@ -46,13 +47,7 @@ from longrun.slurm.client import SlurmClient, make_client
 from training.faults import sick_marker
 from training.store import store_from_env
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.slurm,
-    pytest.mark.s3,
-    pytest.mark.airflow,
-    pytest.mark.timeout(5400),
-]
+pytestmark = END_TO_END
 
 # The node the two transient drills of the story hit (not n2, the node the sick-node drill convicts).
 X = "n3"

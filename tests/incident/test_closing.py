@@ -7,11 +7,12 @@ import json
 import time
 
 import pytest
+from helpers.local_store import use_local_store
 from longrun.cli import main as longrun_main
 from longrun.incident import closing, record
 
 from training import schema
-from training.store import LocalDirStore, put_json
+from training.store import put_json
 
 RUN = "close-1"
 KEY = f"runs/{RUN}/alerts/00000015-weight_vote-r001-1.json"
@@ -19,10 +20,7 @@ KEY = f"runs/{RUN}/alerts/00000015-weight_vote-r001-1.json"
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("LONGRUN_STORE_DIR", str(tmp_path / "store"))
-    for k in ("AWS_ENDPOINT_URL", "LONGRUN_BUCKET", "LONGRUN_ORCH_STORE_DIR"):
-        monkeypatch.delenv(k, raising=False)
-    s = LocalDirStore(tmp_path / "store")
+    s = use_local_store(tmp_path, monkeypatch)
     alert = schema.record(
         "alert", run=RUN, step=15, check="weight_vote", suspect_ranks=[1], suspect_nodes=["n2"], evidence={}
     )

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
+from helpers.local_store import use_local_store
 from longrun.nodes import history as h
 from longrun.nodes.tasks import rejection, summary_task
-
-from training.store import LocalDirStore
 
 SELECTED = {"nodes": ["n3"], "refused": {}, "mode": "approve", "repeats": 1, "requested": ["n3"]}
 PROBED = [{"node": "n3", "clean": True, "rounds": [{"round": 1, "verdict": "pass"}]}]
@@ -18,10 +17,7 @@ REJECT = {"chosen_options": ["Reject"], "params_input": {}, "responded_by_user":
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("LONGRUN_STORE_DIR", str(tmp_path / "store"))
-    for k in ("AWS_ENDPOINT_URL", "LONGRUN_BUCKET", "LONGRUN_ORCH_STORE_DIR"):
-        monkeypatch.delenv(k, raising=False)
-    return LocalDirStore(tmp_path / "store")
+    return use_local_store(tmp_path, monkeypatch)
 
 
 def test_a_reject_is_recorded_and_fails_the_run(store):

@@ -8,6 +8,7 @@ import httpx
 import pytest
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.routing import APIRoute
+from helpers.local_store import use_local_store
 from longrun.cli import main as longrun_main
 from longrun.nodes import history as h
 from longrun.slurm.client import NodeState
@@ -18,10 +19,7 @@ from training.store import LocalDirStore
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("LONGRUN_STORE_DIR", str(tmp_path / "store"))
-    for k in ("AWS_ENDPOINT_URL", "LONGRUN_BUCKET", "LONGRUN_ORCH_STORE_DIR"):
-        monkeypatch.delenv(k, raising=False)
-    s = LocalDirStore(tmp_path / "store")
+    s = use_local_store(tmp_path, monkeypatch)
     h.record(
         s, "n2", h.SUSPECTED, "inc-1", run="drill-1", incident_id="inc-1", evidence={"check": "recompute"}
     )
