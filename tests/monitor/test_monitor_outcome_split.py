@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-
 from longrun.monitor.handover import HandOverOperator
 from longrun.monitor.operator import ALERTED, COMPLETED
 from longrun.monitor.tasks import finish_task

@@ -3,12 +3,13 @@ requeue-hold, diagnosis on a drained node through a MAINT reservation, TIMEOUT a
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus
-from longrun.slurm.errors import ForeignDrainError
+from longrun.slurm.errors import ForeignDrainError, SlurmCommandError
 from longrun.slurm.outcomes import Kind, classify
 
 pytestmark = pytest.mark.slurm
@@ -87,6 +88,80 @@ def test_diagnose_drained_node_through_reservation(guard):
     n2 = guard.client.node("n2")
     assert n2.drain_flag and n2.reason == "longrun:diag:test:exit5"
     assert not [r for r in guard.client.reservations() if r.startswith("longrun_diag_n2")]
+
+
+class _LosesReservation:
+    """The real client, except that after `lose()` the reservation is gone as far as longrun can tell:
+    absent from `reservations()`, and deleting it fails as Slurm answers for a reservation it lost. A
+    stand-in for slurmctld losing a reservation it had not saved (a SIGKILL within milliseconds of its
+    creation, the chaos cell diagnose x slurmctld), which no test can time; ending or deleting a real
+    reservation instead ends or refuses the job in it. Everything else is the real cluster."""
+
+    def __init__(self, client, name: str) -> None:
+        self._client, self._name, self.lost = client, name, False
+
+    def __getattr__(self, attr):
+        return getattr(self._client, attr)
+
+    def reservations(self) -> list[str]:
+        return [r for r in self._client.reservations() if not (self.lost and r == self._name)]
+
+    def delete_reservation(self, name: str) -> None:
+        if self.lost and name == self._name:
+            raise SlurmCommandError(
+                f"delete_reservation ReservationName={name}: Requested reservation is invalid"
+            )
+        self._client.delete_reservation(name)
+
+
+def test_a_reservation_lost_mid_diagnosis_drains_the_node_again_at_once(guard, tmp_path, monkeypatch):
+    """The resumed suspect node would take any job once its MAINT reservation is lost; it must be drained
+    again while the diagnostic still runs (not when it ends), and the end must not fail on the reservation
+    already gone. The real reservation stays until the guard's teardown deletes it."""
+    monkeypatch.setattr(ops, "RESERVATION_GUARD_S", 0.5)  # longrun's own poll period, shortened
+    started, stop = tmp_path / "started", tmp_path / "stop"
+    script = f"touch {started}; for i in $(seq 1 1200); do [ -e {stop} ] && exit 0; sleep 0.1; done; exit 7"
+    guard.client.drain("n2", "longrun:sdc:test:4")
+    name = "longrun_diag_lost_n2"
+    client = _LosesReservation(guard.client, name)
+    out: dict[str, object] = {}
+
+    def diagnose() -> None:
+        try:
+            out["result"] = ops.run_on_drained_node(
+                client,
+                "n2",
+                ("bash", "-c", script),
+                verdict=lambda r: f"longrun:diag:test:exit{r.exit_code}",
+                timeout_s=150,
+                reservation=name,
+            )
+        except BaseException as e:  # handed to the test thread
+            out["error"] = e
+
+    worker = threading.Thread(target=diagnose, daemon=True)
+    worker.start()
+    try:
+        for _ in range(1200):  # bounded: the diagnostic starts
+            if started.exists() or not worker.is_alive():
+                break
+            time.sleep(0.1)
+        assert started.exists(), out
+        assert not guard.client.node("n2").drain_flag  # resumed inside its reservation
+        client.lost = True
+        for _ in range(600):  # bounded: the guard drains it again while the diagnostic runs
+            if guard.client.node("n2").drain_flag:
+                break
+            time.sleep(0.1)
+        n2 = guard.client.node("n2")
+        assert n2.drain_flag and n2.reason == "longrun:sdc:test:4" and worker.is_alive()
+    finally:
+        stop.touch()
+        worker.join(timeout=180)
+    assert "error" not in out, out
+    assert out["result"].exit_code == 0  # type: ignore[attr-defined]
+    n2 = guard.client.node("n2")
+    assert n2.drain_flag and n2.reason == "longrun:diag:test:exit0"
 
 
 def test_diagnosis_refuses_a_foreign_drained_node(guard):

@@ -7,15 +7,19 @@ cluster as it found it (a drained node stays drained; a reservation is deleted).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from longrun.slurm import validate as v
 from longrun.slurm.client import CommandResult, JobState, JobStatus, SlurmClient
-from longrun.slurm.errors import ForeignDrainError, JobNotFoundError, SlurmUnavailableError
+from longrun.slurm.errors import ForeignDrainError, JobNotFoundError, SlurmError, SlurmUnavailableError
 from longrun.slurm.spec import JobSpec
 
+log = logging.getLogger("longrun.slurm.ops")
 # Measured here: releasing sooner than ~2 s after requeuehold failed 1 run in 4 with "Job credential revoked".
 REQUEUE_SETTLE_S = 2.0
 
@@ -121,11 +125,63 @@ def run_on_drained_node(
     reason = before.reason
     try:
         client.resume(node)
-        result = client.run_in_reservation(name, node, argv, timeout_s=timeout_s)
+        result = _run_guarded(client, name, node, argv, timeout_s=timeout_s, drained_reason=reason)
         reason = v.reason("verdict", verdict if isinstance(verdict, str) else verdict(result), ours=True)
         return result
     finally:
         try:
             client.drain(node, reason)
         finally:
-            client.delete_reservation(name)
+            _delete_reservation(client, name)
+
+
+#: How often the reservation that keeps a resumed suspect node to itself is checked while the diagnostic runs.
+RESERVATION_GUARD_S = 5.0
+
+
+def _run_guarded(
+    client: SlurmClient,
+    name: str,
+    node: str,
+    argv: tuple[str, ...],
+    *,
+    timeout_s: float,
+    drained_reason: str,
+) -> CommandResult:
+    """run_in_reservation, while checking that the reservation still exists. slurmctld can lose a reservation
+    it had not saved yet (a SIGKILL right after its creation: "Recovered state of 0 reservations"); the
+    resumed suspect node would then take any job. Once the reservation is gone the node is drained again at
+    once with its old reason (a drain never stops the running step), not when the diagnostic ends."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="longrun-diag") as pool:
+        run = pool.submit(client.run_in_reservation, name, node, argv, timeout_s=timeout_s)
+        guarded = True
+        while True:
+            try:
+                return run.result(timeout=RESERVATION_GUARD_S)
+            except FutureTimeout:
+                pass
+            if not guarded:
+                continue
+            try:
+                if name in client.reservations():
+                    continue
+                client.drain(node, drained_reason)
+            except SlurmError:  # slurmctld away for a moment: look again at the next tick
+                continue
+            guarded = False
+            log.error(
+                "reservation %s vanished while the diagnostic ran on %s: drained it again (%s)",
+                name,
+                node,
+                drained_reason,
+            )
+
+
+def _delete_reservation(client: SlurmClient, name: str) -> None:
+    """Delete the reservation; one that is already gone (lost by slurmctld) is not an error."""
+    try:
+        client.delete_reservation(name)
+    except SlurmError:
+        if name in client.reservations():
+            raise
+        log.warning("reservation %s was already gone", name)
