@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 from helpers.signed_job import sign_as_job
+from helpers.tracked_client import tracked_client
 from longrun import alert_auth
 from longrun.incident import dcgm, inalloc, injob, record, runbooks, steps
 from longrun.incident.events import Event
 from longrun.incident.ratelimit import DrainPolicy
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus, make_client
+from longrun.slurm.client import JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
 
 from training import schema
@@ -38,19 +39,9 @@ SUSPECT = "n3"
 
 @pytest.fixture
 def client(slurm_cluster) -> Iterator:
-    c = make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
-    jobs: list[int] = []
-    c.test_jobs = jobs  # type: ignore[attr-defined]
-    try:
+    with tracked_client(slurm_cluster.env["SLURM_CONF"]) as c:  # our jobs gone, our drains resumed
         yield c
-    finally:  # leave the cluster as we found it: our jobs gone, our drains resumed
-        for job_id in jobs:
-            c.cancel(job_id)
-            ops.wait_for(c, job_id, lambda s: s.is_terminal, timeout_s=60)
-        for n in c.nodes():
-            if n.drain_flag and n.is_ours:
-                c.resume(n.name)
-        assert not [r for r in c.reservations() if r.startswith("longrun_")]
+    assert not [r for r in c.reservations() if r.startswith("longrun_")]
 
 
 def kept_incident(tmp_path, client, store, *, run: str, tamper: bool = False) -> steps.Incident:

@@ -22,10 +22,11 @@ from collections.abc import Iterator
 
 import pytest
 from helpers.signed_job import keyed_job, sign_as_job
+from helpers.tracked_client import tracked_client
 from longrun.incident import runbooks, steps
 from longrun.incident.ratelimit import DrainPolicy
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus, make_client
+from longrun.slurm.client import JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
 
 from training import schema
@@ -41,21 +42,11 @@ REF_KEY = "ops/probe-reference/debug.json"
 
 @pytest.fixture
 def client(slurm_cluster) -> Iterator:
-    c = make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
-    jobs: list[int] = []
-    c.test_jobs = jobs  # type: ignore[attr-defined]
-    try:
+    with tracked_client(slurm_cluster.env["SLURM_CONF"]) as c:  # our jobs gone, our drains resumed
         yield c
-    finally:  # leave the cluster as we found it: our jobs gone, our drains resumed, no reservation
-        for job_id in jobs:
-            c.cancel(job_id)
-            ops.wait_for(c, job_id, lambda s: s.is_terminal, timeout_s=60)
-        for n in c.nodes():
-            if n.drain_flag and n.is_ours:
-                c.resume(n.name)
-        for r in c.reservations():
-            if r.startswith("longrun_"):
-                c.delete_reservation(r)
+    for r in c.reservations():  # then no reservation of longrun's left
+        if r.startswith("longrun_"):
+            c.delete_reservation(r)
 
 
 def incident(tmp_path, client, store, *, run: str) -> steps.Incident:
