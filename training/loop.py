@@ -27,7 +27,8 @@ from training.events import EventWriter
 from training.faults import Fault, Injector, fault_state_dir
 from training.fingerprint import combine, fingerprint_state
 from training.model import build_model
-from training.nvrx import NvrxMonitor, first_incarnation_only, in_job_resume_ref
+from training.nvrx import NvrxMonitor
+from training.nvrx_restart import first_incarnation_only, in_job_resume_ref
 from training.segment import FaultFired, Segment, segment_id
 from training.store import ObjectStore, StoreError, store_from_env
 from training.verdict import publish_verdict

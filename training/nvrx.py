@@ -11,9 +11,11 @@ What it does for the trainer:
   place. NVRx 0.4.1 has no "do not restart" exit code: the request is a workload-control message with
   `WorkloadAction.ShutdownWorkload`, which closes the rendezvous so no agent starts a new round. The
   trainer then exits with `schema.EXIT_SDC_VERDICT` (93), the code NVRx 0.5+ honours natively.
-- `alerts_since(...)` and `python -m training.nvrx launch-verdict`: after `srun` returns, the job script
-  asks whether this launch wrote an alert record; if so the job exits 93 whatever ft_launcher returned
-  (in 0.4.1 a closed rendezvous makes every agent exit 1).
+- `python -m training.nvrx launch-verdict`: after `srun` returns, the job script asks whether this launch
+  wrote an alert record (`training.launch_records.alerts_since`); if so the job exits 93 whatever
+  ft_launcher returned (in 0.4.1 a closed rendezvous makes every agent exit 1).
+
+What an in-job restart changes (drills dropped, the checkpoint resumed) is in `training.nvrx_restart`.
 
 Version differences live in `Capabilities` (only 0.4.1 runs here: 0.5+ wheels need glibc >= 2.39, 0.7
 needs Python 3.12; see docs/nvrx.md). NVRx and torch are imported only when a monitor is really started,
@@ -34,8 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from training import schema
-from training.records import Progress
+from training.launch_records import alerts_since, restarts_since
 
 log = logging.getLogger("training.nvrx")
 
@@ -261,102 +262,6 @@ class NvrxMonitor:
                 self._client = None
 
 
-# ---- what an in-job restart changes ------------------------------------------------------------------
-
-#: Exported by the job script (longrun.launch): when this launch started, epoch seconds.
-LAUNCH_T0_ENV = "LONGRUN_LAUNCH_T0"
-#: Fault kinds that would fire again after every restart (the restarted run replays the step).
-ONE_SHOT_FAULTS = ("crash", "hang")
-
-
-def first_incarnation_only(faults: tuple[Any, ...], restart_count: int) -> tuple[Any, ...]:
-    """Drop crash/hang drills after an in-job restart: the resumed run replays the fault's step, and a
-    drill that fired again would burn the whole restart budget. (`LONGRUN_FAULTS_EVERY_RESTART=1` keeps
-    them, to rehearse a job that keeps crashing.)"""
-    if restart_count == 0 or os.environ.get("LONGRUN_FAULTS_EVERY_RESTART") == "1":
-        return faults
-    kept = tuple(f for f in faults if f.kind not in ONE_SHOT_FAULTS)
-    if len(kept) != len(faults):
-        log.warning(
-            "in-job restart %d: crash/hang drills already fired, not injecting them again", restart_count
-        )
-    return kept
-
-
-def newest_checkpoint_since(
-    run_dir: Path, since: float, *, run: str | None = None, store: Any = None
-) -> str | None:
-    """The newest complete checkpoint (manifest present) written at or after `since`: a local directory,
-    else a store prefix (where the run dir is node-local), else None."""
-    best: tuple[int, str] | None = None
-    for mpath in (run_dir / "checkpoints").glob("step-*/manifest.json"):
-        step = schema.step_of_manifest_key(str(mpath))
-        if step is not None and _record_time(mpath.read_bytes(), "manifest") >= since:
-            if best is None or step > best[0]:
-                best = (step, str(mpath.parent))
-    if best is None and store is not None and run is not None:
-        for info in store.list(schema.store_key(run, "checkpoints/")):
-            step = schema.step_of_manifest_key(info.key)
-            if step is not None and (best is None or step > best[0]):
-                if _record_time(store.get_bytes(info.key), "manifest") >= since:
-                    best = (step, info.key[: -len("manifest.json")])
-    return best[1] if best else None
-
-
-def in_job_resume_ref(
-    *, restart_count: int, default: str | None, run_dir: Path, run: str, store: Any = None
-) -> str | None:
-    """Where this incarnation resumes. The first one: `default` (the launch's --resume-from). After an
-    ft_launcher restart: the newest checkpoint this launch wrote, else `default` again. Rank 0 decides and
-    broadcasts, so every rank loads the same step even if they see the file system differently."""
-    if restart_count == 0:
-        return default
-    import torch.distributed as dist
-
-    choice: list[str | None] = [None]
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        since = float(os.environ.get(LAUNCH_T0_ENV) or 0.0)
-        choice[0] = newest_checkpoint_since(run_dir, since, run=run, store=store) or default
-        log.warning("in-job restart %d: resuming from %s", restart_count, choice[0] or "scratch")
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(choice, src=0)
-    return choice[0]
-
-
-# ---- the job script's question: did this launch reach an SDC verdict? ---------------------------------
-
-
-def alerts_since(run_dir: Path, since: float, *, run: str | None = None, store: Any = None) -> list[str]:
-    """Alert records written at or after `since` (epoch seconds): in the run dir, and in `store` when given.
-
-    The store matters where the run dir is node-local and the alerting rank ran on another node.
-    """
-    found: list[str] = []
-    for path in sorted((run_dir / "alerts").glob("*.json")):
-        if _alert_time(path.read_bytes()) >= since:
-            found.append(str(path))
-    if store is not None and run is not None:
-        prefix = schema.store_key(run, "alerts/")
-        for info in store.list(prefix):
-            if info.key.endswith(".json") and _alert_time(store.get_bytes(info.key)) >= since:
-                found.append(info.key)
-    return found
-
-
-def _alert_time(raw: bytes) -> float:
-    return _record_time(raw, "alert")
-
-
-def _record_time(raw: bytes, kind: str) -> float:
-    try:
-        obj = json.loads(raw)
-        schema.validate(kind, obj)
-        return float(obj["time"])
-    except (ValueError, schema.SchemaError):
-        # A torn or foreign file is not proof of a verdict; the orchestrator reads the store anyway.
-        return float("-inf")
-
-
 def _launch_verdict(args: argparse.Namespace) -> int:
     store = None
     if args.store:
@@ -370,15 +275,6 @@ def _launch_verdict(args: argparse.Namespace) -> int:
     if restarts is not None:
         print(f"in-job restarts in this launch: {restarts}")
     return 0 if found else 1
-
-
-def restarts_since(run_dir: Path, since: float) -> int | None:
-    """The job-wide in-job restart count of the last progress record written since `since`, or None."""
-    try:
-        prog = Progress.from_json(json.loads((run_dir / schema.PROGRESS_PATH).read_bytes()))
-    except (OSError, ValueError):  # a SchemaError is a ValueError
-        return None
-    return prog.restart_count if prog.time >= since else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training import nvrx, schema
+from training import launch_records, nvrx, schema
 from training.events import write_durably
 from training.store import LocalDirStore, put_json
 
@@ -78,10 +78,10 @@ def test_alerts_since_counts_only_this_launch(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
     now = time.time()
     write_durably(run_dir / schema.alert_path(5, "finite", "old"), _alert(5, now - 3600))
-    assert nvrx.alerts_since(run_dir, now) == []
+    assert launch_records.alerts_since(run_dir, now) == []
     write_durably(run_dir / schema.alert_path(9, "finite", "new"), _alert(9, now + 1))
     (run_dir / "alerts" / "00000010-finite-torn.json").write_text("{not json")
-    found = nvrx.alerts_since(run_dir, now)
+    found = launch_records.alerts_since(run_dir, now)
     assert len(found) == 1 and found[0].endswith("00000009-finite-new.json")
 
 
@@ -89,8 +89,8 @@ def test_alerts_since_reads_the_store(tmp_path: Path) -> None:
     store = LocalDirStore(tmp_path / "store")
     now = time.time()
     put_json(store, schema.store_key("r", schema.alert_path(7, "finite", "x")), _alert(7, now + 1))
-    assert nvrx.alerts_since(tmp_path / "nothing", now) == []
-    assert nvrx.alerts_since(tmp_path / "nothing", now, run="r", store=store) == [
+    assert launch_records.alerts_since(tmp_path / "nothing", now) == []
+    assert launch_records.alerts_since(tmp_path / "nothing", now, run="r", store=store) == [
         "runs/r/alerts/00000007-finite-x.json"
     ]
 
@@ -109,14 +109,14 @@ def test_launch_verdict_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_restarts_since_reads_this_launchs_progress(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
     now = time.time()
-    assert nvrx.restarts_since(run_dir, now) is None
+    assert launch_records.restarts_since(run_dir, now) is None
     progress = schema.record(
         "progress", run="r", step=3, loss=1.0, step_time_s=0.1, time=now, restart_count=2
     )
     write_durably(run_dir / schema.PROGRESS_PATH, progress)
-    assert nvrx.restarts_since(run_dir, now - 1) == 2
-    assert nvrx.restarts_since(run_dir, now + 60) is None  # an earlier launch's record
+    assert launch_records.restarts_since(run_dir, now - 1) == 2
+    assert launch_records.restarts_since(run_dir, now + 60) is None  # an earlier launch's record
     write_durably(run_dir / schema.PROGRESS_PATH, {**progress, "restart_count": "2"})
-    assert nvrx.restarts_since(run_dir, now - 1) is None  # a count that does not read is no count
+    assert launch_records.restarts_since(run_dir, now - 1) is None  # a count that does not read is no count
     write_durably(run_dir / schema.PROGRESS_PATH, {**progress, "restart_count": None})
-    assert nvrx.restarts_since(run_dir, now - 1) is None
+    assert launch_records.restarts_since(run_dir, now - 1) is None
