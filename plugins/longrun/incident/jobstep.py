@@ -12,8 +12,8 @@ import os
 import subprocess
 
 from longrun.slurm import validate as v
-from longrun.slurm.cli_backend import STEP_EXPORT, run_srun
 from longrun.slurm.client import CommandResult, SlurmClient
+from longrun.slurm.srun_step import STEP_EXPORT, run_srun
 
 #: srun's name for the diagnostic steps inside a job (squeue -s shows it beside the training steps).
 STEP_NAME = "longrun-diag-step"

@@ -11,47 +11,27 @@ from __future__ import annotations
 import getpass
 import json
 import logging
-import os
-import signal
-import subprocess
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 
 from longrun.slurm import parse
 from longrun.slurm import validate as v
+from longrun.slurm.cli_commands import SlurmCommands
 from longrun.slurm.client import CommandResult, JobState, NodeState
 from longrun.slurm.errors import (
-    BackendUnavailableError,
     ForeignDrainError,
     InvalidSpecError,
     JobNotFoundError,
     SlurmCommandError,
-    SlurmUnavailableError,
     SubmitRejectedError,
 )
 from longrun.slurm.render import render_sbatch
-from longrun.slurm.spec import BASE_EXPORT, JobSpec
+from longrun.slurm.spec import JobSpec
+from longrun.slurm.srun_step import STEP_EXPORT, _check_argv, run_srun
 
 log = logging.getLogger(__name__)
 
-# stderr fragments that mean "the controller is not reachable right now": worth a retry.
-_UNAVAILABLE = (
-    "Unable to contact slurm controller",
-    "Socket timed out",
-    "Connection refused",
-    "Zero Bytes were transmitted",
-    "slurm_load_jobs error: Unable",
-    "Slurm backup controller in standby mode",
-)
-#: What a diagnostic step takes from the worker's environment (the probe's knobs; nothing of Airflow's).
-STEP_EXPORT = (
-    *BASE_EXPORT,
-    "LONGRUN_FAULT_STATE_DIR",
-    "LONGRUN_PROBE_EXPECT",
-    "ATEN_CPU_CAPABILITY",
-    "OMP_NUM_THREADS",
-)
 _GONE = ("Invalid job id specified", "Job/step already completing or completed", "Invalid job id")
 
 
@@ -65,84 +45,10 @@ def _secret_env(secret_env: Mapping[str, str] | None) -> dict[str, str]:
     return out
 
 
-class CliSlurmClient:
+class CliSlurmClient(SlurmCommands):
     """SlurmClient over sbatch/squeue/sinfo/scontrol/scancel/srun."""
 
     backend = "cli"
-
-    def __init__(self, *, slurm_conf: str | None = None, timeout_s: float = 30.0) -> None:
-        self.slurm_conf = slurm_conf or os.environ.get("SLURM_CONF") or None
-        self.timeout_s = timeout_s
-        if self.slurm_conf and not Path(self.slurm_conf).is_file():
-            # Slurm's commands spend ~60 s retrying a missing config before they fail: fail now.
-            raise BackendUnavailableError(f"slurm_conf={self.slurm_conf!r}: no such file")
-
-    # -- plumbing -----------------------------------------------------------------------------------
-    @cached_property
-    def _env(self) -> dict[str, str]:
-        # Inherited SLURM_* (say, from an enclosing allocation) would redirect srun/sbatch: keep only the conf.
-        env = {k: val for k, val in os.environ.items() if not k.startswith("SLURM_")}
-        if self.slurm_conf:
-            env["SLURM_CONF"] = self.slurm_conf
-        return env
-
-    def _run(
-        self,
-        argv: list[str],
-        *,
-        stdin: str | None = None,
-        timeout_s: float | None = None,
-        extra_env: Mapping[str, str] | None = None,
-    ) -> str:
-        try:
-            proc = subprocess.run(
-                argv,
-                input=stdin,
-                capture_output=True,
-                text=True,
-                env={**self._env, **extra_env} if extra_env else self._env,
-                timeout=timeout_s or self.timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as err:
-            raise SlurmUnavailableError(
-                f"{argv[0]} did not answer within {err.timeout:.0f} s: {argv}"
-            ) from err
-        except FileNotFoundError as err:
-            raise SlurmCommandError(f"{argv[0]} is not installed (PATH={os.environ.get('PATH')})") from err
-        if proc.returncode != 0:
-            msg = (proc.stderr or proc.stdout).strip()
-            if any(s in msg for s in _UNAVAILABLE):
-                raise SlurmUnavailableError(f"{' '.join(argv)}: {msg}")
-            raise SlurmCommandError(f"{' '.join(argv)} (rc {proc.returncode}): {msg}")
-        return proc.stdout
-
-    @cached_property
-    def _version(self) -> str:
-        return self._run(["sinfo", "--version"]).split()[-1]
-
-    def version(self) -> str:
-        return self._version
-
-    @property
-    def _has_json(self) -> bool:
-        major, minor = (int(x) for x in self.version().split(".")[:2])
-        return (major, minor) >= (21, 8)
-
-    @property
-    def _json_v2(self) -> bool:
-        """23.02+: filters work and the JSON is the newer shape."""
-        major, minor = (int(x) for x in self.version().split(".")[:2])
-        return (major, minor) >= (23, 2)
-
-    def config(self) -> dict[str, str]:
-        """`scontrol show config` as a dict."""
-        out = {}
-        for line in self._run(["scontrol", "show", "config"]).splitlines():
-            key, sep, value = line.partition("=")
-            if sep and key.strip() and " " not in key.strip():
-                out[key.strip()] = value.strip()
-        return out
 
     @cached_property
     def jobcomp_path(self) -> Path | None:
@@ -322,39 +228,3 @@ class CliSlurmClient:
             *cmd,
         ]
         return run_srun(full, env=self._env, timeout_s=timeout_s)
-
-
-def run_srun(argv: list[str], *, env: dict[str, str], timeout_s: float) -> CommandResult:
-    """Run an srun command line; past `timeout_s` cancel its step (exit code 124, said in stderr)."""
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        # SIGINT twice within a second is srun's "cancel the step"; then make sure it is gone.
-        proc.send_signal(signal.SIGINT)
-        proc.send_signal(signal.SIGINT)
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate(timeout=10)
-        return CommandResult(
-            exit_code=124, stdout=out, stderr=err + f"\nlongrun: timed out after {timeout_s} s"
-        )
-    return CommandResult(exit_code=proc.returncode, stdout=out, stderr=err)
-
-
-def _check_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
-    """A command for srun: a list of arguments (no shell), the first not an option, none with NUL."""
-    if isinstance(argv, str) or not argv:
-        raise InvalidSpecError("argv", argv, "must be a non-empty list of arguments")
-    cmd = [str(a) for a in argv]
-    if cmd[0].startswith("-"):
-        raise InvalidSpecError(
-            "argv", argv, "the program must not start with '-' (option injection into srun)"
-        )
-    if any("\0" in a for a in cmd) or len(cmd) > 256 or sum(map(len, cmd)) > 65536:
-        raise InvalidSpecError("argv", argv, "has NUL bytes or is absurdly long")
-    return cmd
