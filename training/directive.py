@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from training.records.base import need, opt_float, opt_int, opt_str, opt_strs, stamped
+from training.records.fields import need, opt_float, opt_int, opt_str, opt_strs, stamped
 from training.schema import NODE_NAME
 
 DIRECTIVE_SCHEMA_VERSION = 1

@@ -22,7 +22,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from training.records.base import need, opt_float, opt_int, opt_str, opt_strs, stamped
+from training.records.fields import need, opt_float, opt_int, opt_str, opt_strs, stamped
 
 SEGMENT_SCHEMA_VERSION = 1
 FAULT_SCHEMA_VERSION = 1

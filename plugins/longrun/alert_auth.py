@@ -30,7 +30,7 @@ from longrun.slurm.client import JobState, SlurmClient
 from longrun.slurm.errors import JobNotFoundError
 from longrun.slurm.spec import JobTag
 from training import schema, signing
-from training.records.base import need, opt_float, opt_int, opt_str, stamped
+from training.records.fields import need, opt_float, opt_int, opt_str, stamped
 from training.store import NotFound, ObjectStore, PreconditionFailed, StoreError, put_json
 
 KEY_FOLDER = "ops/alert-keys/"

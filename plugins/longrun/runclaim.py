@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from training import schema
-from training.records.base import need, opt_float, opt_str, stamped
+from training.records.fields import need, opt_float, opt_str, stamped
 from training.schema import SchemaError
 from training.store import NotFound, ObjectStore, PreconditionFailed, put_json
 

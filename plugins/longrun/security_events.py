@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training import schema
-from training.records.base import need, opt_dict, opt_float, opt_str, stamped
+from training.records.fields import need, opt_dict, opt_float, opt_str, stamped
 from training.schema import SchemaError
 from training.store import ObjectStore, StoreError, put_json
 

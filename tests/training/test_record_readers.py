@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from training.records.base import opt_float, opt_objects
+from training.records.fields import opt_float, opt_objects
 from training.schema import SchemaError
 
 
@@ -25,9 +25,9 @@ def test_opt_objects_refuses_anything_else_naming_the_field(value: object) -> No
 
 
 def test_a_record_leaves_out_a_part_that_is_empty_and_nothing_else_that_writes_itself() -> None:
+    from training.records.alert import World
     from training.records.base import _empty
     from training.records.incident import Attribution
-    from training.records.job import World
 
     assert _empty(Attribution()) and _empty(Attribution.from_json({}))
     assert not _empty(Attribution(node="n2"))

@@ -21,10 +21,9 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from training.records.alert import Alert, AlertRef, World
 from training.records.base import Record, RecordType
 from training.records.job import (
-    Alert,
-    AlertRef,
     CheckRecord,
     FileEntry,
     Manifest,
@@ -32,7 +31,6 @@ from training.records.job import (
     Report,
     ReportOrchestrator,
     Save,
-    World,
 )
 from training.records.orchestrator import (
     Incident,

@@ -6,154 +6,21 @@ required fields (`training.schema.validate`, one table for every reader) and the
 fields the class declares, then builds the instance; a field it does not declare is kept in `extra`, so a
 record read and written again loses nothing a newer writer added. `to_json` gives the JSON object back,
 stamped with `schema_version` and `kind`. Every error is a `SchemaError` (a ValueError) naming the field.
+The readers of one field (`opt_int`, `need`, `stamped`...) are in `training.records.fields`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, Self
 
 from training import schema
+from training.records.fields import Reader, opt_obj
 from training.schema import SchemaError
 
 _STAMP = ("schema_version", "kind")
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def opt_int(kind: str, obj: Mapping[str, Any], field: str) -> int | None:
-    """An optional integer field (absent or null: None)."""
-    v = obj.get(field)
-    if v is None:
-        return None
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not an integer")
-    return v
-
-
-def opt_float(kind: str, obj: Mapping[str, Any], field: str) -> float | None:
-    """An optional number field (absent or null: None), kept as written: an integer stays an int, so a
-    record read and written again gives the same JSON (3 stays 3, not 3.0). True and false are refused."""
-    v = obj.get(field)
-    if v is None:
-        return None
-    if not _is_number(v):
-        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not a number")
-    n: float = v  # int or float, as written (an int is a float to the type checker)
-    return n
-
-
-def opt_str(kind: str, obj: Mapping[str, Any], field: str) -> str | None:
-    v = obj.get(field)
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not a string")
-    return v
-
-
-def opt_bool(kind: str, obj: Mapping[str, Any], field: str) -> bool | None:
-    v = obj.get(field)
-    if v is None:
-        return None
-    if not isinstance(v, bool):
-        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not true or false")
-    return v
-
-
-def opt_dict(kind: str, obj: Mapping[str, Any], field: str) -> dict[str, Any]:
-    """An optional object field (absent or null: empty)."""
-    v = obj.get(field)
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not an object")
-    return v
-
-
-def opt_obj(kind: str, obj: Mapping[str, Any], field: str) -> dict[str, Any] | None:
-    """An optional object field kept as it is (absent or null: None)."""
-    v = obj.get(field)
-    if v is None:
-        return None
-    if not isinstance(v, Mapping):
-        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not an object")
-    return dict(v)
-
-
-def opt_objects(kind: str, obj: Mapping[str, Any], field: str) -> tuple[dict[str, Any], ...]:
-    """An optional list-of-objects field, each object kept as written (absent or null: empty)."""
-    v = obj.get(field)
-    if v is None:
-        return ()
-    if not isinstance(v, list | tuple) or not all(isinstance(x, dict) for x in v):
-        raise SchemaError(f"{kind} record field {field!r} = {v!r:.80} is not a list of objects")
-    return tuple(v)
-
-
-def ints(kind: str, field: str, values: Any) -> tuple[int, ...]:
-    if not isinstance(values, list | tuple) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in values
-    ):
-        raise SchemaError(f"{kind} record field {field!r} = {values!r:.80} is not a list of integers")
-    return tuple(values)
-
-
-def strs(kind: str, field: str, values: Any) -> tuple[str, ...]:
-    if not isinstance(values, list | tuple) or not all(isinstance(v, str) for v in values):
-        raise SchemaError(f"{kind} record field {field!r} = {values!r:.80} is not a list of strings")
-    return tuple(values)
-
-
-def opt_strs(kind: str, obj: Mapping[str, Any], field: str) -> tuple[str, ...] | None:
-    """An optional list-of-strings field (absent or null: None)."""
-    v = obj.get(field)
-    return None if v is None else strs(kind, field, v)
-
-
-Reader = Callable[[str, Mapping[str, Any], str], Any]
-"""Reads one optional field: (kind, object, field name) -> value, or raises SchemaError."""
-
-
-def need(kind: str, obj: Mapping[str, Any], field: str, read: Reader) -> Any:
-    """A required field: absent or null is refused, anything else is read with `read` (an `opt_*`)."""
-    if obj.get(field) is None:
-        raise SchemaError(f"{kind} record lacks field {field!r}")
-    return read(kind, obj, field)
-
-
-def stamped(kind: str, raw: Any, version: int) -> dict[str, Any]:
-    """The object of a record whose class is a dataclass of its own (not a `Record`): JSON text or an
-    object, stamped with `kind` and a `schema_version` this reader knows (1..`version`)."""
-    obj = _object(kind, raw)
-    if obj.get("kind") != kind:
-        raise SchemaError(f"{kind} record field 'kind' = {obj.get('kind')!r}; expected {kind!r}")
-    return _known_version(kind, obj, version)
-
-
-def versioned(kind: str, raw: Any, version: int) -> dict[str, Any]:
-    """`stamped` for a kind whose `kind` field is data, not a stamp (a node event's names the event): the
-    object with a `schema_version` this reader knows; `kind` here only names the record in errors."""
-    return _known_version(kind, _object(kind, raw), version)
-
-
-def _object(kind: str, raw: Any) -> dict[str, Any]:
-    obj = json.loads(raw) if isinstance(raw, str | bytes) else raw  # bad JSON: a ValueError too
-    if not isinstance(obj, Mapping):
-        raise SchemaError(f"{kind} record must be a JSON object, got {type(obj).__name__}")
-    return dict(obj)
-
-
-def _known_version(kind: str, obj: dict[str, Any], version: int) -> dict[str, Any]:
-    v = obj.get("schema_version")
-    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= version:
-        raise SchemaError(f"{kind} record field 'schema_version' = {v!r}; this reader knows 1..{version}")
-    return obj
 
 
 class RecordType(Protocol):

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from training.records.base import opt_bool, opt_float, opt_int, opt_str
+from training.records.fields import opt_bool, opt_float, opt_int, opt_str
 from training.records.parts import PART, Part, opt_job_id, opt_obj
 
 

@@ -9,10 +9,11 @@ from enum import StrEnum
 from typing import Any, Self
 
 from training import schema
-from training.records.base import Record, ints, opt_float, opt_int, opt_str, strs
+from training.records.alert import AlertRef
+from training.records.base import Record
 from training.records.diagnosis import Diagnosis, ProbeResult
+from training.records.fields import ints, opt_float, opt_int, opt_str, strs
 from training.records.incident import Attribution, Closing, Drain, Recovery, Relaunch, RestartCheckpoint
-from training.records.job import AlertRef
 from training.schema import SchemaError
 
 

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from training.records.base import Part, ints, opt_int, opt_obj
+from training.records.base import Part
+from training.records.fields import ints, opt_int, opt_obj
 
 
 def opt_ints(kind: str, obj: Mapping[str, Any], name: str) -> tuple[int, ...] | None:

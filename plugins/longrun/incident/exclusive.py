@@ -29,7 +29,7 @@ from typing import Any, Literal, Self
 from longrun.incident import record, runbooks
 from training import schema
 from training.records import IncidentStatus
-from training.records.base import need, opt_float, opt_int, opt_str, stamped
+from training.records.fields import need, opt_float, opt_int, opt_str, stamped
 from training.schema import SchemaError
 from training.store import NotFound, ObjectStore, PreconditionFailed, put_json
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from training import schema
-from training.records.base import need, opt_float, opt_str
+from training.records.fields import need, opt_float, opt_str
 from training.schema import SchemaError
 from training.store import NotFound, ObjectStore, PreconditionFailed
 

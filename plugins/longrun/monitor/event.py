@@ -15,7 +15,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from longrun.monitor import watch
-from training.records.base import need, opt_bool, opt_dict, opt_float, opt_int, opt_obj, opt_objects, opt_str
+from training.records.fields import (
+    need,
+    opt_bool,
+    opt_dict,
+    opt_float,
+    opt_int,
+    opt_obj,
+    opt_objects,
+    opt_str,
+)
 from training.records.parts import Part
 from training.schema import SchemaError
 

@@ -23,7 +23,7 @@ from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from longrun.slurm.errors import JobNotFoundError
 from longrun.slurm.outcomes import Kind, classify
 from training import schema
-from training.records.base import opt_float
+from training.records.fields import opt_float
 from training.store import NotFound, ObjectStore
 
 ALERT, CHECKPOINT, JOB_DONE, STALE, ERROR = "alert", "checkpoint", "job_done", "stale", "error"

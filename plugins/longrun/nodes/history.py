@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longrun.slurm import validate as v
-from training.records.base import need, opt_dict, opt_float, opt_str, versioned
+from training.records.fields import need, opt_dict, opt_float, opt_str, versioned
 from training.schema import SchemaError
 from training.store import NotFound, ObjectStore, PreconditionFailed, StoreError, store_from_env
 

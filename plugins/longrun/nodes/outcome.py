@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.records.base import need, opt_bool, opt_int, opt_objects, opt_str
+from training.records.fields import need, opt_bool, opt_int, opt_objects, opt_str
 from training.records.parts import Part
 
 
