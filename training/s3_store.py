@@ -18,7 +18,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
-from training.store import (
+from training.store_interface import (
     NotFound,
     ObjectInfo,
     PreconditionFailed,
