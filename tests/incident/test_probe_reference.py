@@ -14,6 +14,7 @@ from longrun.incident import diagnose, node_check
 from longrun.incident.probe_reference import (
     cached_reference,
     checked_reference,
+    comparable,
     judge_fresh,
     remember_reference,
 )
@@ -92,3 +93,13 @@ def test_a_pass_needs_the_same_fingerprint_and_environment_and_a_fresh_reference
     assert judge_fresh(probe, ProbeResult.from_json({**GOOD, "fingerprint": "fedcba9876543210"}))[0] == "fail"
     assert judge_fresh(probe, ProbeResult.from_json({**GOOD, "torch": "2.4.0"}))[0] == node_check.ERROR
     assert judge_fresh(None, known)[0] == node_check.ERROR
+
+
+def test_a_probe_run_is_comparable_only_in_the_references_environment():
+    known = ProbeResult.from_json(GOOD)
+    run = check("fail", "fedcba9876543210")["probe"]["result"]
+    assert comparable(known, run)
+    assert not comparable(known, {**run, "threads": 4})
+    assert not comparable(known, {**run, "cpu_capability": "AVX512"})
+    assert not comparable(known, {**run, "threads": "1"})  # does not read as a probe result
+    assert not comparable(known, {})

@@ -1,7 +1,8 @@
 """The replay probe's reference: a known-good fingerprint per partition, computed once on a healthy node.
 
 The diagnosis compares the suspect node's probe fingerprint with it. It is only valid for the same
-software and CPU level (`PROBE_ENV`): a reference from another environment makes no verdict.
+software and CPU level (`ProbeResult.env`: torch, CPU capability, threads): a reference from another
+environment makes no verdict.
 Orchestrator side of the store (`ops/probe-reference/<partition>.json`), written once (If-None-Match).
 
 The cached object is hostile input like any other record read back (docs/architecture.md): it is used
@@ -25,8 +26,6 @@ from training.records.diagnosis import ProbeResult
 from training.schema import SchemaError
 from training.store import ObjectStore, PreconditionFailed, StoreError, put_json
 
-# The probe's environment: a reference fingerprint is only valid for the same software and CPU level.
-PROBE_ENV = ("torch", "cpu_capability", "threads")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -99,9 +98,13 @@ def remember_reference(store: ObjectStore, partition: str, ref: Mapping[str, Any
         pass  # changed meanwhile, or unreadable: the next fresh reference tries again
 
 
-def reference_matches(ref: Mapping[str, Any], probe: Mapping[str, Any]) -> bool:
-    """Is `ref` a valid reference for this probe run (same torch, CPU level, threads)?"""
-    return all(ref.get(k) == probe.get(k) for k in PROBE_ENV)
+def comparable(known: ProbeResult, probe: Mapping[str, Any]) -> bool:
+    """Was the probe run `probe` (its JSON, as the probe wrote it) made in the reference's environment (same
+    torch, CPU level, threads)? A result that does not read as a probe result is not comparable."""
+    try:
+        return ProbeResult.from_json(dict(probe)).env == known.env
+    except SchemaError:
+        return False
 
 
 def confirms(known: ProbeResult, probe: ProbeResult | None) -> bool:

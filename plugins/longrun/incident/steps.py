@@ -24,7 +24,7 @@ from typing import Any
 
 from longrun.incident import attribution, injob, record
 from longrun.incident.events import Event
-from longrun.incident.probe_reference import cached_reference, reference_matches, remember_reference
+from longrun.incident.probe_reference import cached_reference, remember_reference
 from longrun.incident.relaunch_plan import relaunch_spec, run_spec
 from longrun.incident.runner import Incident, IncidentStop, Outcome, Rec, authenticate, run, write
 from longrun.incident.step_diagnose import run_diagnosis
@@ -46,7 +46,6 @@ __all__ = [  # the steps, and what callers imported from here before the split
     "freeze",
     "open_record",
     "pick",
-    "reference_matches",
     "relaunch",
     "relaunch_spec",
     "remember_reference",

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from longrun.incident import dcgm, diagnose, node_check, steps
-from longrun.incident.probe_reference import checked_reference
+from longrun.incident.probe_reference import checked_reference, comparable
 from longrun.nodes import history as h
 from longrun.nodes.incident_hooks import probe_evidence
 from longrun.nodes.outcome import NodeProbe, NodeReturn
@@ -126,6 +126,7 @@ def probe(
     ref = _reference(store, client, node=node, partition=partition, state_dir=state_dir, python=python)
     level = dcgm_level(h.events(hist, node))
     _, run, step = drain_origin(client.node(node).reason)
+    known = ProbeResult.from_json(ref)
     rounds: list[dict[str, Any]] = []
     for i in range(repeats):
         d = diagnose.diagnose(
@@ -138,11 +139,11 @@ def probe(
             timeout_s=timeout_s,
             python=python,
             state_dir=state_dir,
-            known=ProbeResult.from_json(ref),  # a pass only on a real match (diagnose.checked_verdict)
+            known=known,  # a pass only on a real match (diagnose.checked_verdict)
         )
         res = {**d.to_dict(), "dcgm_level": level, "round": i + 1}
         probe_res = (d.details.get("probe") or {}).get("result") or {}
-        if d.verdict == node_check.FAIL and probe_res and not steps.reference_matches(ref, probe_res):
+        if d.verdict == node_check.FAIL and probe_res and not comparable(known, probe_res):
             res["verdict"] = node_check.ERROR  # other software or CPU level: not comparable, not a verdict
         h.record(
             hist,
