@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from helpers.stack_fixtures import TEST_PORT_BASES
 from longrun.stack import scheduler_preload
-from longrun.stack.airflow import Airflow, render_airflow_cfg
+from longrun.stack.airflow import Airflow
+from longrun.stack.airflow_cfg import render_airflow_cfg
 from longrun.stack.layout import DEFAULT_PORT_BASE, HOST, NODES, SLOT_WIDTH, Layout
 from longrun.stack.slurm_conf import render_cgroup_conf, render_slurm_conf
 from longrun.stack.slurm_version import SlurmVersion, parse_version
