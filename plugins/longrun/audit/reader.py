@@ -1,0 +1,55 @@
+"""The store records the audit reads: which keys, each parsed and validated against training.schema."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from training import schema
+from training.store import ObjectInfo, ObjectStore
+
+# Relative (to runs/<run>/) key patterns of the records the audit reads; see training.schema's layout.
+_KINDS = (
+    ("manifest", re.compile(r"^checkpoints/step-\d{8}/manifest\.json$")),
+    ("validation", re.compile(r"^validations/[^/]+\.json$")),
+    ("promotion", re.compile(r"^promoted/(current|history/[^/]+)\.json$")),
+    ("suspect", re.compile(r"^suspect/[^/]+\.json$")),
+    ("incident", re.compile(r"^incidents/[^/]+\.json$")),
+)
+
+_RUN_KEY = re.compile(r"^runs/([^/]+)/(.+)$")
+
+
+def classify(key: str) -> tuple[str, str] | None:
+    """(kind, run) of a store key the audit reads, or None for payload, alerts, progress and the rest."""
+    m = _RUN_KEY.match(key)
+    if not m:
+        return None
+    run, rel = m.groups()
+    for kind, pattern in _KINDS:
+        if pattern.match(rel):
+            return kind, run
+    return None
+
+
+def read_records(
+    store: ObjectStore,
+) -> Iterable[tuple[str, str, ObjectInfo, dict[str, Any] | None, str | None]]:
+    """(kind, run, object info, record or None, parse error or None) for every record the audit reads."""
+    for info in store.list("runs/"):
+        found = classify(info.key)
+        if found is None:
+            continue
+        kind, run = found
+        try:
+            obj = json.loads(store.get_bytes(info.key))
+            schema.validate(kind, obj)
+        except (ValueError, schema.SchemaError) as e:  # JSONDecodeError is a ValueError
+            yield kind, run, info, None, f"{type(e).__name__}: {e}"
+            continue
+        if obj["run"] != run:  # every kind the audit reads requires `run` (validated above)
+            yield kind, run, info, None, f"record names run {obj['run']!r} but lies under runs/{run}/"
+            continue
+        yield kind, run, info, obj, None
