@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cluster_state import restore_clean_cluster
-from longrun.slurm import pyslurm_backend
+from longrun.slurm import pyslurm_backend, pyslurm_loader
 from longrun.slurm.cli_backend import CliSlurmClient
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.spec import JobSpec
@@ -31,7 +31,7 @@ def make(backend: str, slurm_conf: str) -> SlurmClient:
     cli = CliSlurmClient(slurm_conf=slurm_conf)
     if backend == "cli":
         return cli
-    reason = pyslurm_backend.unavailable_reason(cluster_version=cli.version(), slurm_conf=slurm_conf)
+    reason = pyslurm_loader.unavailable_reason(cluster_version=cli.version(), slurm_conf=slurm_conf)
     if reason:
         if os.environ.get("LONGRUN_REQUIRE_PYSLURM") == "1":  # the Slurm 25.11 tier: no silent skip
             pytest.fail(f"pyslurm backend required here but unusable: {reason}")

@@ -11,11 +11,12 @@ import sys
 
 import pytest
 from longrun.provider import get_provider_info
-from longrun.slurm import pyslurm_backend
+from longrun.slurm import pyslurm_loader
 from longrun.slurm.cli_backend import CliSlurmClient
-from longrun.slurm.client import make_client, same_release
+from longrun.slurm.client import make_client
 from longrun.slurm.errors import BackendUnavailableError
 from longrun.slurm.pyslurm_backend import PyslurmClient
+from longrun.slurm.pyslurm_loader import same_release
 
 
 def test_provider_registers_the_slurm_connection_type_with_an_importable_hook():
@@ -47,7 +48,7 @@ def test_unknown_backend_is_refused():
 @pytest.mark.slurm
 def test_auto_picks_pyslurm_where_usable_else_the_cli_and_says_why(slurm_cluster):
     conf = slurm_cluster.env["SLURM_CONF"]
-    reason = pyslurm_backend.unavailable_reason(
+    reason = pyslurm_loader.unavailable_reason(
         cluster_version=CliSlurmClient(slurm_conf=conf).version(), slurm_conf=conf
     )
     client = make_client(backend="auto", slurm_conf=conf)
@@ -64,8 +65,8 @@ def test_auto_picks_pyslurm_where_usable_else_the_cli_and_says_why(slurm_cluster
 # pyslurm in the caller. Run in a child so that, without the defence, the abort shows as its exit status.
 _CHECK = """
 import sys
-from longrun.slurm import pyslurm_backend
-reason = pyslurm_backend.unavailable_reason(cluster_version=None, slurm_conf=sys.argv[1] or None)
+from longrun.slurm import pyslurm_backend, pyslurm_loader  # the backend module must be as safe to import
+reason = pyslurm_loader.unavailable_reason(cluster_version=None, slurm_conf=sys.argv[1] or None)
 print("REASON:", reason)
 """
 
@@ -102,13 +103,13 @@ def test_one_process_one_cluster_for_pyslurm(slurm_cluster, tmp_path):
     """libslurm keeps the config it was initialised with: a client for another cluster is refused, not
     silently pointed at the first one."""
     conf = slurm_cluster.env["SLURM_CONF"]
-    if pyslurm_backend.unavailable_reason(cluster_version=None, slurm_conf=conf):
+    if pyslurm_loader.unavailable_reason(cluster_version=None, slurm_conf=conf):
         pytest.skip("pyslurm is not usable here (the 25.11 tier runs this)")
     PyslurmClient(slurm_conf=conf)
     other = tmp_path / "slurm.conf"
     shutil.copy(conf, other)
     assert "bound to" in (
-        pyslurm_backend.unavailable_reason(cluster_version=None, slurm_conf=str(other)) or ""
+        pyslurm_loader.unavailable_reason(cluster_version=None, slurm_conf=str(other)) or ""
     )
     with pytest.raises(BackendUnavailableError, match="bound to"):
         PyslurmClient(slurm_conf=str(other))

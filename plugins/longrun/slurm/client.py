@@ -9,7 +9,6 @@ node) live in `ops.py` on top of this interface, so every backend gets them.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -276,15 +275,6 @@ class SlurmClient(Protocol):
         ...
 
 
-_VERSION = re.compile(r"(\d+)\.(\d+)")
-
-
-def same_release(a: str, b: str) -> bool:
-    """True when two Slurm versions share major.minor (pyslurm is built per Slurm release)."""
-    ma, mb = _VERSION.search(a), _VERSION.search(b)
-    return bool(ma and mb and ma.groups() == mb.groups())
-
-
 def make_client(*, backend: str = "auto", slurm_conf: str | None = None) -> SlurmClient:
     """The client for this cluster.
 
@@ -298,10 +288,10 @@ def make_client(*, backend: str = "auto", slurm_conf: str | None = None) -> Slur
         raise BackendUnavailableError(f"backend={backend!r}: expected 'auto', 'cli' or 'pyslurm'")
     if backend == "cli":
         return CliSlurmClient(slurm_conf=conf)
-    from longrun.slurm import pyslurm_backend
+    from longrun.slurm import pyslurm_backend, pyslurm_loader
 
     cli = CliSlurmClient(slurm_conf=conf)
-    reason = pyslurm_backend.unavailable_reason(cluster_version=cli.version(), slurm_conf=conf)
+    reason = pyslurm_loader.unavailable_reason(cluster_version=cli.version(), slurm_conf=conf)
     if reason is None:
         return pyslurm_backend.PyslurmClient(slurm_conf=conf)
     if backend == "pyslurm":
