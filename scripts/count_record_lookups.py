@@ -113,7 +113,9 @@ RULES: tuple[Rule, ...] = (
     Rule("expectations", r"/audit/expectations\.py$", None, "Great Expectations validation results"),
     Rule("config", r"/stack/layout\.py$", r"^saved$", "the stack's saved layout"),
     Rule("tally", r"/ui/page\.py$", r"^v$", "check_counts(): check -> verdict -> count, computed", "_tiles"),
-    Rule("config", r"^training/(local_)?store\.py$", r"^(spec|cached)$", "the store spec, the local hash cache"),
+    Rule(
+        "config", r"^training/(local_)?store\.py$", r"^(spec|cached)$", "the store spec, the local hash cache"
+    ),
 )
 
 
