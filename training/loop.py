@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import signal
 import sys
 import threading
 import time
-from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,12 +22,13 @@ from training.dist import device as default_device
 from training.dist import gather_strings, init_process_group, placement_from_env, shutdown
 from training.events import EventWriter
 from training.faults import Fault, Injector, fault_state_dir
-from training.fingerprint import combine, fingerprint_state
 from training.model import build_model
 from training.nvrx import NvrxMonitor
 from training.nvrx_restart import first_incarnation_only, in_job_resume_ref
-from training.segment import FaultFired, Segment, segment_id
+from training.segment import Segment, segment_id
 from training.store import ObjectStore, StoreError, store_from_env
+from training.trainer_checkpoints import TrainerCheckpoints
+from training.trainer_records import RunRecords, code_version
 from training.verdict import publish_verdict
 
 log = logging.getLogger("training.loop")
@@ -40,16 +38,7 @@ class SetupError(RuntimeError):
     """The job cannot start deterministically or at all (mismatched ranks, unreadable checkpoint)."""
 
 
-def code_version() -> str:
-    if os.environ.get("LONGRUN_CODE_VERSION"):
-        return os.environ["LONGRUN_CODE_VERSION"]
-    try:
-        return f"longrun {metadata.version('longrun')}"
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-class Trainer:
+class Trainer(RunRecords, TrainerCheckpoints):
     def __init__(self, cfg: TrainConfig, faults: tuple[Fault, ...]) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.threads)
@@ -148,19 +137,6 @@ class Trainer:
 
     # ---- set-up ------------------------------------------------------------------------------------
 
-    def _write_segment(self, **changes: Any) -> None:
-        """Rank 0 records where this incarnation started, its first healthy step and its end."""
-        self.segment = dataclasses.replace(self.segment, **changes)
-        if self.rank == 0:
-            self.events.put_record(self.segment.relative_path, self.segment.to_json())
-
-    def _fault_fired(self, fault: Fault, step: int) -> None:
-        rec = FaultFired(
-            run=self.cfg.run, fault=fault.kind, step=step, rank=self.rank, node=self.place.node,
-            time=time.time(), spec=fault.spec(),
-        )  # fmt: skip
-        self.events.put_record(rec.relative_path, rec.to_json())
-
     def _store(self) -> ObjectStore | None:
         if not self.cfg.use_store:
             return None
@@ -168,11 +144,6 @@ class Trainer:
             return store_from_env()
         except StoreError as e:
             raise SetupError(f"object store: {e}") from e
-
-    def _saver(self) -> Any:
-        from training.checkpointing import CheckpointSaver
-
-        return CheckpointSaver(run=self.cfg.run, run_dir=self.run_dir, store=self.store)
 
     def _resume(self, ref: str) -> None:
         from training.checkpointing import load_checkpoint
@@ -247,66 +218,7 @@ class Trainer:
             self._save(step, mean_loss, results)
         return mean_loss, results, None
 
-    # ---- checkpoints -------------------------------------------------------------------------------
-
-    def _save(self, step: int, loss: float, results: list[CheckResult]) -> None:
-        if self.saver is None:
-            return
-        vote = next((r for r in results if r.check == "weight_vote"), None)
-        # This step's passes count: the save happens after them.
-        last_pass = {**self.last_pass, **{r.check: step for r in results if r.verdict == "pass"}}
-        # A vote on CUDA carries dfp64 values, not the manifest's xxh3: the saver then hashes its snapshot.
-        fps = vote.extra.get("fingerprints") if vote else fingerprint_state(self.model.state_dict())
-        fields = {
-            **({"fingerprints": fps, "fingerprint": combine(fps)} if fps is not None else {}),
-            "weight_vote": (
-                {
-                    "step": step,
-                    "verdict": vote.verdict,
-                    "ranks": self.world,
-                    "votes": vote.extra["votes"],
-                    "algorithm": vote.extra.get("algorithm", "xxh3-64"),
-                }  # fmt: skip
-                if vote
-                else {"step": step, "verdict": "skip", "ranks": self.world}
-            ),
-            "coverage": {c: s for c, s in last_pass.items() if s <= step},
-            "loss": loss,
-            "world": {"nodes": sorted(set(self.nodes)), "ranks": self.nodes, "world_size": self.world},
-            "code_version": code_version(),
-        }
-        extra = {"step": step, "last_pass": last_pass, "seed": self.cfg.seed}
-        self.saver.save(
-            step=step,
-            model_state=self.model.state_dict(),
-            optim_state=self.optim.state_dict(),
-            extra=extra,
-            manifest_fields=fields,
-        )
-        self.events.flush()
-
-    # ---- the run -----------------------------------------------------------------------------------
-
-    def _record(self, results: list[CheckResult], loss: float | None) -> None:
-        # The step's mean loss rides on each check record: the run-health view plots it per step.
-        if loss is not None and not math.isfinite(loss):
-            loss = None  # a NaN is the finite check's business; keep the records strict JSON
-        for r in results:
-            if r.verdict == "pass":
-                self.last_pass[r.check] = r.step
-            self.events.check(
-                schema.record(
-                    "check",
-                    run=self.cfg.run,
-                    step=r.step,
-                    check=r.check,
-                    verdict=r.verdict,
-                    rank=self.rank,
-                    world_size=self.world,
-                    duration_s=round(r.duration_s, 6),
-                    loss=loss,
-                )  # fmt: skip
-            )
+    # ---- the run (its records: training.trainer_records; its saves: training.trainer_checkpoints) ----
 
     def run(self) -> int:
         code = 0
@@ -320,14 +232,6 @@ class Trainer:
         if code == schema.EXIT_SDC_VERDICT:
             logging.shutdown()
         return code
-
-    def _end_segment(self, outcome: str) -> None:
-        if self.segment.exit is not None:
-            return
-        try:
-            self._write_segment(last_step=self._last_step, ended_at=time.time(), exit=outcome)
-        except Exception as e:  # never hide the real error of the run behind a record write
-            log.warning("segment end record not written: %s", e)
 
     def _loop(self) -> int:
         for step in range(self.start_step + 1, self.cfg.steps + 1):
@@ -380,23 +284,6 @@ class Trainer:
             )
         self._finish()
         return 0
-
-    def _finish(self) -> None:
-        fps = fingerprint_state(self.model.state_dict())
-        if self.rank == 0:
-            self.events.report(
-                schema.record(
-                    "report",
-                    run=self.cfg.run,
-                    final_step=self.cfg.steps,
-                    final_fingerprint=combine(fps),
-                    fingerprints=fps,
-                    world_size=self.world,
-                    nodes=self.nodes,
-                    code_version=code_version(),
-                    last_pass=self.last_pass,
-                )  # fmt: skip
-            )
 
     def _close(self) -> None:
         # No heartbeats while the last uploads drain: stop NVRx's hang watch first (the saver's own
