@@ -46,7 +46,7 @@ from training.manifest import EXTRA_FILE, MANIFEST_FILE, MODEL_FILE, OPTIM_FILE,
 from training.records import Save
 from training.saver_settings import CALLER_FIELDS, SaveResult, SaverSettings
 from training.store import ObjectStore, store_spec
-from training.uploaders import NvrxUploader, ThreadUploader, Uploader
+from training.uploaders import NvrxUploader, ThreadUploader, Uploader, choose_writer
 
 __all__ = [
     "CheckpointError",
@@ -96,7 +96,7 @@ class CheckpointSaver:
         self._lock = threading.Lock()  # results and last_error: the writer thread and callers
         self._closed = False
         self._uploader: Uploader | None = None
-        self.writer = self._choose_writer()
+        self.writer = choose_writer(self.settings.writer, self.store, self._spec)
         self._thread = threading.Thread(target=self._loop, name=f"checkpoint-writer-{run}", daemon=True)
         self._thread.start()
         # multiprocessing joins non-daemon children at exit: close first so NVRx's worker can finish.
@@ -109,25 +109,6 @@ class CheckpointSaver:
 
         self._atexit = close_at_exit
         atexit.register(close_at_exit)
-
-    def _choose_writer(self) -> str:
-        wanted = self.settings.writer
-        if wanted == "thread":
-            return "thread"
-        reason = None
-        if self.store is not None and self._spec is None:
-            reason = f"{type(self.store).__name__} cannot be rebuilt in another process"
-        else:
-            try:
-                import nvidia_resiliency_ext.checkpointing.async_ckpt.core  # noqa: F401
-            except ImportError as e:
-                reason = f"NVRx async checkpointing does not import ({e})"
-        if reason is None:
-            return "nvrx"
-        if wanted == "nvrx":
-            raise ValueError(f"SaverSettings.writer = 'nvrx' but {reason}")
-        log.info("checkpoint uploads run in the writer thread: %s", reason)
-        return "thread"
 
     @property
     def failures(self) -> list[SaveResult]:

@@ -4,6 +4,8 @@
 when the uploader died and must be replaced), count what is `pending`, `close` within a bound. Each job's
 end is reported once through the `on_done(job, record, error)` callback the uploader was built with.
 
+`choose_writer` says which one a saver uses (`SaverSettings.writer`: auto, nvrx or thread).
+
 - `ThreadUploader` runs the stage in the writer thread itself.
 - `NvrxUploader` runs it in NVRx's persistent async worker process: the CUDA-free part of NVRx 0.4.1's
   async checkpointing (`AsyncCallsQueue` + `PersistentAsyncCaller`, finalized with `no_dist=True`).
@@ -56,6 +58,28 @@ class Uploader(Protocol):
 
 
 _DEATHSIG_SET = False
+
+
+def choose_writer(wanted: str, store: ObjectStore | None, spec: dict[str, Any] | None) -> str:
+    """Where the saver's uploads run: `nvrx` (NVRx's async worker) or `thread`. `wanted` is
+    `SaverSettings.writer`; `spec` is the store's spec (None when it cannot be rebuilt in another process).
+    `auto` falls back to the thread, saying why; `nvrx` that cannot run raises."""
+    if wanted == "thread":
+        return "thread"
+    reason = None
+    if store is not None and spec is None:
+        reason = f"{type(store).__name__} cannot be rebuilt in another process"
+    else:
+        try:
+            import nvidia_resiliency_ext.checkpointing.async_ckpt.core  # noqa: F401
+        except ImportError as e:
+            reason = f"NVRx async checkpointing does not import ({e})"
+    if reason is None:
+        return "nvrx"
+    if wanted == "nvrx":
+        raise ValueError(f"SaverSettings.writer = 'nvrx' but {reason}")
+    log.info("checkpoint uploads run in the writer thread: %s", reason)
+    return "thread"
 
 
 def nvrx_upload_entry(job: UploadJob) -> None:
