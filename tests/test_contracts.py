@@ -137,10 +137,12 @@ CONTRACT_ENV = {
 }
 # Not in the pinned list: boto3 needs a region for SeaweedFS's S3 (`AWS_DEFAULT_REGION`), and `airflow ...`
 # commands in a shell must see the stack's config (`AIRFLOW_HOME`). The store's two sides
-# (docs/security.md): the orchestrator's bucket and the job identity's keys, which only jobs get.
+# (docs/security.md): the orchestrator's bucket and the job identity's keys, which only jobs get. The run
+# dirs' root: the stack's workers put run dirs there, and a shell that looks at them must see the same one.
 EXTRA_ENV = {
     "AWS_DEFAULT_REGION",
     "AIRFLOW_HOME",
+    "LONGRUN_RUN_ROOT",
     "LONGRUN_ORCH_BUCKET",
     "LONGRUN_JOB_ACCESS_KEY_ID",
     "LONGRUN_JOB_SECRET_ACCESS_KEY",

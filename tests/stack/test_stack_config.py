@@ -199,3 +199,17 @@ def test_preload_imports_what_the_variable_names_once(
     monkeypatch.setenv(scheduler_preload.PRELOAD_ENV, "json")
     assert scheduler_preload.preload() == ["json"]
     assert os.environ["OPENBLAS_NUM_THREADS"] == "2"
+
+
+def test_each_stack_puts_run_dirs_under_its_own_state_dir(tmp_path: Path, monkeypatch) -> None:
+    """Two stacks on one machine never share a run dir, even for runs of the same name (two test sessions
+    started in the same second once named theirs alike); the daemons and a shell from `stack env` agree,
+    and a root exported before `stack up` does not leak into the stack's workers."""
+    monkeypatch.setenv("LONGRUN_RUN_ROOT", str(tmp_path / "shared"))
+    roots = []
+    for name in ("a", "b"):
+        airflow = Airflow(Layout(state_dir=tmp_path / name))
+        airflow.password()
+        assert airflow.daemon_env()["LONGRUN_RUN_ROOT"] == airflow.env()["LONGRUN_RUN_ROOT"]
+        roots.append(Path(airflow.env()["LONGRUN_RUN_ROOT"]))
+    assert roots == [tmp_path / "a" / "runs", tmp_path / "b" / "runs"]

@@ -68,6 +68,9 @@ class Airflow(Component):
         self.passwords_path = self.home / "passwords.json"
         # Only with `--db postgres`: started before the daemons, stopped after them.
         self.db = Postgres(layout) if layout.db == "postgres" else None
+        # Run dirs of the jobs this stack's workers submit (LONGRUN_RUN_ROOT): inside the state dir, so two
+        # stacks on one machine never share one, however their runs are named.
+        self.run_root = str(layout.state_dir / "runs")
 
     def _secrets(self) -> dict[str, str]:
         if self.secrets_path.exists():
@@ -96,6 +99,7 @@ class Airflow(Component):
             "LONGRUN_AIRFLOW_USER": ADMIN_USER,
             "LONGRUN_AIRFLOW_PASSWORD": self.password(),
             "AIRFLOW_HOME": str(self.home),
+            "LONGRUN_RUN_ROOT": self.run_root,
         }
 
     def daemon_env(self) -> dict[str, str]:
@@ -105,6 +109,7 @@ class Airflow(Component):
         env.update(self.stack_env())
         env.update(
             AIRFLOW_HOME=str(self.home),
+            LONGRUN_RUN_ROOT=self.run_root,
             # Tasks spawn `airflow`, `sbatch` and Python: the venv's bin comes first.
             PATH=bindir + os.pathsep + env.get("PATH", "/usr/bin:/bin"),
             PYTHONUNBUFFERED="1",
