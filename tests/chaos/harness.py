@@ -41,8 +41,10 @@ STEPS = (
     "promotion",
 )
 # step -> the sdc_incident task that acts on it, for the steps whose task runs beside another one (attribute
-# beside freeze, pick beside diagnose): a "task" cell there kills that task's process, not any running task.
-STEP_TASK = {"attribute": "attribute", "pick": "pick_checkpoint"}
+# beside freeze, pick beside diagnose) or is reached while the task before it still runs (freeze: the
+# incident record exists once open_record's first write is done, and open_record is still finishing): a
+# "task" cell there kills that task's process, not any running task.
+STEP_TASK = {"freeze": "freeze", "attribute": "attribute", "pick": "pick_checkpoint"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
