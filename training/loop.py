@@ -24,7 +24,7 @@ from training.events import EventWriter
 from training.faults import Fault, Injector, fault_state_dir
 from training.model import build_model
 from training.nvrx import NvrxMonitor
-from training.nvrx_restart import first_incarnation_only, in_job_resume_ref
+from training.nvrx_restart import first_incarnation_only, in_job_resume_ref, verdict_already_given
 from training.segment import Segment, segment_id
 from training.store import ObjectStore, StoreError, store_from_env
 from training.trainer_checkpoints import TrainerCheckpoints
@@ -104,6 +104,9 @@ class Trainer(RunRecords, TrainerCheckpoints):
             run_dir=self.run_dir,
             run=cfg.run,
             store=self.store,
+        )
+        self.earlier_verdict = verdict_already_given(
+            restart_count=self.nvrx.restart_count, run_dir=self.run_dir, run=cfg.run, store=self.store
         )
         self.resumed_from: str | None = None
         self._last_step: int | None = None
@@ -234,6 +237,10 @@ class Trainer(RunRecords, TrainerCheckpoints):
         return code
 
     def _loop(self) -> int:
+        if self.earlier_verdict and self.cfg.checks.on_verdict == "exit":
+            log.error("in-job restart after this launch's SDC verdict (%s): exiting 93", self.earlier_verdict)
+            self.nvrx.request_shutdown(f"SDC verdict already given in this launch: {self.earlier_verdict}")
+            return schema.EXIT_SDC_VERDICT
         for step in range(self.start_step + 1, self.cfg.steps + 1):
             t0 = time.perf_counter()
             if self.segment.first_step is None:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from training.launch_records import LAUNCH_T0_ENV, newest_checkpoint_since
+from training.launch_records import LAUNCH_T0_ENV, alerts_since, newest_checkpoint_since
 
 log = logging.getLogger("training.nvrx")  # the adapter's logger, as before the split
 
@@ -47,3 +47,23 @@ def in_job_resume_ref(
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(choice, src=0)
     return choice[0]
+
+
+def verdict_already_given(*, restart_count: int, run_dir: Path, run: str, store: Any = None) -> str | None:
+    """After an ft_launcher restart: an alert this launch already wrote, else None. NVRx 0.4.1 can restart
+    the workers before the verdict's shutdown request reaches it; the restarted run would then train on
+    the suspect node again (and a drill would fire twice). Such an incarnation exits 93 before its first
+    step. Without the launch's start time (`LONGRUN_LAUNCH_T0`) nothing can tell this launch's alerts from
+    an earlier attempt's, so it never decides. Rank 0 decides and broadcasts, as for the resume."""
+    raw = os.environ.get(LAUNCH_T0_ENV)
+    if restart_count == 0 or not raw:
+        return None
+    import torch.distributed as dist
+
+    found: list[str | None] = [None]
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        alerts = alerts_since(run_dir, float(raw), run=run, store=store)
+        found[0] = alerts[0] if alerts else None
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(found, src=0)
+    return found[0]

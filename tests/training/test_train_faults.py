@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import REPO, base_env
@@ -110,3 +111,21 @@ def test_crash_is_not_an_sdc_verdict(launch):
     assert run.rcs[2] == -9, run.log()
     assert EXIT_SDC_VERDICT not in run.rcs and all(rc != 0 for rc in run.rcs)
     assert run.alerts() == []
+
+
+def test_an_in_job_restart_after_the_verdict_exits_93_before_any_step(launch):
+    """NVRx 0.4.1 can restart the workers before the verdict's shutdown request reaches it (seen in CI: the
+    restart replayed the drill and wrote a second alert). Restart 1 of the same launch (ft_launcher's
+    TORCHELASTIC_RESTART_COUNT, stood in by the environment here: no ft_launcher) must not train again."""
+    t0 = time.time() - 1
+    first = launch([*AUDIT, "--fault", "nan:6:1"], env={"LONGRUN_LAUNCH_T0": str(t0)})
+    assert first.rcs == [EXIT_SDC_VERDICT] * 4, first.log()
+    restarted = {"LONGRUN_LAUNCH_T0": str(t0), "TORCHELASTIC_RESTART_COUNT": "1"}
+    again = launch([*AUDIT, "--fault", "nan:6:1"], env=restarted)
+    assert again.rcs == [EXIT_SDC_VERDICT] * 4, again.log()
+    assert len(again.alerts()) == 1, again.log()  # the first incarnation's only
+    progress = json.loads((again.run_dir / "progress" / "latest.json").read_text())
+    assert progress["step"] == 5
+    # A restart in a later launch (its start after the alert) trains as usual.
+    later = launch(AUDIT, env={"LONGRUN_LAUNCH_T0": str(time.time()), "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert later.rcs == [0] * 4, later.log()
