@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +38,14 @@ def in_job_resume_ref(
     broadcasts, so every rank loads the same step even if they see the file system differently."""
     if restart_count == 0:
         return default
-    import torch.distributed as dist
 
-    choice: list[str | None] = [None]
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    def choose() -> str | None:
         since = float(os.environ.get(LAUNCH_T0_ENV) or 0.0)
-        choice[0] = newest_checkpoint_since(run_dir, since, run=run, store=store) or default
-        log.warning("in-job restart %d: resuming from %s", restart_count, choice[0] or "scratch")
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(choice, src=0)
-    return choice[0]
+        choice = newest_checkpoint_since(run_dir, since, run=run, store=store) or default
+        log.warning("in-job restart %d: resuming from %s", restart_count, choice or "scratch")
+        return choice
+
+    return _decided_by_rank0(choose)
 
 
 def verdict_already_given(*, restart_count: int, run_dir: Path, run: str, store: Any = None) -> str | None:
@@ -58,12 +57,22 @@ def verdict_already_given(*, restart_count: int, run_dir: Path, run: str, store:
     raw = os.environ.get(LAUNCH_T0_ENV)
     if restart_count == 0 or not raw:
         return None
+
+    def first_alert() -> str | None:
+        alerts = alerts_since(run_dir, float(raw), run=run, store=store)
+        return alerts[0] if alerts else None
+
+    return _decided_by_rank0(first_alert)
+
+
+def _decided_by_rank0(decide: Callable[[], str | None]) -> str | None:
+    """`decide()` on rank 0, broadcast to every rank: all ranks act alike even where they see the file
+    system differently."""
     import torch.distributed as dist
 
-    found: list[str | None] = [None]
+    value: list[str | None] = [None]
     if not dist.is_initialized() or dist.get_rank() == 0:
-        alerts = alerts_since(run_dir, float(raw), run=run, store=store)
-        found[0] = alerts[0] if alerts else None
+        value[0] = decide()
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(found, src=0)
-    return found[0]
+        dist.broadcast_object_list(value, src=0)
+    return value[0]
