@@ -30,6 +30,7 @@ RUNBOOKS: dict[str, str] = {
     "foreign_drain": "runbooks/node-drained-by-someone-else.md",
     # monitoring and the checkpoint gate
     "stale_heartbeat": "runbooks/stale-heartbeat.md",
+    "launch_held": "runbooks/job-held-after-failed-launch.md",
     "checkpoint_validation_failed": "runbooks/checkpoint-validation-failed.md",
     "audit_failed": "runbooks/audit-failed.md",
     "dag_paused": "runbooks/dag-paused.md",

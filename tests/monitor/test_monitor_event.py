@@ -151,6 +151,21 @@ def test_the_operator_retries_a_retryable_error_and_fails_the_others(op: RunMoni
         op.execute_complete({"run_id": "manual__1"}, json.loads(EVENTS["stale"]))
 
 
+def test_the_operator_fails_a_job_slurm_holds_after_a_failed_launch_with_its_runbook(
+    op: RunMonitorOperator,
+) -> None:
+    event = {
+        **json.loads(EVENTS["job_done"]),
+        "type": "launch_held",
+        "message": "run r1: Slurm holds job 42 after a failed launch (job 42 PENDING"
+        " reason=launch_failed_requeued_held restarts=1); it will not start until it is released",
+    }
+    for field in ("outcome", "label"):
+        event.pop(field, None)
+    with pytest.raises(AirflowFailException, match="holds job 42.*runbooks/job-held-after-failed-launch.md"):
+        op.execute_complete({"run_id": "manual__1"}, event)
+
+
 @pytest.mark.parametrize("event", [None, [], {"type": "job_done"}, {"seen": json.loads(SEEN)}])
 def test_the_operator_fails_a_malformed_event(op: RunMonitorOperator, event: object) -> None:
     with pytest.raises(AirflowFailException, match="malformed monitor event"):

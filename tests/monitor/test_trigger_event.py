@@ -32,6 +32,11 @@ LOOKS: list[dict[str, Any]] = [
     },
     {"type": watch.STALE, "age_s": 700.1, "progress": {"step": 30, "time": 5.0}, "message": "no progress"},
     {"type": watch.STALE, "age_s": 612.0, "progress": None, "message": "no progress yet"},
+    {
+        "type": watch.LAUNCH_HELD,
+        "message": "Slurm holds job 42 after a failed launch",
+        "state": {"job_id": 42, "status": "requeued", "reason": "launch_failed_requeued_held"},
+    },
     {"type": watch.ERROR, "retryable": True, "message": "30 failed looks: timeout"},
     {"type": watch.ERROR, "retryable": False, "message": "KeyError: 'x'"},
 ]

@@ -1,15 +1,20 @@
 """watch.look against a real Slurm job (the four-node test cluster) and a local-directory store: the
-order of events (alert first, then checkpoints, then the job's end) and the stale heartbeat."""
+order of events (alert first, then checkpoints, then the job's end), the stale heartbeat, and a job Slurm
+holds after a failed launch (told apart from longrun's own requeue-hold)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 
 import pytest
 from longrun.monitor import watch
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, make_client
+from longrun.slurm.outcomes import held_after_failed_launch
 from longrun.slurm.spec import JobSpec
+from longrun.stack.slurm_conf import slurm_paths
 
 from training import schema
 from training.store import LocalDirStore, put_json
@@ -20,6 +25,21 @@ pytestmark = [pytest.mark.slurm]
 @pytest.fixture
 def client(slurm_cluster):
     return make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
+
+
+def _spec(tmp_path, name: str, **kw) -> JobSpec:
+    return JobSpec(
+        name=name,
+        partition="debug",
+        command=("sleep 120",),
+        comment="longrun/test/watch/look/-1/1",
+        gpus_per_node=0,
+        exclusive=False,
+        time_limit_min=5,
+        workdir=str(tmp_path),
+        output="watch-%j.out",
+        **kw,
+    )
 
 
 def test_look_orders_events_and_sees_a_stale_heartbeat(tmp_path, client):
@@ -65,3 +85,56 @@ def test_look_orders_events_and_sees_a_stale_heartbeat(tmp_path, client):
         assert event["type"] == watch.JOB_DONE and event["label"] == "cancelled"
     finally:
         client.cancel(job_id)
+
+
+def test_a_job_slurm_holds_after_a_failed_launch_fails_the_watch_and_longruns_own_hold_does_not(
+    tmp_path, client, slurm_cluster
+):
+    """The chaos cell re-enter x slurmctld left a relaunch PENDING "launch failed requeued held" (slurmctld
+    restarted just after the allocation; the node reported a duplicate job id) and the monitor waited
+    forever. The same hold is made here through the stack's prolog hook: a failing prolog is the other
+    way Slurm requeues a batch job held after its launch. longrun's own requeue-hold and an operator's
+    hold must not be mistaken for it."""
+    marker = slurm_paths(slurm_cluster.stack.layout)["fail_launch"] / "n3"
+    env = {**os.environ, **slurm_cluster.env}
+    jobs: list[int] = []
+    marker.parent.mkdir(exist_ok=True)
+    marker.touch()
+    try:
+        held_id = client.submit(_spec(tmp_path, "held-test", nodelist=("n3",)))
+        jobs.append(held_id)
+        state = ops.wait_for(client, held_id, lambda s: s.held, timeout_s=120)
+        assert state.slurm_state == "PENDING" and held_after_failed_launch(state), state
+        seen = watch.Seen(run="w2", job_id=held_id, since=time.time())
+        event, _ = watch.look(LocalDirStore(tmp_path / "store"), client, seen)
+        assert event is not None and event["type"] == watch.LAUNCH_HELD, event
+        assert f"job {held_id}" in event["message"] and "launch_failed_requeued_held" in event["message"]
+        marker.unlink()
+
+        # longrun's own hold (ops.requeue_excluding holds, then releases) and an operator's hold: waiting
+        own_id = client.submit(_spec(tmp_path, "own-hold-test", nodelist=("n4",)))
+        jobs.append(own_id)
+        ops.wait_status(client, own_id, {JobStatus.RUNNING}, timeout_s=60)
+        client.requeue_hold(own_id)
+        own = ops.wait_for(client, own_id, lambda s: s.held, timeout_s=60)
+        assert not held_after_failed_launch(own), own
+        seen = watch.Seen(run="w3", job_id=own_id, since=time.time())
+        assert watch.look(LocalDirStore(tmp_path / "store3"), client, seen)[0] is None
+        # n3 is drained now (Slurm's "Prolog error"): a job for it pends, and an operator holds it
+        op_id = client.submit(_spec(tmp_path, "operator-hold-test", nodelist=("n3",)))
+        jobs.append(op_id)
+        subprocess.run(["scontrol", "hold", str(op_id)], env=env, check=True, capture_output=True)
+        operator_hold = ops.wait_for(client, op_id, lambda s: s.held, timeout_s=60)
+        assert not held_after_failed_launch(operator_hold), operator_hold
+        seen = watch.Seen(run="w4", job_id=op_id, since=time.time())
+        assert watch.look(LocalDirStore(tmp_path / "store4"), client, seen)[0] is None
+    finally:
+        marker.unlink(missing_ok=True)
+        for job_id in jobs:
+            client.cancel(job_id)
+        for job_id in jobs:
+            ops.wait_for(client, job_id, lambda s: s.is_terminal, timeout_s=60)
+        # Slurm drained n3 for the failed prolog ("Prolog error"): not longrun's reason, so resumed here
+        subprocess.run(
+            ["scontrol", "update", "NodeName=n3", "State=RESUME"], env=env, check=False, capture_output=True
+        )

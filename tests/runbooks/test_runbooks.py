@@ -30,6 +30,7 @@ EXPECTED = (
     "diagnostic-failed",
     "diagnostic-passed",
     "stale-heartbeat",
+    "job-held-after-failed-launch",
     "checkpoint-validation-failed",
     "audit-failed",
     "relaunch-failed",

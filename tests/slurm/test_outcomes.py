@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from longrun.slurm.client import JobState, JobStatus
-from longrun.slurm.outcomes import SDC_EXIT_CODE, TABLE, Kind, classify
+from longrun.slurm.outcomes import SDC_EXIT_CODE, TABLE, Kind, classify, held_after_failed_launch
 
 
 def state(status, exit_code=None, restarts=0):
@@ -49,3 +49,26 @@ def test_exhausted_restarts_are_terminal_but_success_stays_success():
     assert classify(state(JobStatus.NODE_FAIL, restarts=3), max_restarts=2).kind is Kind.TERMINAL
     assert classify(state(JobStatus.NODE_FAIL, restarts=2), max_restarts=2).kind is Kind.RETRYABLE
     assert classify(state(JobStatus.COMPLETED, 0, restarts=9), max_restarts=2).kind is Kind.SUCCESS
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "held"),
+    [
+        # Slurm's own holds after a failed launch, as scontrol (underscores) and JSON/pyslurm (spaces) say
+        (JobStatus.REQUEUED, "launch_failed_requeued_held", True),
+        (JobStatus.PENDING, "launch failed requeued held", True),
+        (JobStatus.REQUEUED, "user_env_retrieval_failed_requeued_held", True),
+        # holds someone chose: longrun's requeue-hold (ops.requeue_excluding) and an operator's
+        (JobStatus.REQUEUED, "job_requeued_in_held_state", False),
+        (JobStatus.PENDING, "JobHeldAdmin", False),
+        (JobStatus.PENDING, "JobHeldUser", False),
+        (JobStatus.PENDING, "Resources", False),
+        (JobStatus.PENDING, None, False),
+        # the reason of a job that has left the queue is history, not a hold
+        (JobStatus.CANCELLED, "launch_failed_requeued_held", False),
+    ],
+)
+def test_only_slurms_own_hold_after_a_failed_launch_counts(status, reason, held):
+    s = JobState(job_id=7, status=status, slurm_state="PENDING", reason=reason, held=reason is not None)
+    assert held_after_failed_launch(s) is held
+    assert classify(s).kind is TABLE[status][0]  # the table is unchanged: the monitor acts on the hold

@@ -185,6 +185,25 @@ def test_squeue_2302_flags_hold_and_signal():
     assert (jobs[13].exit_code, jobs[13].signal) == (None, 9)
 
 
+def test_squeue_json_takes_slurms_description_as_scontrol_does():
+    """squeue's JSON gives a launch-failed hold as the code JobHeldUser plus a description (as on 22.05
+    here); scontrol prints the description, with underscores. Both read the same."""
+    held = {
+        "job_id": 14,
+        "name": "d",
+        "job_state": "PENDING",
+        "state_reason": "JobHeldUser",
+        "state_description": "launch failed requeued held",
+        "restart_cnt": 1,
+        "nodes": "",
+    }
+    waiting = {**held, "job_id": 15, "state_reason": "Resources", "state_description": "", "restart_cnt": 0}
+    jobs = {j.job_id: j for j in parse.jobs_from_squeue_json({"jobs": [held, waiting]})}
+    assert jobs[14].reason == "launch_failed_requeued_held" and jobs[14].held
+    assert jobs[14].status is JobStatus.REQUEUED
+    assert jobs[15].reason == "Resources" and not jobs[15].held
+
+
 SINFO_2205 = {
     "nodes": [
         {"name": "n1", "state": "idle", "state_flags": [], "reason": ""},

@@ -76,7 +76,7 @@ class MonitorEvent(Part):
     """One trigger event. Which fields are set depends on `type` (see `longrun.monitor.watch`)."""
 
     type: str
-    """`alert`, `checkpoint`, `job_done`, `stale` or `error`."""
+    """`alert`, `checkpoint`, `job_done`, `launch_held`, `stale` or `error`."""
     alert_key: str | None = None
     alert: dict[str, Any] | None = None
     """The alert record as the job wrote it (checked by `alert_auth` before it is read as an Alert)."""
@@ -91,7 +91,7 @@ class MonitorEvent(Part):
     retryable: bool | None = None
     message: str | None = None
     state: dict[str, Any] | None = None
-    """Slurm's state of the ended job (`JobState.to_dict`)."""
+    """Slurm's state of the ended (or launch-held) job (`JobState.to_dict`)."""
     seen: watch.Seen
     """What the monitor has handled."""
     carry: Carry = field(default_factory=Carry)

@@ -8,6 +8,8 @@ execute_complete, one trigger event at a time:
     alert       stop watching; return the alert so the DAG hands it to sdc_incident
     job_done    return the outcome (completed) or fail with Slurm's state and exit code
     stale       fail loudly: the heartbeat stopped while the job runs (runbook: stale heartbeat)
+    launch_held fail loudly: Slurm holds the job after a failed launch (runbook: job held after a failed
+                launch); released by an operator, a clear of the task watches the same job again
     error       retryable -> raise so Airflow retries the task (it re-defers); else fail
 
 Asset events: Airflow 3.3 registers a task's asset events when the task succeeds, not while it is
@@ -188,6 +190,8 @@ class RunMonitorOperator(BaseOperator):
             raise AirflowFailException(f"monitor of run {seen.run} failed: {ev.message}")
         if ev.type == watch.STALE:
             raise AirflowFailException(f"{ev.message}; runbook: {runbook_path('stale_heartbeat')}")
+        if ev.type == watch.LAUNCH_HELD:
+            raise AirflowFailException(f"{ev.message}; runbook: {runbook_path('launch_held')}")
         if ev.type == watch.ALERT:
             assert ev.alert is not None  # MonitorEvent refuses an alert event without one
             if not self._authentic(seen, ev):

@@ -8,6 +8,7 @@ Events, most urgent first:
     alert       a new record under the run's alerts/ (the incident takes over)
     checkpoint  a new manifest under checkpoints/ (smallest step first; validate + promote it)
     job_done    the job is final and nothing new is in the store
+    launch_held Slurm holds the pending job after its launch failed (it never starts by itself)
     stale       the job runs but progress/latest.json has not moved for `stale_after_s`
 """
 
@@ -21,12 +22,13 @@ from typing import Any
 
 from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from longrun.slurm.errors import JobNotFoundError
-from longrun.slurm.outcomes import Kind, classify
+from longrun.slurm.outcomes import Kind, classify, held_after_failed_launch
 from training import schema
 from training.records.fields import opt_float
 from training.store import NotFound, ObjectStore
 
 ALERT, CHECKPOINT, JOB_DONE, STALE, ERROR = "alert", "checkpoint", "job_done", "stale", "error"
+LAUNCH_HELD = "launch_held"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +107,14 @@ def look(
                 "outcome": outcome.kind.value,
                 "label": outcome.label,
                 "message": outcome.message,
+                "state": state.to_dict(),
+            }, activity
+        if held_after_failed_launch(state):
+            # Pending "by the table", but nothing will start it: without this the monitor waits forever.
+            return {
+                "type": LAUNCH_HELD,
+                "message": f"run {seen.run}: Slurm holds job {seen.job_id} after a failed launch"
+                f" ({state.describe()}); it will not start until it is released",
                 "state": state.to_dict(),
             }, activity
         if state.status is JobStatus.RUNNING:

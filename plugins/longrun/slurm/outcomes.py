@@ -8,6 +8,9 @@
 The SDC verdict code (93, the exit code NVRx 0.5+ reserves for "do not restart", which longrun's trainer
 uses when a check convicts a node) is terminal whatever the state says: restarting on the same nodes
 would repeat the corruption; the incident DAG takes over instead.
+
+A pending job Slurm itself holds after a failed launch (`held_after_failed_launch`) is "running" by this
+table, yet it never starts until someone releases it: the monitor raises it on its own.
 """
 
 from __future__ import annotations
@@ -59,6 +62,22 @@ TABLE: dict[JobStatus, tuple[Kind, str]] = {
     JobStatus.REQUEUED: (Kind.RUNNING, "requeued"),
     JobStatus.UNKNOWN: (Kind.RUNNING, "unknown"),
 }
+
+
+#: How Slurm describes a job it requeued and held because its launch failed (slurmctld's job_mgr: a
+#: prolog that failed, a node that already ran the job after slurmctld lost its state, a user environment
+#: it could not fetch). scontrol prints the description with underscores, pyslurm and squeue's JSON with
+#: spaces; both forms are read. longrun's own `scontrol requeuehold` reads "job requeued in held state"
+#: and `scontrol hold` "JobHeldAdmin"/"JobHeldUser": holds someone chose, not failures.
+LAUNCH_FAILED_HOLDS = ("launch failed requeued held", "user env retrieval failed requeued held")
+
+
+def held_after_failed_launch(state: JobState) -> bool:
+    """Slurm holds the pending job because its launch failed; it stays pending at priority 0 until an
+    operator releases it (`scontrol release`)."""
+    reason = (state.reason or "").replace("_", " ").lower()
+    pending = state.status in (JobStatus.PENDING, JobStatus.REQUEUED)  # requeued: pending, restarts > 0
+    return pending and any(r in reason for r in LAUNCH_FAILED_HOLDS)
 
 
 def classify(state: JobState, *, max_restarts: int | None = None) -> Outcome:

@@ -181,7 +181,10 @@ def job_from_squeue_json(job: dict[str, Any]) -> JobState:
     slurm_state = states[0] if states else "UNKNOWN"
     restarts = _number(job.get("restart_cnt")) or 0
     exit_code, signal = _job_exit(job)
-    reason = _null(job.get("state_reason"))
+    # As scontrol: Slurm's own description of the state when it wrote one (e.g. "launch failed requeued
+    # held" beside the code JobHeldUser), with underscores for spaces; else the reason code.
+    description = str(job.get("state_description") or "").strip()
+    reason = "_".join(description.split()) if description else _null(job.get("state_reason"))
     # 22.05 reports exit 0 for jobs still running; the code is only meaningful once the job is final.
     status = fold_status(slurm_state, restart_count=restarts)
     if status in ACTIVE:

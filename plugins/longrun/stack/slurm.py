@@ -12,7 +12,7 @@ from . import procs
 from .component import Component, Say
 from .layout import NODES, Layout
 from .procs import ProcRecord, StackError
-from .slurm_conf import render_cgroup_conf, render_slurm_conf, slurm_paths
+from .slurm_conf import render_cgroup_conf, render_prolog, render_slurm_conf, slurm_paths
 from .slurm_version import detect_version
 
 CTLD_TIMEOUT_S = 30.0
@@ -96,6 +96,8 @@ class Slurm(Component):
             (self.paths["spool"] / node).mkdir(exist_ok=True)
         conf = render_slurm_conf(self.layout, hostname=socket.gethostname(), version=version)
         self.paths["conf"].write_text(conf)
+        self.paths["prolog"].write_text(render_prolog(self.layout))
+        self.paths["prolog"].chmod(0o755)
         cgroup = render_cgroup_conf(version)
         if cgroup is None:
             self.paths["cgroup_conf"].unlink(missing_ok=True)
