@@ -185,6 +185,22 @@ class AirflowRest:
         """task_id -> state (mapped tasks: the last map index wins)."""
         return {ti["task_id"]: ti["state"] for ti in self.task_instances(dag_id, run_id)}
 
+    def clear_tasks(
+        self, dag_id: str, run_id: str, task_ids: list[str], *, downstream: bool = True
+    ) -> list[str]:
+        """Clear these tasks of one run (and by default their downstream tasks), whatever their state, as
+        the UI's Clear does; the run goes back to running. Returns the task ids Airflow cleared."""
+        body = {
+            "dry_run": False,
+            "dag_run_id": run_id,
+            "task_ids": list(task_ids),
+            "include_downstream": downstream,
+            "only_failed": False,
+            "reset_dag_runs": True,
+        }
+        found = self.call("POST", f"/dags/{dag_id}/clearTaskInstances", json=body)
+        return [str(ti.get("task_id")) for ti in (found or {}).get("task_instances", [])]
+
     def approve(self, dag_id: str, run_id: str, task_id: str) -> bool:
         """Answer a human-in-the-loop task with "Approve"; False if the API refused (not waiting yet)."""
         resp = self.session.patch(

@@ -221,8 +221,13 @@ def run_drill(
     say: Say = print,
     timeout_s: float = 1800.0,
     approve: bool = False,
+    operator: Callable[[str, str], bool] | None = None,
 ) -> DrillResult:
-    """Trigger training_run with `conf` and follow it (and its incident and relaunch) to the end."""
+    """Trigger training_run with `conf` and follow it (and its incident and relaunch) to the end.
+
+    `operator(dag_id, run_id)`, when given, is a person called when a followed run ends failed: it
+    returns True after following a runbook that clears the failed tasks (the run is followed again), and
+    False to let the failure stand. It is asked again after each repair, so it must know when to stop."""
     run = str(conf["run_name"])
     drill = conf.get("drill")
     result = DrillResult(run=run, kind=drill["kind"] if drill else None)
@@ -230,7 +235,15 @@ def run_drill(
     t0 = time.monotonic()
     run_id = rest.trigger("training_run", conf)
     say(f"triggered training_run {run_id} for run {run} (drill: {drill})")
-    state = _follow(rest, "training_run", run_id, deadline=deadline, say=say, progress=_progress(store, run))
+
+    def follow(dag_id: str, run_id: str, **kw: Any) -> str:
+        state = _follow(rest, dag_id, run_id, deadline=deadline, say=say, **kw)
+        while state == "failed" and operator is not None and operator(dag_id, run_id):
+            say(f"  an operator repaired {dag_id} {run_id} by its runbook; following it again")
+            state = _follow(rest, dag_id, run_id, deadline=deadline, say=say, **kw)
+        return state
+
+    state = follow("training_run", run_id, progress=_progress(store, run))
     result.dag_runs.append(("training_run", run_id, state))
     if state != "success":
         raise DrillError(f"training_run {run_id} ended {state}: {result.summary()}")
@@ -238,9 +251,7 @@ def run_drill(
     if alerts:
         incident_run = incident_run_id(alerts[0])
         say(f"alert {alerts[0]} -> sdc_incident {incident_run}")
-        state = _follow(
-            rest, "sdc_incident", incident_run, deadline=deadline, say=say, progress=None, approve=approve
-        )
+        state = follow("sdc_incident", incident_run, progress=None, approve=approve)
         result.dag_runs.append(("sdc_incident", incident_run, state))
         result.incident = _incident(store, run)
         if state != "success":
@@ -251,9 +262,7 @@ def run_drill(
             return result
         attempt_run = attempt_run_id(run, 1)
         say(f"relaunched job -> training_run {attempt_run}")
-        state = _follow(
-            rest, "training_run", attempt_run, deadline=deadline, say=say, progress=_progress(store, run)
-        )
+        state = follow("training_run", attempt_run, progress=_progress(store, run))
         result.dag_runs.append(("training_run", attempt_run, state))
         if state != "success":
             raise DrillError(f"training_run {attempt_run} ended {state}: {result.summary()}")

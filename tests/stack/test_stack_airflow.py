@@ -7,6 +7,7 @@ import pytest
 import requests
 from helpers.airflow_api import AirflowApi
 from helpers.stack_fixtures import AirflowStack
+from longrun.airflow_rest import AirflowRest
 from longrun.stack import Stack
 from longrun.stack.airflow import DAEMONS
 
@@ -50,6 +51,20 @@ def test_smoke_dag_through_scheduler(airflow_stack: AirflowStack, local_stack: S
     # torch imported already; without, it does not (nothing before the task imports it).
     preloaded = "yes" if local_stack.layout.preload_torch else "no"
     assert f"torch imported before the task: {preloaded}" in log, log
+
+
+def test_clear_tasks_runs_a_finished_task_again(airflow_stack: AirflowStack) -> None:
+    """AirflowRest.clear_tasks (what an operator's Clear does; the chaos matrix's operator uses it) puts
+    a finished run back to running and its task runs a second try."""
+    rest = AirflowRest.login(airflow_stack.url, airflow_stack.user, airflow_stack.password, timeout=120.0)
+    rest.wait_dag_parsed("smoke", timeout=90)
+    rest.unpause("smoke")
+    run_id = rest.trigger("smoke", {})
+    assert rest.wait_run("smoke", run_id, timeout=120) == "success"
+    assert rest.clear_tasks("smoke", run_id, ["hello"]) == ["hello"]
+    assert rest.wait_run("smoke", run_id, timeout=120) == "success"
+    (ti,) = rest.task_instances("smoke", run_id)
+    assert (ti["task_id"], ti["state"], ti["try_number"]) == ("hello", "success", 2), ti
 
 
 def _has_torch_loaded(pid: int) -> bool:
