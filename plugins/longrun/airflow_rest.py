@@ -203,9 +203,14 @@ class AirflowRest:
 
     def approve(self, dag_id: str, run_id: str, task_id: str) -> bool:
         """Answer a human-in-the-loop task with "Approve"; False if the API refused (not waiting yet)."""
+        return self.answer(dag_id, run_id, task_id, "Approve")
+
+    def answer(self, dag_id: str, run_id: str, task_id: str, option: str) -> bool:
+        """Answer a human-in-the-loop task with one of its options (an ApprovalOperator's are "Approve"
+        and "Reject"); False if the API refused (not waiting yet)."""
         resp = self.session.patch(
             f"{self.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/-1/hitlDetails",
-            json={"chosen_options": ["Approve"]},
+            json={"chosen_options": [option]},
             timeout=self.timeout,
         )
         return resp.status_code < 400

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +145,7 @@ def _follow(
     say: Say,
     progress: Callable[[], str] | None,
     approve: bool = False,
+    reject: Collection[str] = (),
 ) -> str:
     last: Any = None
     t0 = time.monotonic()
@@ -157,7 +158,7 @@ def _follow(
                 continue
             states = rest.task_states(dag_id, run_id)
             if approve:
-                _approve_waiting(rest, dag_id, run_id, approved, say)
+                _approve_waiting(rest, dag_id, run_id, approved, say, reject=reject)
         except TRANSIENT_ERRORS as exc:
             # A slow or restarting API server is not the run's outcome: poll again, within the deadline.
             # (An approval that timed out but landed is not asked again: its task is no longer waiting.)
@@ -182,9 +183,18 @@ def _follow(
     raise DrillError(f"{dag_id} run {run_id} did not finish in time (last: {last})")
 
 
-def _approve_waiting(rest: Rest, dag_id: str, run_id: str, approved: set[tuple[str, int]], say: Say) -> None:
-    """Approve each approval task's try once. Keyed by try: when Airflow's deferral race fails a resumed
-    approval, its retry asks again, and a person answering the UI would answer again too."""
+def _approve_waiting(
+    rest: Rest,
+    dag_id: str,
+    run_id: str,
+    approved: set[tuple[str, int]],
+    say: Say,
+    *,
+    reject: Collection[str] = (),
+) -> None:
+    """Answer each approval task's try once: "Reject" for the tasks in `reject`, else "Approve". Keyed by
+    try: when Airflow's deferral race fails a resumed approval, its retry asks again, and a person
+    answering the UI would answer again too."""
     for ti in rest.task_instances(dag_id, run_id):
         key = (str(ti.get("task_id")), int(ti.get("try_number") or 0))
         if (
@@ -192,9 +202,10 @@ def _approve_waiting(rest: Rest, dag_id: str, run_id: str, approved: set[tuple[s
             and ti.get("state") in ("awaiting_input", "deferred")
             and key not in approved
         ):
-            if rest.approve(dag_id, run_id, key[0]):
+            option = "Reject" if key[0] in reject else "Approve"
+            if rest.answer(dag_id, run_id, key[0], option):
                 approved.add(key)
-                say(f"  a person approves {key[0]} try {key[1]} (human-in-the-loop)")
+                say(f"  a person answers {option} to {key[0]} try {key[1]} (human-in-the-loop)")
 
 
 def _progress(store: ObjectStore, run: str) -> Callable[[], str]:
@@ -221,11 +232,13 @@ def run_drill(
     say: Say = print,
     timeout_s: float = 1800.0,
     approve: bool = False,
+    reject: Collection[str] = (),
     operator: Callable[[str, str], bool] | None = None,
 ) -> DrillResult:
     """Trigger training_run with `conf` and follow it (and its incident and relaunch) to the end.
 
-    `operator(dag_id, run_id)`, when given, is a person called when a followed run ends failed: it
+    With `approve`, a person answers the incident's approval tasks: "Approve", or "Reject" for those named
+    in `reject`. `operator(dag_id, run_id)`, when given, is a person called when a followed run ends failed: it
     returns True after following a runbook that clears the failed tasks (the run is followed again), and
     False to let the failure stand. It is asked again after each repair, so it must know when to stop."""
     run = str(conf["run_name"])
@@ -251,7 +264,7 @@ def run_drill(
     if alerts:
         incident_run = incident_run_id(alerts[0])
         say(f"alert {alerts[0]} -> sdc_incident {incident_run}")
-        state = follow("sdc_incident", incident_run, progress=None, approve=approve)
+        state = follow("sdc_incident", incident_run, progress=None, approve=approve, reject=reject)
         result.dag_runs.append(("sdc_incident", incident_run, state))
         result.incident = _incident(store, run)
         if state != "success":

@@ -37,12 +37,15 @@ from helpers.airflow_api import trigger_retrying
 from helpers.cleanup import restore_cluster
 from helpers.marks import END_TO_END
 from longrun.airflow_rest import AirflowApiError
-from longrun.drill import DRILL_CONF, DrillResult, Rest, prepare, return_to_service, run_drill
+from longrun.dagrun_ids import incident_run_id
+from longrun.drill import DRILL_CONF, DrillError, DrillResult, Rest, prepare, return_to_service, run_drill
 from longrun.monitor import lifecycle
 from longrun.nodes import history as h
 from longrun.nodes.cli import main as nodes_main
 from longrun.nodes.policy import POLICY_VARIABLE
+from longrun.runview import RunView
 from longrun.slurm.client import SlurmClient, make_client
+from longrun.slurm.spec import JobTag
 
 from training.faults import sick_marker
 from training.store import store_from_env
@@ -322,7 +325,6 @@ def test_rerunning_the_incident_changes_nothing(rest, clean):
     """Clear the whole sdc_incident run of the sick-node drill (as after a scheduler crash): it runs again
     and never drains twice, never submits twice, never loses or doubles the incident record."""
     from longrun.incident import ratelimit
-    from longrun.slurm.spec import JobTag
 
     from training.store import get_json
 
@@ -381,6 +383,43 @@ def nan_drill_in_mode(rest: Rest, mode: str, *, approve: bool = False) -> tuple[
     )
     print("\n" + result.summary())
     return client, result
+
+
+def test_a_rejected_drain_drains_nothing_and_relaunches_nothing(rest):
+    """approve mode, and the person rejects the drain: Airflow's ApprovalOperator skips only `drain`;
+    `pick_checkpoint` and `approve_relaunch` are skipped after it, and `relaunch` (whose trigger rule runs
+    it past skipped upstreams) skips itself (the step's own check) instead of failing on a missing
+    checkpoint. The incident fails its run as not relaunched; no node is drained, no job submitted."""
+    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
+    return_to_service(client)
+    run = name("reject")
+    with pytest.raises(DrillError, match="sdc_incident .* ended failed"):
+        run_drill(
+            rest,
+            store_from_env(),
+            {
+                **DRILL_CONF,
+                "run_name": run,
+                "incident_mode": "approve",
+                "drill": {"kind": "nan", "step": 13, "target": "1"},
+            },
+            approve=True,
+            reject=("approve_drain",),
+        )
+    alert_key = next(key for key, _a in RunView(store_from_env(), run).alerts)
+    incident_run = incident_run_id(alert_key)
+    states = rest.task_states("sdc_incident", incident_run)
+    assert states["approve_drain"] == "success", states  # answered: "Reject"
+    for task in ("drain", "pick_checkpoint", "approve_relaunch", "relaunch", "reenter_monitoring"):
+        assert states[task] == "skipped", (task, states)
+    assert states["summary"] == "failed", states
+    log = rest.task_log("sdc_incident", incident_run, "relaunch")
+    assert "was not drained" in log, log[-2000:]
+    assert not [n.name for n in client.nodes() if n.drain_flag], "a node was drained after a rejection"
+    tag = JobTag(dag_id="sdc_incident", run_id=incident_run, task_id="relaunch")
+    assert client.find_jobs(tag.prefix()) == [], "a job was submitted after a rejection"
+    ((_key, inc),) = RunView(store_from_env(), run).incidents
+    assert str(inc.status) != "relaunched" and "drained" not in [e.event for e in inc.timeline]
 
 
 def test_observe_mode_changes_nothing(rest, clean):

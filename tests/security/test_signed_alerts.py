@@ -233,6 +233,19 @@ def test_the_node_validator_refuses_keywords_and_node_sets(world, bad: str) -> N
     assert not [n.name for n in client.nodes() if n.drain_flag], "a node was drained"
 
 
+def test_a_relaunch_the_drain_did_not_precede_is_skipped_and_touches_nothing(world) -> None:
+    """In approve mode a rejected drain skips only `drain`; `relaunch` (none_failed_min_one_success) still
+    runs, with no checkpoint picked. The step itself refuses: skipped, nothing ended or submitted."""
+    job: SignedJob = world["job"]
+    inc = _incident(world, job.alert, job.alert_key)
+    steps.open_record(world["orch"], inc)
+    with pytest.raises(steps.IncidentSkip, match="n2 was not drained"):
+        steps.relaunch(world["orch"], world["client"], inc, node="n2", checkpoint={}, make_job=_never)
+    assert world["client"].job(job.job_id).status is JobStatus.RUNNING, "the job was ended"
+    assert not world["client"].node("n2").drain_flag
+    assert "relaunch_submitted" not in [e.event for e in inc.rec(world["orch"]).timeline]
+
+
 def test_the_genuine_alert_is_acted_on(world) -> None:
     """The gate lets the real thing through: the alerting job is cancelled, its suspect drained (last:
     it ends the module's job)."""

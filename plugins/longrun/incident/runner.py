@@ -39,6 +39,11 @@ class IncidentStop(Exception):
     The message names the runbook."""
 
 
+class IncidentSkip(Exception):
+    """This step has nothing to do because a step it needs did not happen (a person rejected the drain):
+    the task is skipped, the record is left as it is. The message says why."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Incident:
     """Who the incident is about; built once from the DAG run's params."""

@@ -1,5 +1,7 @@
 """sdc_incident's relaunch step: resubmit without the suspect node and wait until the job RUNS.
 
+Only after the drain: an incident whose node was not drained (the drain rejected in approve mode) skips.
+
 With hot spares (act mode) the in-job path (incident/injob.py) recovers inside the kept job first. The
 relaunch job is tagged with the incident's DAG run, so a retry reattaches instead of submitting twice.
 The RunSpec comes from relaunch_plan.py. Run by incident/runner.py; listed in incident/steps.py.
@@ -15,7 +17,7 @@ from typing import Any
 from longrun.incident import injob, record, runbooks
 from longrun.incident.events import Event
 from longrun.incident.relaunch_plan import conf_of, healthy_nodes, relaunch_spec
-from longrun.incident.runner import Incident, Outcome, Rec, authenticate, run
+from longrun.incident.runner import Incident, IncidentSkip, Outcome, Rec, authenticate, run
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, SlurmClient
@@ -35,7 +37,6 @@ def relaunch(
     running_timeout_s: float = 300.0,
 ) -> dict[str, Any]:
     exclude = (node,) if node else ()
-    resume_from = RestartCheckpoint.from_json(checkpoint).key  # the pick step's result
 
     def done(rec: Rec) -> dict[str, Any] | None:
         if rec.relaunch and record.has_event(rec, Event.RELAUNCHED_RUNNING):
@@ -43,6 +44,7 @@ def relaunch(
         return None
 
     def plan() -> tuple[RunSpec, str]:
+        resume_from = RestartCheckpoint.from_json(checkpoint).key  # the pick step's result
         free = healthy_nodes(client, inc, exclude=exclude)
         return relaunch_spec(inc, resume_from=resume_from, exclude=exclude, healthy=len(free))
 
@@ -57,6 +59,16 @@ def relaunch(
         )
 
     def act(rec: Rec) -> Outcome:
+        if not record.has_event(rec, Event.DRAINED):
+            # Our own check, not only the DAG's wiring: an approval operator skips just its direct
+            # downstream on "Reject", and this task's trigger rule runs it past skipped upstreams (with no
+            # checkpoint picked). A forged alert is still a security event first.
+            authenticate(store, client, inc)
+            raise IncidentSkip(
+                f"incident {inc.incident_id}: node {node} was not drained (a person rejected the drain, or"
+                " the drain never ran), so nothing is relaunched: the job stays as it ended, the node in"
+                " service"
+            )
         # hot spares: recover inside the kept job; else end it for the full relaunch
         if (in_job := injob.direct(store, client, inc, node=node, checkpoint=checkpoint)) is not None:
             return Outcome(result=in_job)  # injob recorded it

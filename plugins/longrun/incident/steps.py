@@ -26,7 +26,16 @@ from longrun.incident import attribution, injob, record
 from longrun.incident.events import Event
 from longrun.incident.probe_reference import cached_reference, remember_reference
 from longrun.incident.relaunch_plan import relaunch_spec, run_spec
-from longrun.incident.runner import Incident, IncidentStop, Outcome, Rec, authenticate, run, write
+from longrun.incident.runner import (
+    Incident,
+    IncidentSkip,
+    IncidentStop,
+    Outcome,
+    Rec,
+    authenticate,
+    run,
+    write,
+)
 from longrun.incident.step_diagnose import run_diagnosis
 from longrun.incident.step_drain import drain, restore_drain
 from longrun.incident.step_relaunch import relaunch
@@ -38,6 +47,7 @@ from training.store import ObjectStore
 
 __all__ = [  # the steps, and what callers imported from here before the split
     "Incident",
+    "IncidentSkip",
     "IncidentStop",
     "attribute",
     "authenticate",

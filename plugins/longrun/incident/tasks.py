@@ -1,6 +1,7 @@
 """sdc_incident's @task bodies: build the Incident from the DAG run's params, call `steps`, log the record.
 
-An IncidentStop becomes AirflowFailException (no retry: a person must look) after the record says why;
+An IncidentStop becomes AirflowFailException (no retry: a person must look) after the record says why, an
+IncidentSkip (a step a person rejected leaves the next one nothing to do) AirflowSkipException;
 every task logs the incident summary with its runbook links, so the Airflow log tells the story.
 """
 
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from longrun.hooks.slurm import SlurmHook
 from longrun.incident import approver, record, steps
@@ -59,6 +60,9 @@ def _run(params: Mapping[str, Any], dag_run_id: str, body: Callable[..., dict[st
     except steps.IncidentStop as e:
         _log_summary(store, inc)
         raise AirflowFailException(str(e)) from None
+    except steps.IncidentSkip as e:
+        _log_summary(store, inc)
+        raise AirflowSkipException(str(e)) from None
     _log_summary(store, inc)
     return out
 
