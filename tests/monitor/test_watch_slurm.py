@@ -44,18 +44,7 @@ def _spec(tmp_path, name: str, **kw) -> JobSpec:
 
 def test_look_orders_events_and_sees_a_stale_heartbeat(tmp_path, client):
     store = LocalDirStore(tmp_path / "store")
-    spec = JobSpec(
-        name="watch-test",
-        partition="debug",
-        command=("sleep 120",),
-        comment="longrun/test/watch/look/-1/1",
-        gpus_per_node=0,
-        exclusive=False,
-        time_limit_min=5,
-        workdir=str(tmp_path),
-        output="watch-%j.out",
-    )
-    job_id = client.submit(spec)
+    job_id = client.submit(_spec(tmp_path, "watch-test"))
     try:
         ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60)
         # the watch began 100 s ago (a fresh watch gives a run its grace period)
