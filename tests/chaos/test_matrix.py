@@ -11,7 +11,6 @@ with the command that produced it. Run: `make test-chaos` (LONGRUN_TEST_DB=postg
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 from typing import Any
@@ -19,11 +18,11 @@ from typing import Any
 import pytest
 from helpers import airflow_db
 from helpers.cleanup import fail_active_runs, restore_cluster
+from helpers.held_launch import follow_runbook
 from longrun.dagrun_ids import incident_run_id
 from longrun.drill import DRILL_CONF, Rest, prepare, return_to_service, run_drill
 from longrun.incident import ratelimit
 from longrun.slurm.client import make_client
-from longrun.slurm.outcomes import held_after_failed_launch
 
 from training.store import store_from_env
 
@@ -139,7 +138,9 @@ def test_cell(rest, clean, local_stack, airflow_stack, cell_done, step: str, com
                 {**DRILL_CONF, "run_name": run, "drill": DRILL},
                 say=lines.append,
                 timeout_s=2400,
-                operator=lambda dag_id, run_id: _held_job_runbook(rest, client, run, dag_id, run_id, outcome),
+                operator=lambda dag_id, run_id: follow_runbook(
+                    rest, client, run, dag_id, run_id, outcome, resume_reasons=("Duplicate jobid",)
+                ),
             )
         except Exception as e:  # noqa: BLE001 - reported below, with what the operator sees
             outcome["error"] = e
@@ -192,32 +193,6 @@ def test_cell(rest, clean, local_stack, airflow_stack, cell_done, step: str, com
     finally:
         breaker.heal()
         eng.dispose()
-
-
-def _held_job_runbook(rest, client, run: str, dag_id: str, run_id: str, outcome: dict) -> bool:  # noqa: ANN001
-    """The operator of runbooks/job-held-after-failed-launch.md, called when a followed run failed: only
-    for a training_run whose monitor failed naming that runbook while Slurm holds the run's job after a
-    failed launch (a slurmctld killed just after an allocation can leave one), and once per cell. It does
-    what the runbook says: resume a node Slurm drained for a duplicate job id, release the job, clear the
-    monitor and its downstream tasks. Any other failure stands."""
-    if dag_id != "training_run" or "runbook" in outcome:
-        return False
-    held = [j for j in client.jobs() if j.name == run and held_after_failed_launch(j)]
-    if len(held) != 1:
-        return False
-    log = rest.task_log(dag_id, run_id, "monitor")
-    if "job-held-after-failed-launch" not in log:  # what the operator sees, or it is not this case
-        return False
-    env = {**os.environ}
-    for node in client.nodes():
-        if node.drain_flag and (node.reason or "").startswith("Duplicate jobid"):
-            subprocess.run(
-                ["scontrol", "update", f"NodeName={node.name}", "State=RESUME"], env=env, check=True
-            )
-    client.release(held[0].job_id)
-    cleared = rest.clear_tasks(dag_id, run_id, ["monitor"])
-    outcome["runbook"] = f"job {held[0].job_id} released, cleared {sorted(cleared)}"
-    return True
 
 
 def _jobs_named(stack, run: str) -> int:  # noqa: ANN001

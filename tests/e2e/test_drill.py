@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from pathlib import Path
 import pytest
 from helpers.airflow_api import trigger_retrying
 from helpers.cleanup import restore_cluster
+from helpers.held_launch import follow_runbook
 from helpers.marks import END_TO_END
 from longrun.airflow_rest import AirflowApiError
 from longrun.dagrun_ids import incident_run_id
@@ -46,6 +48,8 @@ from longrun.nodes.policy import POLICY_VARIABLE
 from longrun.runview import RunView
 from longrun.slurm.client import SlurmClient, make_client
 from longrun.slurm.spec import JobTag
+from longrun.stack.layout import NODES
+from longrun.stack.slurm_conf import slurm_paths
 
 from training.faults import sick_marker
 from training.store import store_from_env
@@ -420,6 +424,58 @@ def test_a_rejected_drain_drains_nothing_and_relaunches_nothing(rest):
     assert client.find_jobs(tag.prefix()) == [], "a job was submitted after a rejection"
     ((_key, inc),) = RunView(store_from_env(), run).incidents
     assert str(inc.status) != "relaunched" and "drained" not in [e.event for e in inc.timeline]
+
+
+def test_a_job_held_after_a_failed_launch_fails_the_monitor_and_its_runbook_recovers_it(
+    rest, clean, local_stack
+):
+    """The stack's prolog fails every launch (a fail-launch marker for each node): Slurm drains the batch
+    host ("Prolog error") and requeues the job held, as after a slurmctld that lost an allocation (chaos
+    cell re-enter x slurmctld). The monitor fails at once naming the runbook, where it used to wait
+    forever; an operator does what the runbook says (cause removed, node resumed, job released, monitor
+    cleared) and the same job trains to the clean run's weights."""
+    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
+    return_to_service(client)
+    run = name("held")
+    fail_dir = slurm_paths(local_stack.layout)["fail_launch"]
+    fail_dir.mkdir(exist_ok=True)
+    markers = [fail_dir / node for node in NODES]
+    for marker in markers:
+        marker.touch()
+
+    def remove_markers() -> None:
+        for marker in markers:
+            marker.unlink(missing_ok=True)
+
+    done: dict = {}
+    try:
+        result = run_drill(
+            rest,
+            store_from_env(),
+            {**DRILL_CONF, "run_name": run},
+            operator=lambda dag_id, run_id: follow_runbook(
+                rest,
+                client,
+                run,
+                dag_id,
+                run_id,
+                done,
+                resume_reasons=("Prolog error",),
+                before=remove_markers,
+            ),
+        )
+    finally:
+        remove_markers()
+        for node in client.nodes():  # a failure half-way must not leave Slurm's own drain behind
+            if node.drain_flag and (node.reason or "").startswith("Prolog error"):
+                subprocess.run(["scontrol", "update", f"NodeName={node.name}", "State=RESUME"], check=False)
+    print("\n" + result.summary() + f"\noperator: {done.get('runbook')}")
+    assert "runbook" in done, "the monitor did not fail on the held job, or not naming the runbook"
+    assert result.incident is None and result.final_step == clean.final_step
+    assert result.final_fingerprint == clean.final_fingerprint
+    run_id = result.dag_runs[0][1]
+    monitor = next(ti for ti in rest.task_instances("training_run", run_id) if ti["task_id"] == "monitor")
+    assert (monitor["state"], monitor["try_number"]) == ("success", 2), monitor  # failed once, then cleared
 
 
 def test_observe_mode_changes_nothing(rest, clean):
