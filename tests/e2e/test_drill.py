@@ -393,7 +393,8 @@ def test_a_rejected_drain_drains_nothing_and_relaunches_nothing(rest):
     """approve mode, and the person rejects the drain: Airflow's ApprovalOperator skips only `drain`;
     `pick_checkpoint` and `approve_relaunch` are skipped after it, and `relaunch` (whose trigger rule runs
     it past skipped upstreams) skips itself (the step's own check) instead of failing on a missing
-    checkpoint. The incident fails its run as not relaunched; no node is drained, no job submitted."""
+    checkpoint. The incident ends `rejected` (and fails its run as not relaunched); no node is drained, no
+    job submitted."""
     client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
     return_to_service(client)
     run = name("reject")
@@ -423,7 +424,8 @@ def test_a_rejected_drain_drains_nothing_and_relaunches_nothing(rest):
     tag = JobTag(dag_id="sdc_incident", run_id=incident_run, task_id="relaunch")
     assert client.find_jobs(tag.prefix()) == [], "a job was submitted after a rejection"
     ((_key, inc),) = RunView(store_from_env(), run).incidents
-    assert str(inc.status) != "relaunched" and "drained" not in [e.event for e in inc.timeline]
+    events = [e.event for e in inc.timeline]
+    assert str(inc.status) == "rejected" and "drain_rejected" in events and "drained" not in events, events
 
 
 def test_a_job_held_after_a_failed_launch_fails_the_monitor_and_its_runbook_recovers_it(

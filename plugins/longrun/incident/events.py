@@ -29,6 +29,8 @@ class Event(StrEnum):
     """The rate limit said no: nothing drained, the incident stops (status failed)."""
     FOREIGN_DRAIN = "foreign_drain"
     """The node is drained by someone else: longrun leaves it alone (status failed)."""
+    DRAIN_REJECTED = "drain_rejected"
+    """approve mode: a person answered Reject to `approve_drain`; nothing drained (status rejected)."""
     RESTORED = "restored"
     """keep_drained: what a dead try left (a resumed node, a reservation) was put right."""
     # diagnose
