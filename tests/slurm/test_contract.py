@@ -110,6 +110,26 @@ def test_maint_reservation_create_delete(guard):
     assert name not in guard.client.reservations()
 
 
+def test_a_diagnostic_srun_gives_up_on_an_allocation_that_does_not_come(guard, monkeypatch):
+    """A diagnostic's srun whose allocation never comes (in the fault matrix: slurmctld killed before it
+    saved the pending allocation) gave up only at its own timeout, the verdict 10 minutes late. It now
+    gives up on the allocation after SRUN_ALLOCATION_WAIT_S. Here the node is busy under a reservation
+    that ignores its job, so the allocation waits; the wait is cut short to keep the test quick."""
+    from longrun.slurm import cli_backend
+
+    monkeypatch.setattr(cli_backend, "SRUN_ALLOCATION_WAIT_S", 3)
+    busy = guard.submit(guard.spec("busy", ["sleep 120"], nodelist=("n4",), ntasks_per_node=2))
+    ops.wait_status(guard.client, busy, {JobStatus.RUNNING}, timeout_s=60)
+    guard.scontrol(
+        "create", "reservation", "ReservationName=longrun_test_busy", "Nodes=n4", "StartTime=now",
+        "Duration=10", "Users=root", "Flags=maint,ignore_jobs",
+    )  # fmt: skip
+    result = guard.client.run_in_reservation("longrun_test_busy", "n4", ("true",), timeout_s=600)
+    assert result.exit_code not in (0, 124), result  # 124: our own timeout, the old behaviour
+    assert "Unable to allocate resources" in result.stderr, result.stderr
+    assert not [j for j in guard.client.jobs() if j.name == "longrun-diag" and j.is_active]
+
+
 def _observed(s):
     return (s.status, s.slurm_state, s.exit_code, s.signal, s.reason, s.nodes, s.restart_count, s.held)
 
