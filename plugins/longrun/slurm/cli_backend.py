@@ -45,8 +45,10 @@ def _secret_env(secret_env: Mapping[str, str] | None) -> dict[str, str]:
     return out
 
 
-SRUN_ALLOCATION_WAIT_S = 120
-"""How long a diagnostic's srun waits for its allocation inside the reservation before it gives up."""
+SRUN_ALLOCATION_WAIT_S = 300
+"""How long a diagnostic's srun waits for its allocation inside the reservation before it gives up: long
+enough for a node still completing its last job (a cluster's epilog health checks take minutes), well
+short of the diagnostic's own timeout."""
 
 
 class CliSlurmClient(SlurmCommands):
@@ -227,9 +229,9 @@ class CliSlurmClient(SlurmCommands):
             "--ntasks=1",
             "--job-name=longrun-diag",
             f"--time={minutes}",
-            # The node is reserved and idle, so the allocation is at once. One slurmctld lost (killed
-            # before it saved the pending job) never comes, and srun would wait out the whole timeout:
-            # give up on the allocation after this long instead (values > 1 bound srun's own wait).
+            # The node is reserved for this, so the allocation comes once the node is free. One slurmctld
+            # lost (killed before it saved the pending job) never comes, and srun would wait out the whole
+            # timeout: give up on the allocation after this long instead (values > 1 bound srun's own wait).
             f"--immediate={SRUN_ALLOCATION_WAIT_S}",
             # An allow-list, as for batch jobs: the worker's environment (Airflow's secrets) stays here.
             f"--export={','.join(STEP_EXPORT)}",
