@@ -124,18 +124,3 @@ def test_the_triggering_user_approving_keeps_both_limits(store) -> None:
         store, incident_id="i1", node="n2", run="r", now=NOW + 2, operator_override=other.allowed
     )
     assert grant.in_window == 2
-
-
-@pytest.mark.parametrize(
-    ("response", "who"),
-    [
-        (_approval(OPS, "Reject"), "olga"),  # the first of its names, sorted: stable for the record
-        (_approval(None, "Reject"), ""),  # a rejection Airflow did not record the author of
-        (_approval(OPS), None),
-        (None, None),
-        ({"chosen_options": "Reject"}, None),  # not a list of options: not a rejection anyone gave
-        ("Reject", None),
-    ],
-)
-def test_a_rejection_is_read_only_from_the_approval_tasks_answer(response, who) -> None:
-    assert approver.rejected_by(response) == who

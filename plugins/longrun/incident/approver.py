@@ -78,14 +78,3 @@ def decide(
         why=f"operator {label} (not the run's trigger {triggered_by!r}) lifted the rate limit",
         approver=label,
     )
-
-
-def rejected_by(response: Mapping[str, Any] | None) -> str | None:
-    """Who answered Reject to an approval task (its XCom result), "" when Airflow did not record who;
-    None when the response is not a rejection."""
-    if not isinstance(response, Mapping):
-        return None
-    options = response.get("chosen_options")
-    if not isinstance(options, list | tuple) or "Reject" not in options:  # a string is not a choice
-        return None
-    return next(iter(sorted(_names(response.get("responded_by_user")))), "")

@@ -30,7 +30,8 @@ class Event(StrEnum):
     FOREIGN_DRAIN = "foreign_drain"
     """The node is drained by someone else: longrun leaves it alone (status failed)."""
     DRAIN_REJECTED = "drain_rejected"
-    """approve mode: a person answered Reject to `approve_drain`; nothing drained (status rejected)."""
+    """approve mode: a person answered Reject to `approve_drain` (Airflow's record says who); nothing
+    drained, the relaunch skipped (status rejected)."""
     RESTORED = "restored"
     """keep_drained: what a dead try left (a resumed node, a reservation) was put right."""
     # diagnose

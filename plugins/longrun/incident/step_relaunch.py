@@ -1,6 +1,8 @@
 """sdc_incident's relaunch step: resubmit without the suspect node and wait until the job RUNS.
 
-Only after the drain: an incident whose node was not drained (the drain rejected in approve mode) skips.
+Only after the drain: an incident whose node was not drained skips; in approve mode that is a person's
+Reject to `approve_drain` (the approval skips only `drain`, and this task's trigger rule runs it past
+skipped upstreams), recorded as `drain_rejected`, status rejected.
 
 With hot spares (act mode) the in-job path (incident/injob.py) recovers inside the kept job first. The
 relaunch job is tagged with the incident's DAG run, so a retry reattaches instead of submitting twice.
@@ -17,7 +19,7 @@ from typing import Any
 from longrun.incident import injob, record, runbooks
 from longrun.incident.events import Event
 from longrun.incident.relaunch_plan import conf_of, healthy_nodes, relaunch_spec
-from longrun.incident.runner import Incident, IncidentSkip, Outcome, Rec, authenticate, run
+from longrun.incident.runner import Incident, IncidentSkip, Outcome, Rec, authenticate, run, write
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
 from longrun.slurm.client import JobStatus, SlurmClient
@@ -64,6 +66,8 @@ def relaunch(
             # downstream on "Reject", and this task's trigger rule runs it past skipped upstreams (with no
             # checkpoint picked). A forged alert is still a security event first.
             authenticate(store, client, inc)
+            if inc.plan.approval:  # approve mode: only "Reject" to approve_drain skips the drain
+                write(store, inc, Outcome(event=Event.DRAIN_REJECTED, status=record.REJECTED))
             raise IncidentSkip(
                 f"incident {inc.incident_id}: node {node} was not drained (a person rejected the drain, or"
                 " the drain never ran), so nothing is relaunched: the job stays as it ended, the node in"

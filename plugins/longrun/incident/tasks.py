@@ -17,9 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from longrun.hooks.slurm import SlurmHook
 from longrun.incident import approver, record, steps
-from longrun.incident.events import Event
 from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE, DrainPolicy
-from longrun.incident.runner import Outcome, write
 from longrun.monitor import lifecycle
 from training.records.incident import Attribution
 from training.store import ObjectStore, StoreError, store_from_env
@@ -236,23 +234,9 @@ def summary_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
         log.info("alert %s joined incident %s; that incident's record tells the story", inc.alert_key, holder)
         return {"incident_id": inc.incident_id, "joined": holder}
     try:
-        if inc.plan.approval:
-            _record_a_rejected_drain(store, inc)
         return _summary(store, inc)
     finally:  # whatever happened: the next incident of this run may act
         exclusive.release(store, run=inc.run, incident_id=inc.incident_id)
-
-
-def _record_a_rejected_drain(store: ObjectStore, inc: steps.Incident) -> None:
-    """approve mode: a person answered Reject to `approve_drain` (Airflow's record of the answer) and
-    nothing was drained: the incident ends `rejected`, saying who. A rejected relaunch is not recorded
-    so: the node is drained and the picked checkpoint stays held for a relaunch by hand."""
-    from airflow.sdk import get_current_context
-
-    who = approver.rejected_by(get_current_context()["ti"].xcom_pull(task_ids="approve_drain"))
-    if who is None or record.has_event(inc.rec(store), Event.DRAINED):
-        return
-    write(store, inc, Outcome(event=Event.DRAIN_REJECTED, data={"by": who or None}, status=record.REJECTED))
 
 
 def _summary(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
