@@ -179,9 +179,20 @@ def job_key(store: ObjectStore, state: JobState, run: str) -> bytes | None:
 
 
 def verify_alert(
-    store: ObjectStore, client: SlurmClient, *, run: str, job_id: int | None, alert: Mapping[str, Any]
+    store: ObjectStore,
+    client: SlurmClient,
+    *,
+    run: str,
+    job_id: int | None,
+    alert: Mapping[str, Any],
+    known_allocation: tuple[str, ...] = (),
 ) -> Verdict:
-    """Check `alert` against the job `job_id` of `run` (see the module docstring)."""
+    """Check `alert` against the job `job_id` of `run` (see the module docstring).
+
+    `known_allocation`: nodes Slurm gave this same job when an earlier check of this alert passed (the
+    incident record, which only the orchestrator writes). Slurm's view of a job's nodes can be lost later:
+    a slurmctld killed before it saved the job's end recovers it as running, then requeues it for node
+    failure (no nodes since). The nodes the job had then still count; the signature is checked each time."""
     details: dict[str, Any] = {
         "job_id": job_id,
         "alert_run": alert.get("run"),
@@ -213,8 +224,10 @@ def verify_alert(
         return Verdict(False, "other_run", details)
     if alert.get("job_id") != int(job_id):
         return Verdict(False, "other_job", details)
-    allocation = tuple(state.nodes)
+    allocation = tuple(dict.fromkeys((*state.nodes, *known_allocation)))
     details["allocation"] = list(allocation)
+    if known_allocation:
+        details["known_allocation"] = list(known_allocation)
     suspects = details["suspect_nodes"]
     outside = [n for n in suspects if n not in allocation]
     if outside or not allocation:

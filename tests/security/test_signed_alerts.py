@@ -10,6 +10,7 @@ the job's environment held everything the Airflow worker had.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import uuid
@@ -244,6 +245,54 @@ def test_a_relaunch_the_drain_did_not_precede_is_skipped_and_touches_nothing(wor
     assert world["client"].job(job.job_id).status is JobStatus.RUNNING, "the job was ended"
     assert not world["client"].node("n2").drain_flag
     assert "relaunch_submitted" not in [e.event for e in inc.rec(world["orch"]).timeline]
+
+
+class _NodesLost:
+    """The real client, except that Slurm no longer lists the alerting job's nodes: as after a slurmctld
+    killed before it saved the job's end (fault matrix, freeze x slurmctld on PostgreSQL), which recovers
+    the job as running, requeues it for node failure and then reports no nodes. Only that view is
+    simulated: no test can time slurmctld's unsaved state."""
+
+    def __init__(self, client: CliSlurmClient, job_id: int) -> None:
+        self._client, self._job_id = client, job_id
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - everything else is the real client
+        return getattr(self._client, name)
+
+    def job(self, job_id: int):  # noqa: ANN201
+        state = self._client.job(job_id)
+        if job_id != self._job_id:
+            return state
+        return dataclasses.replace(state, nodes=(), status=JobStatus.REQUEUED, slurm_state="PENDING")
+
+
+def test_the_allocation_seen_when_the_incident_opened_still_counts_once_slurm_lost_it(world) -> None:
+    """Without it, a genuine alert was refused as `node_outside_allocation` (a false security event) and
+    the run never relaunched. The recorded nodes widen only the allocation check: the signature, the
+    run and the job are checked each time, and a node outside both is still refused."""
+    job: SignedJob = world["job"]
+    orch, client = world["orch"], world["client"]
+    inc = _incident(world, job.alert, job.alert_key)
+    verdict = steps.authenticate(orch, client, inc, node="n2")  # as the open task does
+    steps.open_record(orch, inc)
+    steps.remember_allocation(orch, inc, verdict.allocation)
+    assert set(verdict.allocation) == {"n1", "n2"}
+    lost = _NodesLost(client, job.job_id)
+    before = alert_auth.verify_alert(orch, lost, run=inc.run, job_id=job.job_id, alert=job.alert)
+    assert (before.ok, before.reason) == (False, "node_outside_allocation"), before
+    assert steps.authenticate(orch, lost, inc, node="n2").ok  # the recorded nodes count
+    known = ("n1", "n2")
+    outside = {**job.alert, "suspect_nodes": ["n3"]}
+    outside = signing.sign(outside, alert_auth.job_key(orch, client.job(job.job_id), inc.run))
+    refused = alert_auth.verify_alert(
+        orch, lost, run=inc.run, job_id=job.job_id, alert=outside, known_allocation=known
+    )
+    assert (refused.ok, refused.reason) == (False, "node_outside_allocation"), refused
+    forged = signing.sign({**job.alert, "time": job.alert["time"] + 1}, signing.new_key())
+    refused = alert_auth.verify_alert(
+        orch, lost, run=inc.run, job_id=job.job_id, alert=forged, known_allocation=known
+    )
+    assert (refused.ok, refused.reason) == (False, "bad_signature"), refused
 
 
 def test_the_genuine_alert_is_acted_on(world) -> None:

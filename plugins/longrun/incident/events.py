@@ -17,6 +17,8 @@ class Event(StrEnum):
     OPENED = "opened"
     ALERT_SEEN = "alert_seen"
     """When the monitor's trigger saw the alert (the sensor's latency starts at the alert's time)."""
+    AUTHENTICATED = "authenticated"
+    """The alert checked out when the incident opened; `allocation`: Slurm's nodes of its job then."""
     # freeze
     FROZEN = "frozen"
     WOULD_FREEZE = "would_freeze"

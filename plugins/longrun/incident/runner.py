@@ -27,7 +27,7 @@ from longrun.slurm.client import SlurmClient
 from training import schema
 from training.records import Alert, IncidentStatus
 from training.records import Incident as IncidentRecord
-from training.store import ObjectStore
+from training.store import NotFound, ObjectStore
 
 Rec = IncidentRecord
 """An incident record as a step reads it: the typed record (training.records.Incident), loaded once per
@@ -176,13 +176,33 @@ def run(
     return finish(store, inc, act(rec))
 
 
+def _known_allocation(store: ObjectStore, inc: Incident) -> tuple[str, ...]:
+    """The job's nodes recorded when the incident opened on a checked alert (`authenticated`), if any."""
+    try:
+        rec = inc.rec(store)
+    except NotFound:
+        return ()  # the open step's own check: nothing recorded yet
+    seen = rec.event(Event.AUTHENTICATED)
+    nodes = seen.details.get("allocation") if seen is not None else None
+    if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+        return ()
+    return tuple(nodes)
+
+
 def authenticate(store: ObjectStore, client: SlurmClient, inc: Incident, *, node: str | None = None) -> Any:
     """The gate in front of every action: the alert is signed with its job's key, is about this run and
     this job, the job is longrun's for the run, and its suspect nodes (and `node`) are in Slurm's
     allocation of the job. Otherwise: a security event, and IncidentStop (nothing acted on)."""
     from longrun import alert_auth, security_events
 
-    verdict = alert_auth.verify_alert(store, client, run=inc.run, job_id=inc.job_id, alert=inc.alert)
+    verdict = alert_auth.verify_alert(
+        store,
+        client,
+        run=inc.run,
+        job_id=inc.job_id,
+        alert=inc.alert,
+        known_allocation=_known_allocation(store, inc),
+    )
     if verdict.ok and node is not None and node not in verdict.allocation:
         verdict = alert_auth.Verdict(False, "node_outside_allocation", {**verdict.details, "node": node})
     if not verdict.ok:

@@ -55,6 +55,7 @@ __all__ = [  # the steps, and what callers imported from here before the split
     "drain",
     "freeze",
     "open_record",
+    "remember_allocation",
     "pick",
     "relaunch",
     "relaunch_spec",
@@ -75,6 +76,13 @@ def open_record(store: ObjectStore, inc: Incident) -> dict[str, Any]:
         rec = IncidentRecord.from_json(write(store, inc, seen))
     status = None if rec.status is None else str(rec.status)  # the text on the record
     return {"incident_id": rec.incident_id, "mode": rec.mode, "status": status}
+
+
+def remember_allocation(store: ObjectStore, inc: Incident, allocation: tuple[str, ...]) -> None:
+    """Record the job's nodes as the open step's check of the alert saw them (`authenticated`, once): later
+    checks count them even after Slurm has lost them (runner.authenticate)."""
+    if allocation and not record.has_event(inc.rec(store), Event.AUTHENTICATED):
+        write(store, inc, Outcome(event=Event.AUTHENTICATED, data={"allocation": list(allocation)}))
 
 
 def freeze(

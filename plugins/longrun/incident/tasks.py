@@ -77,9 +77,11 @@ def _log_summary(store: ObjectStore, inc: steps.Incident) -> None:
 def open_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
     def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
         # No incident is opened for an alert that does not check out: a security event instead.
-        steps.authenticate(store, SlurmHook().client, inc)
+        verdict = steps.authenticate(store, SlurmHook().client, inc)
         take_turn(store, inc)
-        return steps.open_record(store, inc)
+        opened = steps.open_record(store, inc)
+        steps.remember_allocation(store, inc, verdict.allocation)
+        return opened
 
     return _run(params, dag_run_id, body)
 
