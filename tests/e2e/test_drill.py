@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import pytest
 from helpers.airflow_api import trigger_retrying
 from helpers.cleanup import restore_cluster
-from helpers.held_launch import follow_runbook
+from helpers.held_launch import follow_runbook, resume_drained_for
 from helpers.marks import END_TO_END
 from longrun.airflow_rest import AirflowApiError
 from longrun.dagrun_ids import incident_run_id
@@ -468,9 +467,7 @@ def test_a_job_held_after_a_failed_launch_fails_the_monitor_and_its_runbook_reco
         )
     finally:
         remove_markers()
-        for node in client.nodes():  # a failure half-way must not leave Slurm's own drain behind
-            if node.drain_flag and (node.reason or "").startswith("Prolog error"):
-                subprocess.run(["scontrol", "update", f"NodeName={node.name}", "State=RESUME"], check=False)
+        resume_drained_for(client, ("Prolog error",), check=False)  # a failure half-way leaves none behind
     print("\n" + result.summary() + f"\noperator: {done.get('runbook')}")
     assert "runbook" in done, "the monitor did not fail on the held job, or not naming the runbook"
     assert result.incident is None and result.final_step == clean.final_step

@@ -41,13 +41,17 @@ def follow_runbook(
     if RUNBOOK not in rest.task_log(dag_id, run_id, "monitor"):  # what the operator sees
         return False
     before()
-    env = dict(os.environ)
-    for node in client.nodes():
-        if node.drain_flag and (node.reason or "").startswith(tuple(resume_reasons)):
-            subprocess.run(
-                ["scontrol", "update", f"NodeName={node.name}", "State=RESUME"], env=env, check=True
-            )
+    resume_drained_for(client, resume_reasons)
     client.release(held[0].job_id)
     cleared = rest.clear_tasks(dag_id, run_id, ["monitor"])
     done["runbook"] = f"{RUNBOOK}: job {held[0].job_id} released, cleared {sorted(cleared)}"
     return True
+
+
+def resume_drained_for(client: SlurmClient, reasons: Collection[str], *, check: bool = True) -> None:
+    """Resume the nodes drained with a reason starting with one of `reasons` (Slurm's own drains, which
+    longrun's client does not resume)."""
+    for node in client.nodes():
+        if node.drain_flag and (node.reason or "").startswith(tuple(reasons)):
+            argv = ["scontrol", "update", f"NodeName={node.name}", "State=RESUME"]
+            subprocess.run(argv, env=dict(os.environ), check=check)

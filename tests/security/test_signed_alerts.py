@@ -274,8 +274,7 @@ def test_the_allocation_seen_when_the_incident_opened_still_counts_once_slurm_lo
     orch, client = world["orch"], world["client"]
     inc = _incident(world, job.alert, job.alert_key)
     verdict = steps.authenticate(orch, client, inc, node="n2")  # as the open task does
-    steps.open_record(orch, inc)
-    steps.remember_allocation(orch, inc, verdict.allocation)
+    steps.open_record(orch, inc, allocation=verdict.allocation)
     assert set(verdict.allocation) == {"n1", "n2"}
     lost = _NodesLost(client, job.job_id)
     before = alert_auth.verify_alert(orch, lost, run=inc.run, job_id=job.job_id, alert=job.alert)

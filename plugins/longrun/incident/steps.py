@@ -55,7 +55,6 @@ __all__ = [  # the steps, and what callers imported from here before the split
     "drain",
     "freeze",
     "open_record",
-    "remember_allocation",
     "pick",
     "relaunch",
     "relaunch_spec",
@@ -68,21 +67,20 @@ __all__ = [  # the steps, and what callers imported from here before the split
 log = logging.getLogger("longrun.sdc_incident")
 
 
-def open_record(store: ObjectStore, inc: Incident) -> dict[str, Any]:
+def open_record(store: ObjectStore, inc: Incident, *, allocation: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Open the incident's record (once). `allocation`: the job's nodes as the open step's check of the
+    alert saw them, recorded once (`authenticated`): later checks count them even after Slurm has lost
+    them (runner.authenticate)."""
     raw = record.open_incident(store, run=inc.run, alert=inc.alert, alert_key=inc.alert_key, mode=inc.mode)
     rec = IncidentRecord.from_json(raw)
     if inc.alert_seen_at is not None and not record.has_event(rec, Event.ALERT_SEEN):
         seen = Outcome(event=Event.ALERT_SEEN, at=float(inc.alert_seen_at))
         rec = IncidentRecord.from_json(write(store, inc, seen))
+    if allocation and not record.has_event(rec, Event.AUTHENTICATED):
+        checked = Outcome(event=Event.AUTHENTICATED, data={"allocation": list(allocation)})
+        rec = IncidentRecord.from_json(write(store, inc, checked))
     status = None if rec.status is None else str(rec.status)  # the text on the record
     return {"incident_id": rec.incident_id, "mode": rec.mode, "status": status}
-
-
-def remember_allocation(store: ObjectStore, inc: Incident, allocation: tuple[str, ...]) -> None:
-    """Record the job's nodes as the open step's check of the alert saw them (`authenticated`, once): later
-    checks count them even after Slurm has lost them (runner.authenticate)."""
-    if allocation and not record.has_event(inc.rec(store), Event.AUTHENTICATED):
-        write(store, inc, Outcome(event=Event.AUTHENTICATED, data={"allocation": list(allocation)}))
 
 
 def freeze(

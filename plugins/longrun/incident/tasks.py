@@ -79,9 +79,7 @@ def open_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
         # No incident is opened for an alert that does not check out: a security event instead.
         verdict = steps.authenticate(store, SlurmHook().client, inc)
         take_turn(store, inc)
-        opened = steps.open_record(store, inc)
-        steps.remember_allocation(store, inc, verdict.allocation)
-        return opened
+        return steps.open_record(store, inc, allocation=verdict.allocation)
 
     return _run(params, dag_run_id, body)
 
