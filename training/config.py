@@ -132,6 +132,9 @@ class TrainConfig:
     """Write the progress heartbeat to the store at most this often (the run dir gets it every step)."""
     collective_timeout_s: float = 300.0
     """Timeout of collectives (a hung rank makes the others fail after this)."""
+    await_directive_s: float = 0.0
+    """A warm standby (training.standby): wait this long for the directive of this attempt before loading
+    anything, and resume from its checkpoint (0: start at once)."""
 
     def __post_init__(self) -> None:
         check_run_name(self.run)
@@ -145,5 +148,11 @@ class TrainConfig:
             raise ValueError(f"grad_clip must be > 0, got {self.grad_clip!r}")
         if not self.collective_timeout_s > 0:
             raise ValueError(f"collective_timeout_s must be > 0, got {self.collective_timeout_s!r}")
+        if not 0 <= self.await_directive_s <= 3600:
+            raise ValueError(f"await_directive_s must be in [0, 3600], got {self.await_directive_s!r}")
+        if self.await_directive_s and self.resume_from:
+            raise ValueError(
+                "await_directive_s and resume_from exclude each other: the directive names the checkpoint"
+            )
         if not self.progress_interval_s >= 0:
             raise ValueError(f"progress_interval_s must be >= 0, got {self.progress_interval_s!r}")

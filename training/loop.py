@@ -26,6 +26,7 @@ from training.model import build_model
 from training.nvrx import NvrxMonitor
 from training.nvrx_restart import first_incarnation_only, in_job_resume_ref, verdict_already_given
 from training.segment import Segment, segment_id
+from training.standby import directed
 from training.store import ObjectStore, StoreError, store_from_env
 from training.trainer_checkpoints import TrainerCheckpoints
 from training.trainer_records import RunRecords, code_version
@@ -45,6 +46,8 @@ class Trainer(RunRecords, TrainerCheckpoints):
         torch.use_deterministic_algorithms(True)
         self.place = placement_from_env()
         self.backend = init_process_group(self.place, timeout_s=cfg.collective_timeout_s)
+        if cfg.await_directive_s:  # a warm standby: nothing monitored, loaded or written before its directive
+            self.cfg = cfg = directed(cfg, rank=self.place.rank, nodes=gather_strings(self.place.node))
         self.rank, self.world = self.place.rank, self.place.world_size
         self.device = default_device()
         # NVRx heartbeats (a no-op off ft_launcher); timeouts are calculated once a save and an audit ran.

@@ -9,9 +9,16 @@ waits, at most `--wait-s`, for the orchestrator's directive for this job and the
 checkpoint: no new job, no queue. No spare, no directive in time, or a directive it must refuse: it exits
 93, and `sdc_incident` falls back to the full relaunch. Any other exit code ends the job with that code.
 
-The step sees LONGRUN_STEP_NODES (comma list), LONGRUN_STEP_NNODES, LONGRUN_ATTEMPT (0 first) and
-LONGRUN_RESUME_FROM (empty when starting fresh); it must not re-inject a drill when LONGRUN_ATTEMPT > 0.
-Loops are bounded: at most `spares` relaunches, each wait bounded.
+A warm standby (training.standby) hides the next step's start-up behind the incident: right after the
+verdict the next attempt's step starts on the predicted nodes and its trainer waits for the directive. A
+directive for exactly those nodes is followed by that step; any other directive, a refused one or none
+stops it (SIGTERM to its process group, then SIGKILL), and the supervisor goes on as without a standby.
+`--no-standby` starts each step only after its directive.
+
+The step sees LONGRUN_STEP_NODES (comma list), LONGRUN_STEP_NNODES, LONGRUN_ATTEMPT (0 first),
+LONGRUN_RESUME_FROM (empty when starting fresh or as a standby) and LONGRUN_STANDBY_WAIT_S (set only for
+a standby: the trainer's `--await-directive-s`); it must not re-inject a drill when LONGRUN_ATTEMPT > 0.
+Loops are bounded: at most `spares` relaunches, each wait bounded, each stop bounded.
 """
 
 from __future__ import annotations
@@ -19,17 +26,36 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from subprocess import Popen
 
+from training import standby as warm
 from training.directive import Directive, directive_path
 from training.schema import EXIT_SDC_VERDICT, store_key
 from training.store import NotFound, ObjectStore, StoreError, store_from_env
 
 log = logging.getLogger("training.supervisor")
+
+#: How long a standby step gets to end after SIGTERM (ft_launcher stops its workers, srun its tasks)
+#: before the supervisor kills what is left of it.
+STOP_S = 30.0
+
+
+def _group_alive(proc: Popen) -> bool:
+    """Whether anything of the process group `proc` leads is still running (srun may outlive bash)."""
+    proc.poll()
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -63,11 +89,16 @@ class Supervisor:
     resume_from: str = ""
     include: tuple[str, ...] = ()
     nodes_now: Callable[[], list[str]] | None = None
+    standby: bool = True
+    stop_s: float = STOP_S
+    excluded: set[str] = field(default_factory=set)
 
     def _allocation(self) -> list[str]:
         return (self.nodes_now or (lambda: allocation(self.job_id)))()
 
-    def run_step(self, nodes: Sequence[str], attempt: int, resume_from: str) -> int:
+    def _start(
+        self, nodes: Sequence[str], attempt: int, resume_from: str, *, standby_s: float = 0.0
+    ) -> Popen:
         env = dict(os.environ)
         env.update(
             LONGRUN_STEP_NODES=",".join(nodes),
@@ -75,9 +106,49 @@ class Supervisor:
             LONGRUN_ATTEMPT=str(attempt),
             LONGRUN_RESUME_FROM=resume_from,
         )
-        print(f"longrun-supervisor: attempt {attempt} on {','.join(nodes)} from {resume_from or 'scratch'}",
-              flush=True)  # fmt: skip
-        return subprocess.run(["bash", "-c", self.step], env=env, check=False).returncode
+        env.pop("LONGRUN_STANDBY_WAIT_S", None)
+        if standby_s:
+            env["LONGRUN_STANDBY_WAIT_S"] = f"{standby_s:g}"
+        what = "standby until its directive" if standby_s else f"from {resume_from or 'scratch'}"
+        print(f"longrun-supervisor: attempt {attempt} on {','.join(nodes)} {what}", flush=True)
+        # a standby may have to be stopped: its own process group, so the stop reaches srun and nothing else
+        return subprocess.Popen(["bash", "-c", self.step], env=env, start_new_session=bool(standby_s))
+
+    def run_step(self, nodes: Sequence[str], attempt: int, resume_from: str) -> int:
+        return self._start(nodes, attempt, resume_from).wait()
+
+    def _start_standby(self, attempt: int, since: float) -> tuple[Popen, list[str]] | None:
+        """The next attempt's step on the predicted nodes, waiting for its directive; None when no prediction."""
+        if not self.standby:
+            return None
+        try:
+            suspects = warm.suspects_since(self.store, self.run, since)
+            nodes = warm.predicted_nodes(self._allocation(), self.excluded | suspects, self.width)
+        except (StoreError, OSError, subprocess.SubprocessError) as e:
+            print(f"longrun-supervisor: no standby ({e})", flush=True)
+            return None
+        if not suspects or nodes is None:
+            print(
+                "longrun-supervisor: no standby (no suspect node to leave out, or too few nodes)", flush=True
+            )
+            return None
+        # the trainer waits a little longer than this supervisor, which stops it first when not directed
+        return self._start(nodes, attempt, "", standby_s=self.wait_s + self.stop_s), nodes
+
+    def _stop(self, proc: Popen, why: str) -> None:
+        """End a standby step and everything it started (srun forwards the signal to the step's tasks)."""
+        print(f"longrun-supervisor: stopping the standby ({why})", flush=True)
+        for sig, grace in ((signal.SIGTERM, self.stop_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and _group_alive(proc):
+                time.sleep(0.1)
+            if not _group_alive(proc):
+                break
+        proc.wait(timeout=10)
 
     def wait_for_directive(self, attempt: int) -> Directive | None:
         key = store_key(self.run, directive_path(self.job_id, attempt))
@@ -102,9 +173,10 @@ class Supervisor:
         if len(nodes) < self.width:
             print(f"longrun-supervisor: allocation {nodes} is narrower than {self.width} node(s)", flush=True)
             return 1
-        attempt, resume = 0, self.resume_from
+        attempt, resume, running = 0, self.resume_from, None
         while True:
-            rc = self.run_step(nodes, attempt, resume)
+            started = time.time()
+            rc = running.wait() if running else self.run_step(nodes, attempt, resume)
             if rc != EXIT_SDC_VERDICT:
                 return rc
             if attempt >= self.spares:
@@ -113,24 +185,32 @@ class Supervisor:
                 )
                 return EXIT_SDC_VERDICT
             t0 = time.monotonic()
+            standby = self._start_standby(attempt + 1, since=started - 1.0)
             print(f"longrun-supervisor: SDC verdict; waiting up to {self.wait_s:g} s for the directive of "
                   f"attempt {attempt + 1}", flush=True)  # fmt: skip
             directive = self.wait_for_directive(attempt + 1)
-            if directive is None:
-                print("longrun-supervisor: no directive in time: exit 93 (full relaunch)", flush=True)
-                return EXIT_SDC_VERDICT
-            held = self._allocation()
-            why = directive.refusal(
+            held = self._allocation() if directive else []
+            why = "no directive in time" if directive is None else directive.refusal(
                 run=self.run, job_id=self.job_id, attempt=attempt + 1, allocation=held, width=self.width
-            )
+            )  # fmt: skip
             if why:
-                print(f"longrun-supervisor: directive REFUSED ({why}): exit 93", flush=True)
+                if standby:
+                    self._stop(standby[0], why)
+                print(f"longrun-supervisor: {why}: exit 93 (full relaunch)" if directive is None
+                      else f"longrun-supervisor: directive REFUSED ({why}): exit 93", flush=True)  # fmt: skip
                 return EXIT_SDC_VERDICT
+            assert directive is not None
             print(f"longrun-supervisor: directive of incident {directive.incident_id} after "
                   f"{time.monotonic() - t0:.1f} s", flush=True)  # fmt: skip
             # in the allocation's order: srun numbers a step's nodes that way (node 0 hosts the rendezvous)
             nodes = [n for n in held if n in directive.nodes]
-            attempt, resume = attempt + 1, directive.resume_from
+            attempt, resume, running = attempt + 1, directive.resume_from, None
+            self.excluded.update(directive.exclude)
+            if standby and set(standby[1]) == set(nodes) and standby[0].poll() is None:
+                print("longrun-supervisor: the standby is directed: it trains", flush=True)
+                running = standby[0]
+            elif standby:
+                self._stop(standby[0], f"directed to {','.join(nodes)}, not {','.join(standby[1])}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume-from", default="", help="checkpoint of the first step")
     p.add_argument("--step", required=True, help="bash script of one training step")
     p.add_argument("--include", action="append", default=[], help="a node the first attempt must use")
+    p.add_argument("--no-standby", action="store_true", help="start each attempt only after its directive")
     args = p.parse_args(argv)
     if not args.job_id.isdigit() or args.width < 1 or args.spares < 0 or not 0 < args.wait_s <= 3600:
         print("longrun-supervisor: needs a job id, --width >= 1, --spares >= 0, 0 < --wait-s <= 3600",
@@ -152,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     sup = Supervisor(
         run=args.run_name, job_id=args.job_id, width=args.width, spares=args.spares, wait_s=args.wait_s,
         poll_s=args.poll_s, step=args.step, store=store_from_env(), resume_from=args.resume_from,
-        include=tuple(args.include),
+        include=tuple(args.include), standby=not args.no_standby,
     )  # fmt: skip
     return sup()
 

@@ -11,7 +11,8 @@ the checks see exactly the local, pre-all-reduce gradient, the non-finite flag c
 and the bits are the same on every rank.
 
 Exit codes: 0 done; 93 (schema.EXIT_SDC_VERDICT) an SDC check reached a verdict (do not restart in
-place; the alert record says why); 2 bad arguments or a non-deterministic set-up.
+place; the alert record says why); 2 bad arguments, a non-deterministic set-up, or a standby never
+directed here.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--collective-timeout", type=float, default=300.0, help="seconds before a collective fails"
     )
+    p.add_argument(
+        "--await-directive-s",
+        type=float,
+        default=0.0,
+        help="warm standby of a kept job's next attempt: wait this long for its directive (training.standby)",
+    )
     return p
 
 
@@ -86,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, tuple[Fault
         use_store=not args.no_store,
         store_flush_every=args.store_flush_every,
         collective_timeout_s=args.collective_timeout,
+        await_directive_s=args.await_directive_s,
     )
     return cfg, faults_from(args.fault)
 
@@ -101,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     from training.loop import SetupError, Trainer
+    from training.standby import NotDirected
 
     rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
     logging.basicConfig(
@@ -110,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         trainer = Trainer(cfg, faults)
-    except SetupError as e:
+    except (SetupError, NotDirected) as e:
         log.error("%s", e)
         return 2
     return trainer.run()

@@ -4,9 +4,11 @@
 One step is what a plain launch does (srun -> one NVRx ft_launcher per node -> the trainer, then exit 93
 if the step wrote an SDC alert), on the step's own nodes (LONGRUN_STEP_NODES), with a rendezvous of
 its own (id and port per attempt), the drill only on attempt 0, and `--resume-from` from the directive.
-After exit 93 the supervisor waits (bounded: LONGRUN_DIRECTIVE_WAIT_S in the job's environment, default
-`DIRECTIVE_WAIT_S`) for `sdc_incident`'s directive and runs the next step in the same job; without one
-it exits 93, and the incident falls back to the full relaunch.
+After exit 93 the supervisor starts the next step as a warm standby on the predicted nodes (its trainer
+waits for the directive: training.standby), waits (bounded: LONGRUN_DIRECTIVE_WAIT_S in the job's
+environment, default `DIRECTIVE_WAIT_S`) for `sdc_incident`'s directive and lets the standby train, or
+stops it and runs the directed step; without a directive it exits 93, and the incident falls back to the
+full relaunch.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ def step_script(
         "training.train",
     ]
     lines = [
-        "export LONGRUN_LAUNCH_T0=$(date +%s)",
+        # to the nanosecond: a standby starts within a second of the previous attempt's alert, which is
+        # not this attempt's (the verdict below and an NVRx restart's resume count only records since T0)
+        "export LONGRUN_LAUNCH_T0=$(date +%s.%N)",
         "FIRST_NODE=${LONGRUN_STEP_NODES%%,*}",
         "MASTER_ADDR=$(scontrol -o show node \"$FIRST_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
         'if [ -z "$MASTER_ADDR" ]; then echo "longrun: no NodeAddr for $FIRST_NODE" >&2; exit 1; fi',
@@ -65,6 +69,8 @@ def step_script(
         # the drill fires in the first attempt only; a relaunch resumes from the directed checkpoint
         f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then {fault}; else FAULT=(); fi',
         'RESUME=(); if [ -n "$LONGRUN_RESUME_FROM" ]; then RESUME=(--resume-from "$LONGRUN_RESUME_FROM"); fi',
+        # a warm standby: the trainer waits for this attempt's directive (training.standby)
+        'if [ -n "${LONGRUN_STANDBY_WAIT_S:-}" ]; then RESUME=(--await-directive-s "$LONGRUN_STANDBY_WAIT_S"); fi',
         'echo "longrun: attempt $LONGRUN_ATTEMPT of job $SLURM_JOB_ID on $LONGRUN_STEP_NODES'
         ' rendezvous $MASTER_ADDR:$MASTER_PORT"',
         'srun --export=ALL --nodes="$LONGRUN_STEP_NNODES" --ntasks="$LONGRUN_STEP_NNODES" --nodelist="$LONGRUN_STEP_NODES"'

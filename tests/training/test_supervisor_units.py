@@ -4,7 +4,10 @@ tests/slurm/test_supervisor.py)."""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
+from pathlib import Path
 
 from training.directive import Directive
 from training.schema import EXIT_SDC_VERDICT, store_key
@@ -42,3 +45,81 @@ def test_the_wait_is_bounded_and_a_directive_is_followed(tmp_path, capsys):
     log.unlink()
     assert _sup(tmp_path, ["n1", "n3", "n4"], step=step)() == 0
     assert log.read_text().splitlines() == ["0 n1,n3,n4 ", "1 n1,n3,n4 runs/su/checkpoints/step-00000010/"]
+
+
+# --- the warm standby: a fake step (no torch, no Slurm) that behaves like the trainer on its directive ---
+FAKE_STEP = """
+import os, sys, time
+from training.schema import store_key
+from training.standby import await_directive
+from training.store import LocalDirStore, put_json
+
+store = LocalDirStore(os.environ["LONGRUN_STORE_DIR"])
+attempt, nodes = int(os.environ["LONGRUN_ATTEMPT"]), os.environ["LONGRUN_STEP_NODES"]
+log = open(sys.argv[1], "a")
+resume = os.environ["LONGRUN_RESUME_FROM"]
+if os.environ.get("LONGRUN_STANDBY_WAIT_S"):
+    print(f"standby {attempt} {nodes} pid={os.getpid()}", file=log, flush=True)
+    resume = await_directive(store, run="su", job_id="5", attempt=attempt, nodes=nodes.split(","),
+                             wait_s=float(os.environ["LONGRUN_STANDBY_WAIT_S"]), rank=0, poll_s=0.05)
+    if resume is None:
+        sys.exit(2)
+print(f"train {attempt} {nodes} {resume}", file=log, flush=True)
+if attempt == 0:  # the first attempt's verdict: n2 is the suspect
+    put_json(store, store_key("su", "alerts/00000020-recompute-x.json"), {"time": time.time(), "suspect_nodes": ["n2"]})
+    sys.exit(93)
+"""
+CKPT = "runs/su/checkpoints/step-00000010/"
+
+
+def _standby_case(tmp_path, monkeypatch, nodes, exclude, *, wait_s=60.0):
+    """Run a supervisor whose first attempt ends with n2's verdict; the directive (if `nodes`) is written
+    once the standby waits. Returns (exit code, log lines, supervisor output)."""
+    monkeypatch.setenv("LONGRUN_STORE_DIR", str(tmp_path / "store"))
+    fake, log = tmp_path / "fake_step.py", tmp_path / "log"
+    fake.write_text(FAKE_STEP)
+    sup = _sup(tmp_path, ["n1", "n2", "n3", "n4"], step=f"exec {sys.executable} {fake} {log}", wait_s=wait_s)
+    sup.stop_s = 5.0
+
+    def direct() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "standby" not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.05)
+        d = Directive(run="su", job_id="5", attempt=1, nodes=nodes, resume_from=CKPT, incident_id="i",
+                      exclude=exclude, issued_at=time.time())  # fmt: skip
+        put_json(LocalDirStore(tmp_path / "store"), store_key("su", d.relative_path), d.to_json())
+
+    writer = threading.Thread(target=direct, daemon=True) if nodes else None
+    if writer:
+        writer.start()
+    rc = sup()
+    lines = log.read_text().splitlines()
+    for line in lines:  # whatever it did, no step process is left behind
+        if "pid=" in line:
+            pid = int(line.split("pid=")[1])
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    return rc, [line.split(" pid=")[0] for line in lines]
+
+
+def test_a_standby_directed_to_its_nodes_trains_without_a_second_start(tmp_path, monkeypatch, capsys):
+    rc, lines = _standby_case(tmp_path, monkeypatch, ("n1", "n3", "n4"), ("n2",))
+    assert rc == 0
+    assert lines == ["train 0 n1,n2,n3 ", "standby 1 n1,n3,n4", f"train 1 n1,n3,n4 {CKPT}"]
+    out = capsys.readouterr().out
+    assert "the standby is directed: it trains" in out and "stopping the standby" not in out
+
+
+def test_a_standby_directed_elsewhere_is_stopped_and_the_directed_step_runs(tmp_path, monkeypatch, capsys):
+    # the orchestrator attributed n3, not the alert's n2: the standby on n1,n3,n4 must never train
+    rc, lines = _standby_case(tmp_path, monkeypatch, ("n1", "n2", "n4"), ("n3",))
+    assert rc == 0
+    assert lines == ["train 0 n1,n2,n3 ", "standby 1 n1,n3,n4", f"train 1 n1,n2,n4 {CKPT}"]
+    assert "stopping the standby (directed to n1,n2,n4, not n1,n3,n4)" in capsys.readouterr().out
+
+
+def test_a_standby_without_a_directive_is_stopped_and_the_job_exits_93(tmp_path, monkeypatch, capsys):
+    rc, lines = _standby_case(tmp_path, monkeypatch, None, (), wait_s=1.0)
+    assert rc == EXIT_SDC_VERDICT
+    assert lines[0] == "train 0 n1,n2,n3 " and not [line for line in lines if line.startswith("train 1")]
+    out = capsys.readouterr().out
+    assert "stopping the standby (no directive in time)" in out and "exit 93 (full relaunch)" in out

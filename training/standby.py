@@ -1,0 +1,157 @@
+"""A warm standby for the next attempt inside a job that keeps its allocation (hot spares).
+
+Starting a training step costs seconds that have nothing to do with the incident: srun, ft_launcher's and
+the trainer's torch imports, the rendezvous, the process group. The supervisor (training.supervisor)
+therefore starts the next attempt's step the moment the previous one ends with the SDC verdict, on the
+nodes the directive will most likely name (the allocation minus the alert's suspect nodes and earlier
+exclusions: `predicted_nodes`). That step's trainer (`--await-directive-s`) gets as far as the process
+group, then waits for the orchestrator's directive (`await_directive`) before it connects to NVRx's
+monitor, loads anything or writes any record:
+
+- the directive names exactly this step's nodes and passes the supervisor's checks: it resumes from the
+  directed checkpoint and trains, seconds after the directive instead of a whole start-up after it;
+- it names other nodes or is refused: it never trains; the supervisor stops it (and starts a fresh step
+  on the directed nodes, or exits 93);
+- no directive in time: it never trains; the supervisor stops it and exits 93.
+
+Only the directive decides where and from what the attempt trains: a wrong prediction costs the start-up
+it tried to save, never a step on the wrong node. Rank 0 alone reads the store; the other ranks learn its
+answer through one small broadcast per poll, so no collective waits longer than a poll.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Iterable, Sequence
+
+import torch.distributed as dist
+
+from training import schema
+from training.config import TrainConfig
+from training.directive import Directive, directive_path
+from training.records.alert import AlertRef
+from training.store import NotFound, ObjectStore, StoreError, get_json, store_from_env
+
+log = logging.getLogger("training.standby")
+
+#: How often rank 0 looks for the directive (the supervisor polls at its own interval beside it).
+POLL_S = 0.2
+_WAIT, _TIMEOUT, _NOT_MINE = "", "\0timeout", "\0not-mine"
+
+
+class NotDirected(RuntimeError):
+    """The standby's wait ended without a directive for its nodes: it must not train."""
+
+
+def directed(cfg: TrainConfig, *, rank: int, nodes: Sequence[str]) -> TrainConfig:
+    """`cfg` resuming from the directed checkpoint, once the directive for this job's attempt
+    (SLURM_JOB_ID, LONGRUN_ATTEMPT) names exactly `nodes`; NotDirected otherwise."""
+    job_id, attempt = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("LONGRUN_ATTEMPT", "")
+    if not job_id.isdigit() or not attempt.isdigit() or int(attempt) < 1:
+        raise NotDirected(
+            f"a standby needs SLURM_JOB_ID and LONGRUN_ATTEMPT >= 1, got {job_id!r}, {attempt!r}"
+        )
+    store = None
+    if rank == 0 and cfg.use_store:  # without a store rank 0 never answers: every rank waits out wait_s
+        try:
+            store = store_from_env()
+        except StoreError as e:
+            log.error("standby: no store to read the directive from (%s)", e)
+    resume = await_directive(
+        store, run=cfg.run, job_id=job_id, attempt=int(attempt), nodes=nodes, wait_s=cfg.await_directive_s,
+        rank=rank,
+    )  # fmt: skip
+    if resume is None:
+        raise NotDirected(f"no directive for job {job_id} attempt {attempt} on {sorted(set(nodes))} "
+                          f"within {cfg.await_directive_s:g} s: the supervisor runs the attempt elsewhere")  # fmt: skip
+    return dataclasses.replace(cfg, resume_from=resume, await_directive_s=0.0)
+
+
+def suspects_since(store: ObjectStore, run: str, since: float) -> set[str]:
+    """Suspect nodes of the run's alerts raised at or after `since` (epoch s): the step that just ended."""
+    found: set[str] = set()
+    for info in store.list(schema.store_key(run, "alerts/")):
+        if not info.key.endswith(".json"):
+            continue
+        try:
+            alert = AlertRef.from_json(get_json(store, info.key))
+        except (StoreError, ValueError):
+            continue  # unreadable: a prediction only, the directive decides
+        if alert.time is not None and alert.time >= since:
+            found.update(alert.suspect_nodes)
+    return found
+
+
+def predicted_nodes(held: Sequence[str], excluded: Iterable[str], width: int) -> list[str] | None:
+    """The nodes the directive will most likely name: as the orchestrator chooses them (the job's nodes in
+    allocation order, without the excluded ones, the first `width`), or None when too few are left."""
+    out = set(excluded)
+    keep = [n for n in held if n not in out]
+    return keep[:width] if len(keep) >= width else None
+
+
+def _answer(store: ObjectStore, *, run: str, job_id: str, attempt: int, nodes: list[str]) -> str:
+    """Rank 0's reading of the directive now: _WAIT, _NOT_MINE, or the checkpoint to resume from."""
+    try:
+        d = Directive.from_json(store.get_bytes(schema.store_key(run, directive_path(job_id, attempt))))
+    except NotFound:
+        return _WAIT
+    except (StoreError, ValueError) as e:
+        log.error("standby: directive unusable (%s): not training", e)
+        return _NOT_MINE
+    why = d.refusal(run=run, job_id=job_id, attempt=attempt, allocation=nodes, width=len(nodes))
+    if why:  # the supervisor stops this step; until then it must not train
+        log.warning("standby: not directed here (%s): waiting to be stopped", why)
+        return _NOT_MINE
+    log.info("standby: directed by incident %s, resuming from %s", d.incident_id, d.resume_from)
+    return d.resume_from
+
+
+def _broadcast(value: str) -> str:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    box: list[object] = [value]
+    dist.broadcast_object_list(box, src=0)
+    return str(box[0])
+
+
+def await_directive(
+    store: ObjectStore | None,
+    *,
+    run: str,
+    job_id: str,
+    attempt: int,
+    nodes: Sequence[str],
+    wait_s: float,
+    rank: int,
+    poll_s: float = POLL_S,
+) -> str | None:
+    """Every rank: the checkpoint the directive for (`run`, `job_id`, `attempt`) resumes from, when it
+    names exactly this step's `nodes` (one per rank, in rank order); None when none came within `wait_s`
+    or it names other nodes (then after waiting out `wait_s`: the supervisor stops the step first).
+    Rank 0 needs the store; the others may pass None."""
+    mine = list(dict.fromkeys(nodes))
+    deadline = time.monotonic() + wait_s
+    if rank == 0:
+        log.info("standby: waiting up to %g s for the directive of job %s attempt %d on %s",
+                 wait_s, job_id, attempt, ",".join(mine))  # fmt: skip
+    verdict = _WAIT
+    while True:
+        state = _WAIT
+        if rank == 0:
+            if verdict == _WAIT and store is not None:
+                verdict = _answer(store, run=run, job_id=job_id, attempt=attempt, nodes=mine)
+            if verdict not in (_WAIT, _NOT_MINE):
+                state = verdict
+            elif time.monotonic() >= deadline:
+                state = _TIMEOUT
+        state = _broadcast(state)
+        if state == _TIMEOUT:
+            return None
+        if state != _WAIT:
+            return state
+        if rank == 0:
+            time.sleep(poll_s)
