@@ -3,7 +3,8 @@
 the incident frees. The figure is alert written -> first healthy step of the relaunch, read from the
 trainer's segment records (longrun.incident.recovery), not Slurm's RUNNING.
 
-    .venv/bin/python bench/bench_recovery.py [--drills N] [--state-dir DIR] [--competitor-s S]
+    .venv/bin/python bench/bench_recovery.py [--drills N] [--state-dir DIR] [--competitor-s S] \
+        [--paths hot,requeue] [--states idle,busy]
 
 Each drill is a full `training_run` through Airflow's REST API (sick-node on n2, 3 training nodes of the
 4-node cluster). "busy": the moment the alert appears, a competing 3-node job (another workload; a sleep)
@@ -96,12 +97,15 @@ def one(rest: Rest, client: SlurmClient, store: ObjectStore, *, spares: int, bus
     }
 
 
+PATHS = {"hot": ("hot spare", 1), "requeue": ("requeue", 0)}
+
+
 def run_bench(rest: Rest, client: SlurmClient, store: ObjectStore, *, drills: int, competitor_s: int,
               workdir: str, say: Any = print, states: tuple[str, ...] = ("idle", "busy"),
-              ) -> dict[tuple[str, str], list[float]]:  # fmt: skip
+              paths: tuple[str, ...] = ("hot", "requeue")) -> dict[tuple[str, str], list[float]]:  # fmt: skip
     out: dict[tuple[str, str], list[float]] = {}
     for state in states:
-        for path, spares in (("hot spare", 1), ("requeue", 0)):
+        for path, spares in (PATHS[p] for p in paths):
             for i in range(drills):
                 r = one(rest, client, store, spares=spares, busy=state == "busy", i=i,
                         competitor_s=competitor_s, workdir=workdir)  # fmt: skip
@@ -112,10 +116,11 @@ def run_bench(rest: Rest, client: SlurmClient, store: ObjectStore, *, drills: in
                     f"(alert -> RUNNING {r['to_running_s']} s), lost {r['lost_steps']} steps; {r['milestones_s']}")  # fmt: skip
     return_to_service(client, say=lambda _line: None)
     for state in states:
-        hot = statistics.median(out[("hot spare", state)])
-        req = statistics.median(out[("requeue", state)])
-        say(f"{state}: alert -> first healthy step, median of {drills}: hot spare {hot:.1f} s, requeue {req:.1f} s,"
-            f" ratio hot/requeue {hot / req:.2f}")  # fmt: skip
+        medians = {path: statistics.median(out[(path, state)]) for path, _ in (PATHS[p] for p in paths)}
+        line = ", ".join(f"{path} {m:.1f} s" for path, m in medians.items())
+        if len(medians) == 2:
+            line += f", ratio hot/requeue {medians['hot spare'] / medians['requeue']:.2f}"
+        say(f"{state}: alert -> first healthy step, median of {drills}: {line}")
     return out
 
 
@@ -124,7 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drills", type=int, default=int(os.environ.get("LONGRUN_BENCH_DRILLS", "1")))
     p.add_argument("--state-dir", type=Path, default=None, help="the stack's state dir (default: longrun's)")
     p.add_argument("--competitor-s", type=int, default=90, help="how long the competing job runs")
+    p.add_argument("--paths", default="hot,requeue", help="which recovery paths (a side-by-side needs both)")
+    p.add_argument("--states", default="idle,busy", help="which cluster states")
     args = p.parse_args(argv)
+    paths, states = tuple(args.paths.split(",")), tuple(args.states.split(","))
+    if not paths or set(paths) - set(PATHS) or not states or set(states) - {"idle", "busy"}:
+        p.error("--paths takes hot and/or requeue, --states idle and/or busy")
     from longrun.stack import Stack
 
     stack = Stack(args.state_dir) if args.state_dir else Stack()
@@ -135,10 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     prepare(rest)
     client = make_client(backend="cli", slurm_conf=env["SLURM_CONF"])
     run_bench(rest, client, store_from_env(), drills=args.drills, competitor_s=args.competitor_s,
-              workdir=str(stack.state_dir))  # fmt: skip
-    print(
-        f"command: .venv/bin/python bench/bench_recovery.py --drills {args.drills} --competitor-s {args.competitor_s}"
-    )
+              workdir=str(stack.state_dir), paths=paths, states=states)  # fmt: skip
+    print(f"command: .venv/bin/python bench/bench_recovery.py --drills {args.drills} --competitor-s "
+          f"{args.competitor_s} --paths {','.join(paths)} --states {','.join(states)}")  # fmt: skip
     return 0
 
 
