@@ -1,9 +1,9 @@
 """`sdc_incident`: from an SDC alert to a drained, diagnosed node and a relaunch from a clean checkpoint.
 
-open the record -> freeze the job (beside: attribute; ambiguous -> drain nothing, fail, runbook) and
-pick the pre-incident checkpoint -> [approve] -> drain (rate-limited, longrun's reason) -> beside the
-relaunch: diagnose (probe + DCGM on the suspect in a MAINT reservation, or as a step of the kept job on
-the hot-spare path; drained again with the verdict) ->
+open the record -> freeze the job (beside: attribute; ambiguous -> drain nothing, fail, runbook) ->
+[approve] -> drain (rate-limited, longrun's reason) -> then side by side: diagnose (probe + DCGM on the
+suspect in a MAINT reservation, or as a step of the kept job on the hot-spare path; drained again with
+the verdict) and pick the pre-incident checkpoint ->
 [approve] -> relaunch (node excluded, drill off, resumed) -> re-enter monitoring (a new `training_run`
 run attached to the job) -> summary.
 
@@ -177,21 +177,15 @@ def sdc_incident() -> None:
     # do not need it gone (a drain never stops a running job). The relaunch excludes the drained node
     # whatever the diagnosis finds, so the diagnosis runs beside the pick and the relaunch instead of
     # in front of them: recovery does not wait for it. The summary waits for both.
-    # The pick needs the job frozen, not the node drained, so it runs beside attribute and the drain: the
-    # critical path is open -> attribute -> drain -> relaunch. The relaunch checks for itself that the node
-    # was drained (a rejected drain skips it), so a pick that ran beside a rejected drain only holds the
-    # pre-incident checkpoint for a relaunch by hand.
     # The two gates read only the mode, so they run beside attribute and pick instead of after them: in
-    # act mode no gate stands on the alert's critical path.
-    # An approval still waits for what it shows (the attribution; the picked checkpoint after the drain).
+    # act mode no gate stands on the alert's critical path (open -> attribute -> drain -> pick -> relaunch).
+    # An approval still waits for what it shows (the attribution; the picked checkpoint).
     opened >> [frozen, attributed]
     gate1 >> [approve_drain, drained]
     attributed >> [approve_drain, drained]
     approve_drain >> drained
     [drained, frozen] >> diagnosed
-    frozen >> picked
-    [drained, picked] >> approve_relaunch
-    [drained, picked] >> relaunched
+    [drained, frozen] >> picked >> [approve_relaunch, relaunched]
     gate2 >> [approve_relaunch, relaunched]
     approve_relaunch >> relaunched >> reenter
     [reenter, diagnosed] >> done

@@ -390,10 +390,10 @@ def nan_drill_in_mode(rest: Rest, mode: str, *, approve: bool = False) -> tuple[
 
 def test_a_rejected_drain_drains_nothing_and_relaunches_nothing(rest):
     """approve mode, and the person rejects the drain: Airflow's ApprovalOperator skips only `drain`;
-    `approve_relaunch` is skipped after it, and `relaunch` (whose trigger rule runs it past skipped
-    upstreams, and whose pick ran beside the drain) skips itself on the step's own check that the node was
-    drained. The incident ends `rejected` (and fails its run as not relaunched); no node is drained, no
-    job submitted; the pick only holds the pre-incident checkpoint for a relaunch by hand."""
+    `pick_checkpoint` and `approve_relaunch` are skipped after it, and `relaunch` (whose trigger rule runs
+    it past skipped upstreams) skips itself (the step's own check) instead of failing on a missing
+    checkpoint. The incident ends `rejected` (and fails its run as not relaunched); no node is drained, no
+    job submitted."""
     client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
     return_to_service(client)
     run = name("reject")
@@ -414,9 +414,8 @@ def test_a_rejected_drain_drains_nothing_and_relaunches_nothing(rest):
     incident_run = incident_run_id(alert_key)
     states = rest.task_states("sdc_incident", incident_run)
     assert states["approve_drain"] == "success", states  # answered: "Reject"
-    for task in ("drain", "approve_relaunch", "relaunch", "reenter_monitoring"):
+    for task in ("drain", "pick_checkpoint", "approve_relaunch", "relaunch", "reenter_monitoring"):
         assert states[task] == "skipped", (task, states)
-    assert states["pick_checkpoint"] == "success", states  # beside the drain: it ran before the answer
     assert states["summary"] == "failed", states
     log = rest.task_log("sdc_incident", incident_run, "relaunch")
     assert "was not drained" in log, log[-2000:]
