@@ -105,12 +105,15 @@ def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp,
         _wait(
             "pick's manifest", lambda: store.head(schema.store_key(run.run_name, schema.manifest_path(PICK)))
         )
+        # the directive comes while the next attempt's standby waits for it, as after an incident's steps
+        _wait("the standby", lambda: "standby: waiting" in _log(launcher, run.run_name, job_id))
         d = Directive(run=run.run_name, job_id=str(job_id), attempt=1, nodes=tuple(keep), resume_from=ckpt,
                       incident_id="test", exclude=(suspect,), issued_at=time.time())  # fmt: skip
         put_json(store, schema.store_key(run.run_name, d.relative_path), d.to_json())
         final = ops.wait_for(client, job_id, lambda s: s.status not in ACTIVE, timeout_s=420, poll_s=1.0)
         log = _log(launcher, run.run_name, job_id)
         assert final.status is JobStatus.COMPLETED and final.exit_code == 0, final.describe() + log[-3000:]
+        assert "the standby is directed: it trains" in log and "stopping the standby" not in log
         node = client.node(suspect)
         assert node.drain_flag and node.reason == REASON
     finally:
@@ -133,13 +136,52 @@ def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp,
           f"(the test wrote the directive; no Airflow in this path)")  # fmt: skip
 
 
+def test_a_standby_the_directive_does_not_name_is_stopped_and_the_directed_step_runs(launcher, clean_fp):
+    """The orchestrator directs the attempt elsewhere than the supervisor predicted (its attribution left
+    out another node than the alert's suspect): the standby, already waiting on the predicted nodes,
+    never trains; the supervisor stops its srun step (SIGTERM through ft_launcher to the trainers) and
+    starts the directed step fresh, with the same attempt's rendezvous; the run ends as a clean one."""
+    run = tiny("hs-elsewhere", spare_nodes=1, drill=Drill(kind="nan", step=ALERT_STEP, target="1"))
+    store = LocalDirStore(launcher.env["LONGRUN_STORE_DIR"])
+    job_id = _submit(launcher, run, wait_s=180)
+    client = launcher.client
+    try:
+        held = ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60).nodes
+        alert_key = _wait(
+            "alert", lambda: [o.key for o in store.list(schema.store_key(run.run_name, "alerts/"))]
+        )[0]
+        (suspect,) = get_json(store, alert_key)["suspect_nodes"]
+        _wait("the standby", lambda: "standby: waiting" in _log(launcher, run.run_name, job_id))
+        host = batch_host(client, job_id)
+        other = next(n for n in held if n not in (suspect, host))
+        nodes = tuple(n for n in held if n != other)
+        ckpt = schema.store_key(run.run_name, schema.checkpoint_dir(PICK))
+        d = Directive(run=run.run_name, job_id=str(job_id), attempt=1, nodes=nodes, resume_from=ckpt,
+                      incident_id="test", exclude=(other,), issued_at=time.time())  # fmt: skip
+        put_json(store, schema.store_key(run.run_name, d.relative_path), d.to_json())
+        final = ops.wait_for(client, job_id, lambda s: s.status not in ACTIVE, timeout_s=420, poll_s=1.0)
+        log = _log(launcher, run.run_name, job_id)
+        assert final.status is JobStatus.COMPLETED and final.exit_code == 0, final.describe() + log[-3000:]
+        assert "stopping the standby (directed to" in log and "the standby is directed" not in log
+    finally:
+        if client.job(job_id).status in ACTIVE:
+            client.cancel(job_id)
+            ops.wait_for(client, job_id, lambda s: s.status not in ACTIVE, timeout_s=60)
+    first, relaunch = _segments(store, run.run_name)  # the standby never wrote one: it never trained
+    assert first.job_id == relaunch.job_id == str(job_id)
+    assert (relaunch.start_step, relaunch.first_step, relaunch.resumed_from) == (PICK, PICK + 1, ckpt)
+    assert other not in relaunch.nodes and sorted(set(relaunch.nodes)) == sorted(nodes)
+    report = get_json(store, schema.store_key(run.run_name, schema.REPORT_PATH))
+    assert report["final_fingerprint"] == clean_fp, "final weights differ from the clean run"
+
+
 def test_no_directive_in_time_ends_the_job_with_93(launcher):
     run = tiny("hs-fallback", spare_nodes=1, drill=Drill(kind="nan", step=ALERT_STEP, target="1"))
     job_id = _submit(launcher, run, wait_s=5)
     final = ops.wait_for(launcher.client, job_id, lambda s: s.status not in ACTIVE, timeout_s=420, poll_s=1.0)
     log = _log(launcher, run.run_name, job_id)
     assert final.exit_code == schema.EXIT_SDC_VERDICT, final.describe() + log[-3000:]
-    assert "no directive in time: exit 93" in log
+    assert "stopping the standby (no directive in time)" in log and "no directive in time: exit 93" in log
 
 
 def test_the_job_holds_its_spares(launcher):
