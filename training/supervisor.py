@@ -148,7 +148,10 @@ class Supervisor:
                 time.sleep(0.1)
             if not _group_alive(proc):
                 break
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # unkillable (a hung mount): the next step runs beside it
+            print(f"longrun-supervisor: the standby (pid {proc.pid}) did not end after SIGKILL", flush=True)
 
     def wait_for_directive(self, attempt: int) -> Directive | None:
         key = store_key(self.run, directive_path(self.job_id, attempt))

@@ -22,13 +22,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from training import schema
 from training.config import PRESETS, CheckConfig, TrainConfig, model_preset
-
-if TYPE_CHECKING:  # torch comes with training.faults: main() first sets the session's CPU share
-    from training.faults import Fault
+from training.faults import Fault, FaultSpecError, faults_from
 
 log = logging.getLogger("training.train")
 
@@ -75,8 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, tuple[Fault, ...]]:
-    from training.faults import faults_from
-
     checks = () if args.checks.strip() in ("", "none") else tuple(c.strip() for c in args.checks.split(","))
     cfg = TrainConfig(
         run=args.run or Path(args.run_dir).resolve().name,
@@ -103,26 +98,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, tuple[Fault
     return cfg, faults_from(args.fault)
 
 
-def _nice_session() -> None:
-    """A standby started niced (longrun.hotspare) puts its session at that nice too. Where Linux shares CPU
-    time between sessions first (autogroup), a process's nice ranks it only inside its own session, and
-    torch's launchers start each worker in a session of its own: without this the niced standby's imports
-    take an equal share beside the orchestrator on a machine they share. Only for a standby: a session
-    is more than this process (a direct start's terminal)."""
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice > 0:
-        try:
-            Path("/proc/self/autogroup").write_text(str(nice))
-        except OSError:  # no autogroup (other kernels, containers): the process's nice is all there is
-            pass
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.await_directive_s:  # a standby: before torch's import, the heaviest part of its start
-        _nice_session()
-    from training.faults import FaultSpecError
-
     try:
         cfg, faults = config_from_args(args)
     except (ValueError, FaultSpecError) as e:

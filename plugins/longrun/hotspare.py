@@ -27,13 +27,6 @@ if TYPE_CHECKING:
 #: (the diagnosis runs beside them, as a step of this job: longrun.incident.inalloc); after it the job
 #: ends with 93 and the full relaunch takes over.
 DIRECTIVE_WAIT_S = 300
-#: The niceness of a standby's step (launcher and trainer, for the whole attempt), and of its session's
-#: autogroup (where Linux groups CPU time by session, nice alone ranks processes only inside their own
-#: session, and each step task is a session of its own). Its start-up overlaps the incident: where it
-#: shares CPUs with the orchestrator (this project's one-machine cluster) it must take only idle time,
-#: or it delays the very directive it waits for (measured: drain 7.5 s -> 12.7 s after the alert on 2
-#: cores). On a dedicated node nothing else competes and it changes nothing.
-STANDBY_NICE = 19
 #: Attempt a of job j rendezvous on base + (j + a * span // 2) mod span (training.ports, the one rule):
 #: attempt 0 on the plain launch's port (longrun.launch), the next half a span away, every attempt inside
 #: [base, base + span - 1] (23500-30999 by default: below the ephemeral range, clear of the local stack).
@@ -76,18 +69,15 @@ def step_script(
         # the drill fires in the first attempt only; a relaunch resumes from the directed checkpoint
         f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then {fault}; else FAULT=(); fi',
         'RESUME=(); if [ -n "$LONGRUN_RESUME_FROM" ]; then RESUME=(--resume-from "$LONGRUN_RESUME_FROM"); fi',
-        # a warm standby: the trainer waits for this attempt's directive (training.standby), niced
-        'NICE=(); export LONGRUN_SESSION_NICE=; if [ -n "${LONGRUN_STANDBY_WAIT_S:-}" ]; then'
-        f' RESUME=(--await-directive-s "$LONGRUN_STANDBY_WAIT_S"); NICE=(nice -n {STANDBY_NICE});'
-        f" LONGRUN_SESSION_NICE={STANDBY_NICE}; fi",
+        # a warm standby: the trainer waits for this attempt's directive (training.standby)
+        'if [ -n "${LONGRUN_STANDBY_WAIT_S:-}" ]; then RESUME=(--await-directive-s "$LONGRUN_STANDBY_WAIT_S"); fi',
         'echo "longrun: attempt $LONGRUN_ATTEMPT of job $SLURM_JOB_ID on $LONGRUN_STEP_NODES'
         ' rendezvous $MASTER_ADDR:$MASTER_PORT"',
         'srun --export=ALL --nodes="$LONGRUN_STEP_NNODES" --ntasks="$LONGRUN_STEP_NNODES" --nodelist="$LONGRUN_STEP_NODES"'
         " --ntasks-per-node=1"
         " --kill-on-bad-exit=0 bash -c"
-        ' \'if [ -n "$LONGRUN_SESSION_NICE" ]; then echo "$LONGRUN_SESSION_NICE" > /proc/self/autogroup 2>/dev/null;'
-        ' fi; PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) exec "$0" "$@"\' '
-        f'"${{NICE[@]}}" {q(launcher)} {" ".join(ft_args)} {train} "${{FAULT[@]}}" "${{RESUME[@]}}"',
+        ' \'PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) exec "$0" "$@"\' '
+        f'{q(launcher)} {" ".join(ft_args)} {train} "${{FAULT[@]}}" "${{RESUME[@]}}"',
         "rc=$?",
         f"if {q(python)} -m training.nvrx launch-verdict --run-dir {q(run_dir)} --run {q(run.run_name)}"
         f' --since "$LONGRUN_LAUNCH_T0"{store_flag}; then'
