@@ -46,8 +46,9 @@ class Trainer(RunRecords, TrainerCheckpoints):
         torch.use_deterministic_algorithms(True)
         self.place = placement_from_env()
         self.backend = init_process_group(self.place, timeout_s=cfg.collective_timeout_s)
+        self.nodes = gather_strings(self.place.node)  # one gather at start-up: the node of each rank
         if cfg.await_directive_s:  # a warm standby: nothing monitored, loaded or written before its directive
-            self.cfg = cfg = directed(cfg, rank=self.place.rank, nodes=gather_strings(self.place.node))
+            self.cfg = cfg = directed(cfg, rank=self.place.rank, nodes=self.nodes)
         self.rank, self.world = self.place.rank, self.place.world_size
         self.device = default_device()
         # NVRx heartbeats (a no-op off ft_launcher); timeouts are calculated once a save and an audit ran.
@@ -57,8 +58,7 @@ class Trainer(RunRecords, TrainerCheckpoints):
         )
         self.nvrx.start()
         faults = first_incarnation_only(faults, self.nvrx.restart_count)
-        # One gather at start-up: node names, and the knobs the bits depend on (all must agree).
-        self.nodes = gather_strings(self.place.node)
+        # One gather of the knobs the bits depend on (all must agree).
         knobs = f"{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|threads={cfg.threads}"
         all_knobs = gather_strings(knobs)
         if len(set(all_knobs)) != 1:
