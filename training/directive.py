@@ -14,12 +14,13 @@ waits for, nodes inside its allocation, not the suspect's node), and refuses any
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from training.records.fields import need, opt_float, opt_int, opt_str, opt_strs, stamped
-from training.schema import NODE_NAME
+from training.schema import NODE_NAME, store_key
+from training.store_interface import NotFound, ObjectStore
 
 DIRECTIVE_SCHEMA_VERSION = 1
 DIRECTIVES_DIR = "directives/"
@@ -29,6 +30,23 @@ _REF = re.compile(r"^[A-Za-z0-9._/-]{1,512}$")
 
 def directive_path(job_id: str, attempt: int) -> str:
     return f"{DIRECTIVES_DIR}{job_id}-a{attempt:03d}.json"
+
+
+def directed_nodes(held: Sequence[str], excluded: Iterable[str]) -> list[str]:
+    """The nodes a directive may name, in the order it names them: the job's nodes in allocation order
+    without the excluded ones (sdc_incident writes the first `width`; the standby predicts the same)."""
+    out = set(excluded)
+    return [n for n in held if n not in out]
+
+
+def read_directive(store: ObjectStore, *, run: str, job_id: str, attempt: int) -> Directive | None:
+    """The directive for (`run`, `job_id`, `attempt`); None while there is none. StoreError when it cannot
+    be read, ValueError when it is malformed: both mean it must not be followed."""
+    try:
+        raw = store.get_bytes(store_key(run, directive_path(job_id, attempt)))
+    except NotFound:
+        return None
+    return Directive.from_json(raw)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -31,9 +31,9 @@ import torch.distributed as dist
 
 from training import schema
 from training.config import TrainConfig
-from training.directive import Directive, directive_path
+from training.directive import directed_nodes, read_directive
 from training.records.alert import AlertRef
-from training.store import NotFound, ObjectStore, StoreError, get_json, store_from_env
+from training.store import ObjectStore, StoreError, get_json, store_from_env
 
 log = logging.getLogger("training.standby")
 
@@ -88,20 +88,19 @@ def suspects_since(store: ObjectStore, run: str, since: float) -> set[str]:
 def predicted_nodes(held: Sequence[str], excluded: Iterable[str], width: int) -> list[str] | None:
     """The nodes the directive will most likely name: as the orchestrator chooses them (the job's nodes in
     allocation order, without the excluded ones, the first `width`), or None when too few are left."""
-    out = set(excluded)
-    keep = [n for n in held if n not in out]
+    keep = directed_nodes(held, excluded)
     return keep[:width] if len(keep) >= width else None
 
 
 def _answer(store: ObjectStore, *, run: str, job_id: str, attempt: int, nodes: list[str]) -> str:
     """Rank 0's reading of the directive now: _WAIT, _NOT_MINE, or the checkpoint to resume from."""
     try:
-        d = Directive.from_json(store.get_bytes(schema.store_key(run, directive_path(job_id, attempt))))
-    except NotFound:
-        return _WAIT
+        d = read_directive(store, run=run, job_id=job_id, attempt=attempt)
     except (StoreError, ValueError) as e:
         log.error("standby: directive unusable (%s): not training", e)
         return _NOT_MINE
+    if d is None:
+        return _WAIT
     why = d.refusal(run=run, job_id=job_id, attempt=attempt, allocation=nodes, width=len(nodes))
     if why:  # the supervisor stops this step; until then it must not train
         log.warning("standby: not directed here (%s): waiting to be stopped", why)

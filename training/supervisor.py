@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from subprocess import Popen
 
 from training import standby as warm
-from training.directive import Directive, directive_path
+from training.directive import Directive, directive_path, read_directive
 from training.schema import EXIT_SDC_VERDICT, store_key
-from training.store import NotFound, ObjectStore, StoreError, store_from_env
+from training.store import ObjectStore, StoreError, store_from_env
 
 log = logging.getLogger("training.supervisor")
 
@@ -154,16 +154,16 @@ class Supervisor:
             print(f"longrun-supervisor: the standby (pid {proc.pid}) did not end after SIGKILL", flush=True)
 
     def wait_for_directive(self, attempt: int) -> Directive | None:
-        key = store_key(self.run, directive_path(self.job_id, attempt))
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
-                return Directive.from_json(self.store.get_bytes(key))
-            except NotFound:
-                pass
+                found = read_directive(self.store, run=self.run, job_id=self.job_id, attempt=attempt)
             except (StoreError, ValueError) as e:  # unreadable or malformed: refused, not retried forever
+                key = store_key(self.run, directive_path(self.job_id, attempt))
                 print(f"longrun-supervisor: directive {key} unusable: {e}", flush=True)
                 return None
+            if found is not None:
+                return found
             if time.monotonic() >= deadline:
                 return None
             time.sleep(self.poll_s)

@@ -30,7 +30,7 @@ from longrun.incident.events import Event
 from longrun.slurm import validate as v
 from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from training import schema
-from training.directive import DIRECTIVES_DIR, Directive
+from training.directive import DIRECTIVES_DIR, Directive, directed_nodes
 from training.records.incident import RestartCheckpoint
 from training.segment import Segment
 from training.store import ObjectStore, PreconditionFailed
@@ -131,7 +131,7 @@ def direct(
     held = list(state.nodes)
     # never onto a drained node: an earlier incident's suspect may still be held (its release refused)
     out = {n.name for n in client.nodes() if n.drain_flag or n.is_down}
-    keep = [n for n in held if n != node and n not in out]
+    keep = directed_nodes(held, {node, *out})
     if len(keep) < spec.nodes:
         inc.event(store, Event.NO_SPARE_LEFT, held=held, node=node)
         return None
