@@ -72,6 +72,25 @@ def _log(launcher, run: str, job_id: int) -> str:
     return path.read_text() if path.exists() else ""
 
 
+def _first_alert(store, run: str) -> dict:
+    key = _wait("alert", lambda: [o.key for o in store.list(schema.store_key(run, "alerts/"))])[0]
+    return get_json(store, key)
+
+
+def _direct_and_finish(launcher, run: str, job_id: int, *, nodes: tuple[str, ...], exclude: str) -> str:
+    """Play the orchestrator's directive (attempt 1 from the pick, on `nodes`), wait for the job to end,
+    and return its log; the job must end COMPLETED with 0."""
+    store = LocalDirStore(launcher.env["LONGRUN_STORE_DIR"])
+    d = Directive(run=run, job_id=str(job_id), attempt=1, nodes=nodes,
+                  resume_from=schema.store_key(run, schema.checkpoint_dir(PICK)), incident_id="test",
+                  exclude=(exclude,), issued_at=time.time())  # fmt: skip
+    put_json(store, schema.store_key(run, d.relative_path), d.to_json())
+    final = ops.wait_for(launcher.client, job_id, lambda s: s.status not in ACTIVE, timeout_s=420, poll_s=1.0)
+    log = _log(launcher, run, job_id)
+    assert final.status is JobStatus.COMPLETED and final.exit_code == 0, final.describe() + log[-3000:]
+    return log
+
+
 @pytest.fixture(scope="module")
 def clean_fp(launcher):
     run = tiny("hs-clean")
@@ -88,10 +107,7 @@ def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp,
     try:
         held = ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60).nodes
         assert len(held) == 4
-        alert_key = _wait(
-            "alert", lambda: [o.key for o in store.list(schema.store_key(run.run_name, "alerts/"))]
-        )[0]
-        alert = get_json(store, alert_key)
+        alert = _first_alert(store, run.run_name)
         (suspect,) = alert["suspect_nodes"]
         # the orchestrator's part: drain, release the node from the job, direct the next attempt
         client.drain(suspect, REASON)
@@ -107,12 +123,7 @@ def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp,
         )
         # the directive comes while the next attempt's standby waits for it, as after an incident's steps
         _wait("the standby", lambda: "standby: waiting" in _log(launcher, run.run_name, job_id))
-        d = Directive(run=run.run_name, job_id=str(job_id), attempt=1, nodes=tuple(keep), resume_from=ckpt,
-                      incident_id="test", exclude=(suspect,), issued_at=time.time())  # fmt: skip
-        put_json(store, schema.store_key(run.run_name, d.relative_path), d.to_json())
-        final = ops.wait_for(client, job_id, lambda s: s.status not in ACTIVE, timeout_s=420, poll_s=1.0)
-        log = _log(launcher, run.run_name, job_id)
-        assert final.status is JobStatus.COMPLETED and final.exit_code == 0, final.describe() + log[-3000:]
+        log = _direct_and_finish(launcher, run.run_name, job_id, nodes=tuple(keep), exclude=suspect)
         assert "the standby is directed: it trains" in log and "stopping the standby" not in log
         node = client.node(suspect)
         assert node.drain_flag and node.reason == REASON
@@ -147,21 +158,13 @@ def test_a_standby_the_directive_does_not_name_is_stopped_and_the_directed_step_
     client = launcher.client
     try:
         held = ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60).nodes
-        alert_key = _wait(
-            "alert", lambda: [o.key for o in store.list(schema.store_key(run.run_name, "alerts/"))]
-        )[0]
-        (suspect,) = get_json(store, alert_key)["suspect_nodes"]
+        (suspect,) = _first_alert(store, run.run_name)["suspect_nodes"]
         _wait("the standby", lambda: "standby: waiting" in _log(launcher, run.run_name, job_id))
         host = batch_host(client, job_id)
         other = next(n for n in held if n not in (suspect, host))
         nodes = tuple(n for n in held if n != other)
         ckpt = schema.store_key(run.run_name, schema.checkpoint_dir(PICK))
-        d = Directive(run=run.run_name, job_id=str(job_id), attempt=1, nodes=nodes, resume_from=ckpt,
-                      incident_id="test", exclude=(other,), issued_at=time.time())  # fmt: skip
-        put_json(store, schema.store_key(run.run_name, d.relative_path), d.to_json())
-        final = ops.wait_for(client, job_id, lambda s: s.status not in ACTIVE, timeout_s=420, poll_s=1.0)
-        log = _log(launcher, run.run_name, job_id)
-        assert final.status is JobStatus.COMPLETED and final.exit_code == 0, final.describe() + log[-3000:]
+        log = _direct_and_finish(launcher, run.run_name, job_id, nodes=nodes, exclude=other)
         assert "stopping the standby (directed to" in log and "the standby is directed" not in log
     finally:
         if client.job(job_id).status in ACTIVE:
