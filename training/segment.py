@@ -134,6 +134,14 @@ def lost_steps(before: Segment, after: Segment) -> int | None:
     return max(0, before.last_step - after.start_step)
 
 
+def last_trained(segs: list[Segment]) -> Segment | None:
+    """The latest of `segs` (in run order) that trained a step: the one whose weights a relaunch replaces.
+    An incarnation that trained nothing (an NVRx in-job restart after the launch's SDC verdict exits 93
+    before its first step) has no say in what was lost."""
+    trained = [s for s in segs if s.last_step is not None]
+    return trained[-1] if trained else None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FaultFired:
     """A drill's fault, injected (written just before the injection)."""

@@ -260,10 +260,14 @@ def assert_resumed_as_picked(result):
     assert pick is not None
     segs = result.segments
     assert len(segs) >= 2, segs
-    # the first launch, any NVRx in-job restarts it made, then the relaunch (the last segment)
-    first, before, relaunch = segs[0], segs[-2], segs[-1]
+    # the first launch, any NVRx in-job restarts it made, then the relaunch (the last segment). A restart
+    # that NVRx starts after the verdict exits 93 before its first step: it trained nothing, so the lost
+    # steps are counted from the last segment that did.
+    first, relaunch = segs[0], segs[-1]
+    before = [s for s in segs[:-1] if s["last_step"] is not None][-1]
     assert (first["start_step"], first["resumed_from"]) == (0, None)
-    assert first["last_step"] == result.detection_step and before["exit"] == "sdc_verdict"
+    assert first["last_step"] == result.detection_step and segs[-2]["exit"] == "sdc_verdict"
+    assert all(s["exit"] == "sdc_verdict" for s in segs[segs.index(before) : -1]), segs
     assert relaunch["job_id"] == str(inc.relaunch.job_id)
     assert relaunch["start_step"] == pick and relaunch["first_step"] == pick + 1, relaunch
     assert relaunch["resumed_from"].rstrip("/").endswith(f"step-{pick:08d}")

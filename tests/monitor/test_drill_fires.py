@@ -218,6 +218,33 @@ def test_an_nvrx_restart_after_the_alert_is_not_the_in_job_relaunch():
     assert recovery.measure(IncidentRecord.from_json(requeued), segs12, [])["relaunch_segment"] == "12.0-r0"
 
 
+def test_a_restart_that_trained_nothing_does_not_hide_the_lost_steps():
+    """NVRx restarted the workers after the verdict (r1); the restart saw the launch's verdict and exited 93
+    before its first step, so its record has no last_step (seen in a CI run, where the lost steps of the
+    relaunch came out None). Lost steps are counted from r0, the last segment that trained."""
+    run, t = "rc", 1000.0
+    segs = [
+        _segment(segment_id="11.0-r0", start_step=0, resumed_from=None, started_at=t - 30, first_step=1,
+                 first_healthy_step=1, first_healthy_time=t - 29, last_step=20, ended_at=t + 1, exit="sdc_verdict"),
+        _segment(segment_id="11.0-r1", restart_count=1, start_step=0, resumed_from=None, started_at=t - 1,
+                 ended_at=t + 2, exit="sdc_verdict"),
+        _segment(segment_id="12.0-r0", job_id="12", start_step=10, resumed_from="runs/rc/checkpoints/step-00000010/",
+                 started_at=t + 20, first_step=11, first_healthy_step=11, first_healthy_time=t + 24,
+                 last_step=40, exit="done", nodes=("n1", "n3", "n4")),
+    ]  # fmt: skip
+    alert = {"step": 20, "check": "recompute", "time": t, "suspect_nodes": ["n2"]}
+    incident = schema.record(
+        "incident", run=run, incident_id="i1", alert=alert, mode="act", status="relaunched",
+        checkpoint={"step": 10}, relaunch={"job_id": 12}, timeline=[{"event": "opened", "time": t + 2}],
+    )  # fmt: skip
+    got = recovery.measure(IncidentRecord.from_json(incident), segs, [])
+    assert (got["relaunch_segment"], got["resumed_as_picked"], got["lost_steps"]) == ("12.0-r0", True, 10)
+    table = recovery.segment_table(segs)
+    assert [row["lost_steps_before"] for row in table] == [None, 20, 10]
+    # nothing trained before: nothing to lose, and no error
+    assert recovery.segment_table(segs[1:])[1]["lost_steps_before"] is None
+
+
 def test_the_directed_attempt_is_a_new_job_step():
     """injob.attempt_segment: an NVRx restart of step 0 that starts after the directive is not the attempt
     the directive asked for; the attempt's own step is."""

@@ -15,7 +15,7 @@ from typing import Any
 from longrun.incident.events import Event
 from training import schema
 from training.records import Incident as IncidentRecord
-from training.segment import FAULTS_DIR, SEGMENTS_DIR, FaultFired, Segment, lost_steps, ordered
+from training.segment import FAULTS_DIR, SEGMENTS_DIR, FaultFired, Segment, last_trained, lost_steps, ordered
 from training.store import ObjectStore, StoreError
 
 log = logging.getLogger("longrun.incident.recovery")
@@ -68,6 +68,7 @@ def segment_table(segs: list[Segment]) -> list[dict[str, Any]]:
     """One row per segment for the run report: where it started, what it trained, how it ended."""
     rows = []
     for i, s in enumerate(segs):
+        before = last_trained(segs[:i])
         rows.append(
             {
                 "segment": s.segment_id,
@@ -80,7 +81,7 @@ def segment_table(segs: list[Segment]) -> list[dict[str, Any]]:
                 "last_step": s.last_step,
                 "exit": s.exit,
                 "nodes": sorted(set(s.nodes)),
-                "lost_steps_before": lost_steps(segs[i - 1], s) if i else None,
+                "lost_steps_before": lost_steps(before, s) if before else None,
             }
         )
     return rows
@@ -125,7 +126,7 @@ def measure(incident: IncidentRecord, segs: list[Segment], fired: list[FaultFire
     after = relaunch_segment(segs, incident)
     if after is not None:
         times[Event.FIRST_HEALTHY_STEP] = after.first_healthy_time
-    previous = [s for s in segs if after is not None and s.started_at < after.started_at]
+    previous = last_trained([s for s in segs if after is not None and s.started_at < after.started_at])
     pick_step = incident.checkpoint.step
     first_step = after.first_step if after else None
     healthy_at = times[Event.FIRST_HEALTHY_STEP]
@@ -139,7 +140,7 @@ def measure(incident: IncidentRecord, segs: list[Segment], fired: list[FaultFire
         "resumed_as_picked": (
             None if first_step is None or pick_step is None else first_step == int(pick_step) + 1
         ),
-        "lost_steps": lost_steps(previous[-1], after) if previous and after else None,
+        "lost_steps": lost_steps(previous, after) if previous and after else None,
     }
     return out
 
