@@ -478,7 +478,12 @@ def test_a_job_held_after_a_failed_launch_fails_the_monitor_and_its_runbook_reco
     assert result.final_fingerprint == clean.final_fingerprint
     run_id = result.dag_runs[0][1]
     monitor = next(ti for ti in rest.task_instances("training_run", run_id) if ti["task_id"] == "monitor")
-    assert (monitor["state"], monitor["try_number"]) == ("success", 2), monitor  # failed once, then cleared
+    # The held job failed it for good (no retry left it running), then the clear ran it to success. Either
+    # side may hold one retry of the monitor's own: its retries are for a lost trigger or a slow look on a
+    # loaded machine (one after the clear was seen in a CI replica), and the held job did not come back.
+    failed_state, failed_try = done["failed_try"]
+    assert failed_state == "failed", done
+    assert monitor["state"] == "success" and monitor["try_number"] > failed_try, monitor
 
 
 def test_observe_mode_changes_nothing(rest, clean):

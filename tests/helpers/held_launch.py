@@ -31,8 +31,9 @@ def follow_runbook(
     """Called when a followed DAG run failed. Acts only for a training_run whose monitor failed naming the
     runbook while Slurm holds the run's job after a failed launch, and once (`done["runbook"]` says what
     was done). As the runbook says: `before()` (the cause put right), resume the nodes Slurm drained for
-    it (reason starting with one of `resume_reasons`), release the job, clear the monitor and its
-    downstream tasks. Any other failure stands (False)."""
+    it (reason starting with one of `resume_reasons`), release the job and start it now, clear the
+    monitor and its downstream tasks (`done["failed_try"]`: the monitor's state and try number before
+    the clear). Any other failure stands (False)."""
     if dag_id != "training_run" or "runbook" in done:
         return False
     held = [j for j in client.jobs() if j.name == run and held_after_failed_launch(j)]
@@ -43,6 +44,11 @@ def follow_runbook(
     before()
     resume_drained_for(client, resume_reasons)
     client.release(held[0].job_id)
+    # Slurm gives a requeued job a begin time ~2 minutes out; the runbook starts it now.
+    argv = ["scontrol", "update", f"JobId={held[0].job_id}", "StartTime=now"]
+    subprocess.run(argv, env=dict(os.environ), check=True)
+    monitor = next(ti for ti in rest.task_instances(dag_id, run_id) if ti["task_id"] == "monitor")
+    done["failed_try"] = (monitor["state"], monitor["try_number"])
     cleared = rest.clear_tasks(dag_id, run_id, ["monitor"])
     done["runbook"] = f"{RUNBOOK}: job {held[0].job_id} released, cleared {sorted(cleared)}"
     return True
