@@ -60,6 +60,12 @@ class S3Store:
         self._s3 = client or boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
         self._transfer = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=16 << 20)
 
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client: not tied to this bucket, so a store of another bucket on the same endpoint
+        with the same credentials can share it (boto3 clients are thread-safe)."""
+        return self._s3
+
     def spec(self) -> dict[str, Any]:
         """The constructor arguments, for rebuilding this store in another process (no credentials)."""
         return {

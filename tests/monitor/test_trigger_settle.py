@@ -17,6 +17,7 @@ from longrun.monitor import trigger as trigger_mod
 from longrun.monitor import watch
 from longrun.monitor.event import MonitorEvent
 from longrun.monitor.trigger import CHECKPOINT_SETTLE_S, HELD, RunMonitorTrigger
+from longrun.slurm.client import JobStatus
 
 T0 = 1000.0  # the fake clock's reading when the trigger starts
 SEEN = watch.seen_to_dict(watch.Seen(run="r1", job_id=42, steps=(10,), since=1.0))
@@ -35,7 +36,10 @@ class Driven:
     what `watch.look` returns then."""
 
     def __init__(
-        self, monkeypatch: pytest.MonkeyPatch, looks: Callable[[float], dict[str, Any] | None]
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        looks: Callable[[float], dict[str, Any] | None],
+        activity: tuple[str, int | None] = (JobStatus.RUNNING.value, 5),
     ) -> None:
         self.now = T0
         self.sleeps: list[float] = []
@@ -43,7 +47,7 @@ class Driven:
 
         def look(store: Any, client: Any, seen: watch.Seen) -> tuple[dict[str, Any] | None, Any]:
             self.looked_at.append(self.now - T0)
-            return looks(self.now - T0), ("RUNNING", 5)
+            return looks(self.now - T0), activity
 
         monkeypatch.setattr(watch, "look", look)
         monkeypatch.setattr(trigger_mod, "make_client", lambda **kw: object())
@@ -127,3 +131,16 @@ def test_the_default_and_what_is_held() -> None:
     assert HELD == {watch.CHECKPOINT, watch.JOB_DONE}
     path, kwargs = RunMonitorTrigger(seen=SEEN, settle_s=3).serialize()
     assert kwargs["settle_s"] == 3.0 and RunMonitorTrigger(**kwargs).settle_s == 3.0
+
+
+def test_it_backs_off_only_while_the_job_is_not_running(monkeypatch) -> None:
+    """A running job whose progress record has not changed is still looked at every poll_s (an alert can
+    come at any look); a pending one is looked at less and less often, up to max_poll_s."""
+    running = Driven(monkeypatch, lambda t: ALERT if t >= 12.0 else None)
+    ev, at = running.fire(settle_s=0.0, poll_s=1.0, max_poll_s=5.0)
+    assert ev.type == watch.ALERT and at == 12.0 and set(running.sleeps) == {1.0}
+    pending = Driven(
+        monkeypatch, lambda t: ALERT if t >= 12.0 else None, activity=(JobStatus.PENDING.value, None)
+    )
+    ev, at = pending.fire(settle_s=0.0, poll_s=1.0, max_poll_s=5.0)
+    assert ev.type == watch.ALERT and max(pending.sleeps) > 1.0 and at > 12.0

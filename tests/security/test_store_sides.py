@@ -272,3 +272,21 @@ def test_a_sided_store_travels_to_another_process_as_a_spec(tmp_path) -> None:
     assert isinstance(again, SidedStore)
     again.put_bytes("runs/r/incidents/i.json", b"x")
     assert (tmp_path / "o" / "runs/r/incidents/i.json").is_file()
+
+
+def test_an_s3_sided_store_builds_one_client_for_both_buckets() -> None:
+    """Each bucket keeps its own name; the client (endpoint and credentials, no bucket) is built once."""
+    store = store_from_env(
+        {
+            "AWS_ENDPOINT_URL": "http://127.0.0.1:1",
+            "AWS_ACCESS_KEY_ID": "ORCH",
+            "AWS_SECRET_ACCESS_KEY": "orch-secret",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "LONGRUN_BUCKET": "run-data",
+            "LONGRUN_ORCH_BUCKET": "run-orchestrator",
+        }
+    )
+    assert isinstance(store, SidedStore)
+    job, orch = store.job, store.orchestrator
+    assert (job.bucket, orch.bucket) == ("run-data", "run-orchestrator")  # type: ignore[attr-defined]
+    assert job.client is orch.client  # type: ignore[attr-defined]

@@ -190,7 +190,11 @@ class RunMonitorTrigger(BaseTrigger):
                 # Look again soon: an alert that comes while this one is held still fires at once.
                 await self._sleep(min(wait, self.poll_s))
                 continue
-            delay = self.poll_s if activity != last else min(delay * 1.5, self.max_poll_s)
+            # Back off only while the job is not running (pending, or Slurm slow to show it): while it
+            # runs an alert can come at any look, and the progress record changes only every few seconds,
+            # which used to stretch the wait for an alert to 3.4 s.
+            moving = activity != last or watch.job_running(activity)
+            delay = self.poll_s if moving else min(delay * 1.5, self.max_poll_s)
             if activity != last:
                 self.log.info("run %s: job %s %s, step %s", seen.run, seen.job_id, activity[0], activity[1])
             last = activity

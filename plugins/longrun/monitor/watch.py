@@ -130,6 +130,11 @@ def look(
     return None, activity
 
 
+def job_running(activity: Any) -> bool:
+    """Whether `look`'s activity key says the job is RUNNING."""
+    return isinstance(activity, tuple) and activity[:1] == (JobStatus.RUNNING.value,)
+
+
 def handled(seen: Seen, event: dict[str, Any]) -> Seen:
     """The Seen after `event` was dealt with."""
     from dataclasses import replace
