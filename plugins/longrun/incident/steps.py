@@ -152,20 +152,27 @@ def attribute(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     return run(store, inc, act=act)  # no `done`: the attribution is recomputed and recorded again
 
 
+def gate_left(store: ObjectStore, inc: Incident) -> None:
+    """Gate the checkpoints from before the alert's step that nobody has gated yet: the ones the job wrote
+    after the monitor's last look, or was still uploading then. The normal checkpoint gate, not an
+    incident action, so observe mode runs it too; a checkpoint already gated is not read again. The
+    freeze calls it (beside the attribution and the drain), the pick again for any that came later."""
+    from longrun.monitor.gate import gate_pending
+
+    gate_pending(store, inc.run, before_step=inc.step, log=log, by=f"sdc_incident:{inc.incident_id}")
+
+
 def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     """The checkpoint to resume from; demotes the checkpoints after the last known-good step."""
     from longrun.checkpoints.pick import pick_pre_incident, plan_pick
     from longrun.checkpoints.promote import mark_suspect
-    from longrun.monitor.gate import gate_pending
 
     def done(rec: Rec) -> dict[str, Any] | None:
         # the recorded object as it is (XCom unchanged), once it reads as a restart checkpoint
         return rec.checkpoint.to_json() if rec.checkpoint else None
 
     def act(rec: Rec) -> Outcome:  # observe mode too: it changes nothing on the cluster
-        # Checkpoints that were still uploading when the monitor saw the alert (the job is final now).
-        # This is the normal checkpoint gate, not an incident action, so observe mode runs it too.
-        gate_pending(store, inc.run, before_step=inc.step, log=log, by=f"sdc_incident:{inc.incident_id}")
+        gate_left(store, inc)  # the job is final now: what it was still uploading at the freeze too
         plan = plan_pick(store, inc.run, inc.alert)
         if inc.plan.changes:
             step, why = pick_pre_incident(store, inc.run, inc.alert, write=True)

@@ -114,7 +114,14 @@ def take_turn(store: ObjectStore, inc: steps.Incident) -> None:
 
 
 def freeze_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
-    return _run(params, dag_run_id, lambda store, inc: steps.freeze(store, SlurmHook().client, inc))
+    def body(store: ObjectStore, inc: steps.Incident) -> dict[str, Any]:
+        out = steps.freeze(store, SlurmHook().client, inc)
+        # Here, beside the attribution and the drain, rather than in the pick behind them: validating a
+        # checkpoint (torch, a download, a load) takes seconds that the relaunch would otherwise wait for.
+        steps.gate_left(store, inc)
+        return out
+
+    return _run(params, dag_run_id, body)
 
 
 def attribute_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:

@@ -198,16 +198,9 @@ class RunMonitorOperator(BaseOperator):
                 self._defer(watch.handled(seen, event), carry)  # keep watching the real job
                 return None
             a = Alert.from_json(ev.alert)
-            # Checkpoints already in the store from before the alert's step may be the restart point:
-            # gate them now (cheap). Ones still uploading are gated by sdc_incident's pick, after the job
-            # has ended: the hand-over does not wait for the job's exit.
-            pending = sorted(
-                s for s in watch.manifest_steps(self.store, seen.run) if s not in seen.steps and s < a.step
-            )
-            for step in pending:
-                carry = carry.add(
-                    gate_checkpoint(self.store, seen.run, step, log=self.log, by=_promoter(context))
-                )
+            # Checkpoints from before the alert's step that are not gated yet are left to sdc_incident
+            # (its freeze gates them beside the attribution and the drain, its pick gates any it missed):
+            # validating one here (torch, a download, a load) held the hand-over back by seconds.
             self._emit_asset_events(context, seen.run, carry.promoted)
             self.log.error(
                 "SDC ALERT in run %s: %s at step %s, suspect nodes %s; handing over to sdc_incident (runbook: %s)",
