@@ -124,6 +124,18 @@ def run_bench(rest: Rest, client: SlurmClient, store: ObjectStore, *, drills: in
     return out
 
 
+def scheduler_has_torch(stack) -> bool | None:  # noqa: ANN001
+    """Whether the running scheduler has torch's library mapped (None: no scheduler found)."""
+    for st in stack.airflow.status():
+        if st.name == "scheduler" and st.pid:
+            try:
+                with open(f"/proc/{st.pid}/maps") as f:
+                    return any("libtorch" in line for line in f)
+            except OSError:
+                return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--drills", type=int, default=int(os.environ.get("LONGRUN_BENCH_DRILLS", "1")))
@@ -137,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--paths takes hot and/or requeue, --states idle and/or busy")
     from longrun.stack import Stack
 
-    stack = Stack(args.state_dir) if args.state_dir else Stack()
+    # As a test session's stack: the scheduler imports torch once, so the incident's tasks that validate a
+    # checkpoint do not import it again (an orchestrator whose workers import torch before they fork
+    # does the same). A running stack keeps what it was started with; the line below says which.
+    stack = Stack(args.state_dir, preload_torch=True) if args.state_dir else Stack(preload_torch=True)
     stack.up(say=lambda _line: None)
+    print(f"stack {stack.state_dir}: scheduler has torch imported: {scheduler_has_torch(stack)}")
     env = stack.env()
     os.environ.update(env)
     rest = Rest.from_env(env)

@@ -27,6 +27,8 @@ from longrun.incident.approval import safe_text
 from longrun.monitor.handover import ReenterOperator
 
 ALERT, RUN = "Alert", "Run"
+CRITICAL = 10
+"""priority_weight of the tasks between the alert and the relaunch (the rest: 1)."""
 # Alert-derived values reach the approval text only through `longrun_safe` (escaped, inert Markdown).
 SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') | longrun_safe }}"
 
@@ -42,7 +44,9 @@ SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') | longrun_safe }}"
     user_defined_filters={"longrun_safe": safe_text},
     tags=["longrun", "incident"],
     doc_md=__doc__,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=3)},
+    # Absolute weights: the executor starts the alert's critical path (CRITICAL) before the tasks beside
+    # it when they are queued together; on a busy orchestrator each task start-up costs ~1 s of CPU.
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=3), "weight_rule": "absolute"},
     params={
         "run_name": Param(
             "demo", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", title="Run name", section=RUN
@@ -80,13 +84,13 @@ SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') | longrun_safe }}"
     },
 )
 def sdc_incident() -> None:
-    @task(retries=3)
+    @task(retries=3, priority_weight=CRITICAL)
     def open_record(params: dict[str, Any], run_id: str) -> dict[str, Any]:
         from longrun.incident.tasks import open_task
 
         return open_task(params, run_id)
 
-    @task
+    @task(priority_weight=CRITICAL + 1)  # the longest of the tasks beside it (it gates checkpoints)
     def freeze(params: dict[str, Any], run_id: str) -> dict[str, Any]:
         from longrun.incident.tasks import freeze_task
 
@@ -96,7 +100,7 @@ def sdc_incident() -> None:
     # recorded once, its node-history note is a no-op when already there, and an ambiguous verdict stops
     # the incident with AirflowFailException, which is never retried. Without retries a task process lost
     # here (SIGKILL, OOM, a worker restart) failed the incident before the drain (chaos cell attribute-task).
-    @task
+    @task(priority_weight=CRITICAL)
     def attribute(params: dict[str, Any], run_id: str) -> dict[str, Any]:
         from longrun.incident.tasks import attribute_task
 
@@ -115,7 +119,7 @@ def sdc_incident() -> None:
         response_timeout=timedelta(hours=4),
     )
 
-    @task(trigger_rule="none_failed_min_one_success")
+    @task(trigger_rule="none_failed_min_one_success", priority_weight=CRITICAL)
     def drain(
         params: dict[str, Any], run_id: str, attributed: dict[str, Any], opened: dict[str, Any]
     ) -> dict[str, Any]:
@@ -129,7 +133,7 @@ def sdc_incident() -> None:
 
         return diagnose_task(params, run_id, attributed["node"])
 
-    @task
+    @task(priority_weight=CRITICAL)
     def pick_checkpoint(params: dict[str, Any], run_id: str) -> dict[str, Any]:
         from longrun.incident.tasks import pick_task
 
@@ -146,7 +150,7 @@ def sdc_incident() -> None:
         response_timeout=timedelta(hours=4),
     )
 
-    @task(trigger_rule="none_failed_min_one_success")
+    @task(trigger_rule="none_failed_min_one_success", priority_weight=CRITICAL)
     def relaunch(
         params: dict[str, Any], run_id: str, attributed: dict[str, Any], checkpoint: dict[str, Any]
     ) -> dict[str, Any]:

@@ -91,6 +91,13 @@ def test_sdc_incident_shape(bag):
     assert {"pick_checkpoint", "relaunch_gate"} <= dag.get_task("approve_relaunch").upstream_task_ids
     assert {"attribute", "approve_drain"} <= dag.get_task("drain").upstream_task_ids
     assert {"pick_checkpoint", "approve_relaunch"} <= dag.get_task("relaunch").upstream_task_ids
+    # Queued together, the alert's critical path starts before the tasks beside it (absolute weights, so
+    # a gate's many downstream tasks do not lift it above the freeze).
+    weight = {t.task_id: t.priority_weight for t in dag.tasks}  # weight_rule absolute: the total
+    critical = ("open_record", "freeze", "attribute", "drain", "pick_checkpoint", "relaunch")
+    beside = ("drain_gate", "relaunch_gate", "diagnose", "summary", "reenter_monitoring")
+    assert min(weight[t] for t in critical) > max(weight[t] for t in beside), weight
+    assert weight["freeze"] > weight["attribute"], weight  # the longer of the two (it gates checkpoints)
 
 
 @pytest.mark.parametrize(
