@@ -138,6 +138,22 @@ def _segment(**kw) -> Segment:
     return Segment(**{**base, **kw})
 
 
+def _launch(t: float, *, last_step: int) -> Segment:
+    """Job 11's launch: trained from scratch until the verdict at `last_step`, ended just after alert time t."""
+    return _segment(segment_id="11.0-r0", start_step=0, resumed_from=None, started_at=t - 30, first_step=1,
+                    first_healthy_step=1, first_healthy_time=t - 29, last_step=last_step, ended_at=t + 1,
+                    exit="sdc_verdict")  # fmt: skip
+
+
+def _relaunched(run: str, t: float, *, relaunch: dict, timeline: list[dict]) -> dict:
+    """Incident i1 of an alert at step 20 (time t) on n2, relaunched from step 10 as `relaunch` says."""
+    alert = {"step": 20, "check": "recompute", "time": t, "suspect_nodes": ["n2"]}
+    return schema.record(
+        "incident", run=run, incident_id="i1", alert=alert, mode="act", status="relaunched",
+        checkpoint={"step": 10}, relaunch=relaunch, timeline=timeline,
+    )  # fmt: skip
+
+
 def test_recovery_is_measured_from_the_records(tmp_path):
     store = LocalDirStore(tmp_path / "store")
     run, t = "rc", 1000.0
@@ -192,8 +208,7 @@ def test_an_nvrx_restart_after_the_alert_is_not_the_in_job_relaunch():
     taken for the relaunch: lost steps and time to training came out wrong)."""
     run, t = "rc", 1000.0
     segs = [
-        _segment(segment_id="11.0-r0", start_step=0, resumed_from=None, started_at=t - 30, first_step=1,
-                 first_healthy_step=1, first_healthy_time=t - 29, last_step=20, ended_at=t + 1, exit="sdc_verdict"),
+        _launch(t, last_step=20),
         _segment(segment_id="11.0-r1", restart_count=1, start_step=10, resumed_from="/tmp/x/step-00000010",
                  started_at=t + 48, first_step=11, first_healthy_step=11, first_healthy_time=t + 48.1,
                  last_step=15, ended_at=t + 48.5, exit="sdc_verdict"),
@@ -201,13 +216,10 @@ def test_an_nvrx_restart_after_the_alert_is_not_the_in_job_relaunch():
                  started_at=t + 94, first_step=11, first_healthy_step=11, first_healthy_time=t + 94.8,
                  last_step=40, exit="done", nodes=("n1", "n3", "n4")),
     ]  # fmt: skip
-    alert = {"step": 20, "check": "recompute", "time": t, "suspect_nodes": ["n2"]}
-    incident = schema.record(
-        "incident", run=run, incident_id="i1", alert=alert, mode="act", status="relaunched",
-        checkpoint={"step": 10}, relaunch={"job_id": 11, "in_job": True},
-        timeline=[{"event": "opened", "time": t + 18}, {"event": "directive_written", "time": t + 65},
-                  {"event": "relaunched_running", "time": t + 93.7}],
-    )  # fmt: skip
+    incident = _relaunched(run, t, relaunch={"job_id": 11, "in_job": True}, timeline=[
+        {"event": "opened", "time": t + 18}, {"event": "directive_written", "time": t + 65},
+        {"event": "relaunched_running", "time": t + 93.7},
+    ])  # fmt: skip
     got = recovery.measure(IncidentRecord.from_json(incident), segs, [])
     assert got["relaunch_segment"] == "11.2-r0"
     assert got["milestones_s"]["first_healthy_step"] == 94.8
@@ -224,19 +236,14 @@ def test_a_restart_that_trained_nothing_does_not_hide_the_lost_steps():
     relaunch came out None). Lost steps are counted from r0, the last segment that trained."""
     run, t = "rc", 1000.0
     segs = [
-        _segment(segment_id="11.0-r0", start_step=0, resumed_from=None, started_at=t - 30, first_step=1,
-                 first_healthy_step=1, first_healthy_time=t - 29, last_step=20, ended_at=t + 1, exit="sdc_verdict"),
+        _launch(t, last_step=20),
         _segment(segment_id="11.0-r1", restart_count=1, start_step=0, resumed_from=None, started_at=t - 1,
                  ended_at=t + 2, exit="sdc_verdict"),
         _segment(segment_id="12.0-r0", job_id="12", start_step=10, resumed_from="runs/rc/checkpoints/step-00000010/",
                  started_at=t + 20, first_step=11, first_healthy_step=11, first_healthy_time=t + 24,
                  last_step=40, exit="done", nodes=("n1", "n3", "n4")),
     ]  # fmt: skip
-    alert = {"step": 20, "check": "recompute", "time": t, "suspect_nodes": ["n2"]}
-    incident = schema.record(
-        "incident", run=run, incident_id="i1", alert=alert, mode="act", status="relaunched",
-        checkpoint={"step": 10}, relaunch={"job_id": 12}, timeline=[{"event": "opened", "time": t + 2}],
-    )  # fmt: skip
+    incident = _relaunched(run, t, relaunch={"job_id": 12}, timeline=[{"event": "opened", "time": t + 2}])
     got = recovery.measure(IncidentRecord.from_json(incident), segs, [])
     assert (got["relaunch_segment"], got["resumed_as_picked"], got["lost_steps"]) == ("12.0-r0", True, 10)
     table = recovery.segment_table(segs)
