@@ -35,7 +35,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 NODES = ("n1", "n2", "n3")  # n1 hosts the batch script; n3 is the suspect
 SUSPECT = "n3"
-NO_RELAUNCH = 0.0  # no relaunch comes here: the diagnosis does not wait for one (tested apart, below)
 
 
 @pytest.fixture
@@ -84,9 +83,8 @@ def test_a_sick_node_is_convicted_inside_the_job_and_released(tmp_path, client):
     assert injob.freeze_kept(store, client, inc) is not None  # the job stays
     steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
     out = inalloc.diagnose_in_job(
-        store, client, inc, node=SUSPECT, partition="debug", state_dir=str(state_dir), python=sys.executable,
-        yield_s=NO_RELAUNCH,
-    )  # fmt: skip
+        store, client, inc, node=SUSPECT, partition="debug", state_dir=str(state_dir), python=sys.executable
+    )
     assert out is not None and out["verdict"] == "fail", out
     assert out["where"] == "in_job" and out["reference_node"] in NODES[:2]
     # the verdict as the reservation path records it
@@ -116,9 +114,7 @@ def test_no_verdict_from_the_step_falls_back_after_releasing_the_node(tmp_path, 
            "cpu_capability": "DEFAULT", "threads": 1}  # fmt: skip
     steps.remember_reference(store, "debug", ref)  # a usable cached reference: no reference step
     # a step that cannot run the diagnostic (no interpreter there): no verdict, so no conviction
-    out = inalloc.diagnose_in_job(
-        store, client, inc, node=SUSPECT, partition="debug", python="/bin/false", yield_s=NO_RELAUNCH
-    )
+    out = inalloc.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug", python="/bin/false")
     assert out is None
     rec = inc.rec(store)
     skipped = rec.event(Event.DIAGNOSIS_IN_JOB_SKIPPED)
@@ -177,7 +173,7 @@ def test_dcgmi_on_the_step_path_decides_the_verdict(tmp_path, client, monkeypatc
     steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
     out = inalloc.diagnose_in_job(
         store, client, inc, node=SUSPECT, partition="debug", state_dir=str(tmp_path / "no-faults"),
-        python=sys.executable, yield_s=NO_RELAUNCH,
+        python=sys.executable,
     )  # fmt: skip
     assert out is not None and out["where"] == "in_job", out
     # dcgmi ran once, in the step on the suspect, at the level a recompute alert calls for
@@ -207,40 +203,3 @@ def test_dcgmi_on_the_step_path_decides_the_verdict(tmp_path, client, monkeypatc
     assert SUSPECT not in client.job(inc.job_id).nodes
     node = client.node(SUSPECT)
     assert node.drain_flag and node.reason == diag["reason"]
-
-
-def test_the_diagnosis_yields_to_the_relaunch_within_its_bound(tmp_path) -> None:
-    """Recovery first: the probes wait for the directive (or a submit), at most the bound. No Slurm: the
-    wait reads only the incident record; a fake clock stands for the bound."""
-    store = LocalDirStore(tmp_path / "store")
-    now = [0.0]
-
-    def incident(step: int) -> steps.Incident:
-        alert = schema.record(
-            "alert", run="y1", step=step, check="recompute", suspect_ranks=[1], suspect_nodes=["n3"],
-            evidence={"world": {"nodes": ["n2", "n3"]}},
-        )  # fmt: skip
-        inc = steps.Incident(
-            run="y1", alert_key=f"runs/y1/alerts/{step:08d}-recompute-r000-1.json", alert=alert, job_id=5,
-            run_params={"incident_mode": "act"}, dag_run_id="test",
-        )  # fmt: skip
-        steps.open_record(store, inc)
-        return inc
-
-    def advance(s: float) -> None:
-        assert s > 0
-        now[0] += s
-
-    inc = incident(17)
-
-    def relaunch_at_3s(s: float) -> None:
-        advance(s)
-        if now[0] >= 3.0 and not inc.rec(store).event(Event.DIRECTIVE_WRITTEN):
-            inc.event(store, Event.DIRECTIVE_WRITTEN, node="n3")  # the relaunch task, 3 s in
-
-    said = inalloc.yield_to_relaunch(store, inc, timeout_s=30.0, clock=lambda: now[0], sleep=relaunch_at_3s)
-    assert said == "directive_written after 3.0 s" and now[0] == 3.0
-    # none comes: it gives up at the bound, not before and not after
-    now[0] = 0.0
-    said = inalloc.yield_to_relaunch(store, incident(18), timeout_s=7.0, clock=lambda: now[0], sleep=advance)
-    assert said == "no relaunch after 7.0 s: diagnosing now" and now[0] == 7.0

@@ -24,11 +24,10 @@ released from a job that still holds it (else the reservation's diagnostic job c
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from longrun.incident import dcgm, diagnose, injob, node_check, runbooks
@@ -45,44 +44,7 @@ if TYPE_CHECKING:
     from longrun.incident.steps import Incident
     from training.store import ObjectStore
 
-log = logging.getLogger(__name__)
-
 IN_JOB = "in_job"
-YIELD_TO_RELAUNCH_S = 30.0
-"""How long the diagnosis waits for the relaunch (directive or submit) before it probes anyway."""
-RELAUNCHED = (Event.DIRECTIVE_WRITTEN, Event.RELAUNCH_SUBMITTED)
-
-
-def yield_to_relaunch(
-    store: ObjectStore,
-    inc: Incident,
-    *,
-    timeout_s: float,
-    poll_s: float = 0.5,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> str:
-    """Wait (at most `timeout_s`) until the incident has relaunched the run; what happened, for the log.
-
-    Recovery first: the relaunch excludes the node whatever the verdict, and the probes (a replay on the
-    suspect, the reference on a healthy node of the same job, where the standby is starting) would
-    compete with the pick and the relaunch for the CPUs the relaunch needs. A relaunch that never comes
-    (a failed pick) costs the diagnosis `timeout_s`, no more."""
-    from longrun.incident import record
-
-    start = clock()
-    while True:
-        try:
-            rec = inc.rec(store)
-            done = next((e for e in RELAUNCHED if record.has_event(rec, e)), None)
-        except Exception as e:  # the record is read again by the diagnosis itself; waiting is a nicety
-            return f"not waiting for the relaunch: the record does not read ({e})"
-        waited = clock() - start
-        if done is not None:
-            return f"{done} after {waited:.1f} s"
-        if waited >= timeout_s:
-            return f"no relaunch after {waited:.1f} s: diagnosing now"
-        sleep(min(poll_s, max(0.0, timeout_s - waited)))
 
 
 def why_not(client: SlurmClient, inc: Incident, node: str) -> tuple[JobState | None, str | None]:
@@ -199,10 +161,8 @@ def diagnose_in_job(
     state_dir: str | None = None,
     python: str | None = None,
     timeout_s: float = 600.0,
-    yield_s: float = YIELD_TO_RELAUNCH_S,
 ) -> dict[str, Any] | None:
-    """Diagnose `node` inside the kept job; None when the caller must take the reservation path. Its
-    probes wait (at most `yield_s`) for the relaunch: `yield_to_relaunch`."""
+    """Diagnose `node` inside the kept job; None when the caller must take the reservation path."""
     from longrun.incident import steps
 
     rec = inc.rec(store)
@@ -216,8 +176,6 @@ def diagnose_in_job(
             _skip(store, client, inc, node, why or "no job id")
         return None
     steps.authenticate(store, client, inc, node=node)  # act only on a node of the signed alert's job
-    if yield_s > 0:
-        log.info("diagnosis of %s: %s", node, yield_to_relaunch(store, inc, timeout_s=yield_s))
     t0 = time.time()
     healthy = healthy_in(client, state.nodes, node)
     recorded = reference_of(rec)
