@@ -125,12 +125,13 @@ def run_bench(rest: Rest, client: SlurmClient, store: ObjectStore, *, drills: in
 
 
 def scheduler_has_torch(stack) -> bool | None:  # noqa: ANN001
-    """Whether the running scheduler has torch's library mapped (None: no scheduler found)."""
+    """Whether the running scheduler has imported torch (None: no scheduler found)."""
+    from longrun.stack.airflow import torch_mapped
+
     for st in stack.airflow.status():
         if st.name == "scheduler" and st.pid:
             try:
-                with open(f"/proc/{st.pid}/maps") as f:
-                    return any("libtorch" in line for line in f)
+                return torch_mapped(st.pid)
             except OSError:
                 return None
     return None

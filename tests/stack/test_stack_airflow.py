@@ -9,7 +9,7 @@ from helpers.airflow_api import AirflowApi
 from helpers.stack_fixtures import AirflowStack
 from longrun.airflow_rest import AirflowRest
 from longrun.stack import Stack
-from longrun.stack.airflow import DAEMONS
+from longrun.stack.airflow import DAEMONS, torch_mapped
 
 from .listening import listeners, process_group_pids
 
@@ -67,16 +67,10 @@ def test_clear_tasks_runs_a_finished_task_again(airflow_stack: AirflowStack) -> 
     assert (ti["task_id"], ti["state"], ti["try_number"]) == ("hello", "success", 2), ti
 
 
-def _has_torch_loaded(pid: int) -> bool:
-    """Whether the process has torch's C library mapped, i.e. has imported torch."""
-    with open(f"/proc/{pid}/maps") as f:
-        return any("libtorch" in line for line in f)
-
-
 def test_only_the_scheduler_preloads_torch(airflow_stack: AirflowStack, local_stack: Stack) -> None:
     """preload_torch imports torch in the scheduler only (its workers and tasks are forks of it); the
     api-server, dag-processor and triggerer would only pay its memory and start-up time."""
     daemons = dict(DAEMONS)
-    loaded = {st.name: _has_torch_loaded(st.pid) for st in local_stack.airflow.status() if st.name in daemons}
+    loaded = {st.name: torch_mapped(st.pid) for st in local_stack.airflow.status() if st.name in daemons}
     preloaded = local_stack.layout.preload_torch
     assert loaded == {"api-server": False, "scheduler": preloaded, "dag-processor": False, "triggerer": False}

@@ -49,6 +49,12 @@ DAEMONS = (
 _HEALTH_KEYS = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
 
 
+def torch_mapped(pid: int) -> bool:
+    """Whether process `pid` has torch's C library mapped, i.e. has imported torch (`preload_torch`)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return any("libtorch" in line for line in f)
+
+
 def airflow_bin() -> Path:
     """The `airflow` script of the virtualenv this Python belongs to."""
     path = Path(sys.executable).parent / "airflow"
