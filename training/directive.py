@@ -9,6 +9,10 @@ The supervisor still checks every field against what it knows (its run, its job 
 waits for, nodes inside its allocation, not the suspect's node), and refuses anything else.
 
     directives/<job id>-a<attempt>.json      one per relaunch inside a job (written once)
+
+Each attempt's training step carries its attempt in its Slurm step name (`attempt_step_name`, what
+`squeue -s` shows), so the orchestrator can tell an earlier attempt still ending from the next one's
+standby: a directive is written only once no earlier attempt's step is left (longrun.incident.injob).
 """
 
 from __future__ import annotations
@@ -26,6 +30,19 @@ DIRECTIVE_SCHEMA_VERSION = 1
 DIRECTIVES_DIR = "directives/"
 
 _REF = re.compile(r"^[A-Za-z0-9._/-]{1,512}$")
+
+#: Slurm step name of attempt N of a job that keeps its allocation: ATTEMPT_STEP_PREFIX + str(N).
+ATTEMPT_STEP_PREFIX = "longrun-attempt-"
+
+
+def attempt_step_name(attempt: int) -> str:
+    return f"{ATTEMPT_STEP_PREFIX}{int(attempt)}"
+
+
+def attempt_of_step_name(name: str) -> int | None:
+    """The attempt a training step's name carries; None for any other step (a diagnostic, a foreign one)."""
+    rest = name.removeprefix(ATTEMPT_STEP_PREFIX)
+    return int(rest) if rest != name and rest.isdigit() and len(rest) < 6 else None
 
 
 def directive_path(job_id: str, attempt: int) -> str:

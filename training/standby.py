@@ -2,11 +2,12 @@
 
 Starting a training step costs seconds that have nothing to do with the incident: srun, ft_launcher's and
 the trainer's torch imports, the rendezvous, the process group. The supervisor (training.supervisor)
-therefore starts the next attempt's step the moment the previous one ends with the SDC verdict, on the
-nodes the directive will most likely name (the allocation minus the alert's suspect nodes and earlier
-exclusions: `predicted_nodes`). That step's trainer (`--await-directive-s`) gets as far as the process
-group, then waits for the orchestrator's directive (`await_directive`) before it connects to NVRx's
-monitor, loads anything or writes any record:
+therefore starts the next attempt's step as soon as the running step's alert is in the store (`AlertWatch`;
+the alerting step is still ending then: the standby's step overlaps it), on the nodes the directive will
+most likely name (the allocation minus the alert's suspect nodes and earlier exclusions:
+`predicted_nodes`). That step's trainer (`--await-directive-s`) gets as far as the process group, then
+waits for the orchestrator's directive (`await_directive`) before it connects to NVRx's monitor, loads
+anything or writes any record; the directive comes only once the alerting step has ended:
 
 - the directive names exactly this step's nodes and passes the supervisor's checks: it resumes from the
   directed checkpoint and trains, seconds after the directive instead of a whole start-up after it;
@@ -32,6 +33,7 @@ import torch.distributed as dist
 from training import schema
 from training.config import TrainConfig
 from training.directive import directed_nodes, read_directive
+from training.launch_records import LAUNCH_T0_ENV
 from training.records.alert import AlertRef
 from training.store import ObjectStore, StoreError, get_json, store_from_env
 
@@ -67,22 +69,51 @@ def directed(cfg: TrainConfig, *, rank: int, nodes: Sequence[str]) -> TrainConfi
     if resume is None:
         raise NotDirected(f"no directive for job {job_id} attempt {attempt} on {sorted(set(nodes))} "
                           f"within {cfg.await_directive_s:g} s: the supervisor runs the attempt elsewhere")  # fmt: skip
+    if store is not None:
+        _launch_starts_at_directive(store, run=cfg.run, job_id=job_id, attempt=int(attempt))
     return dataclasses.replace(cfg, resume_from=resume, await_directive_s=0.0)
 
 
+def _launch_starts_at_directive(store: ObjectStore, *, run: str, job_id: str, attempt: int) -> None:
+    """Rank 0 (which decides an in-job restart's resume and verdict): this launch's records begin at the
+    directive, not at the step's start. The standby started while the previous attempt's step was still
+    ending (its last checkpoint upload, its segment record); the directive comes only once that step has
+    ended (longrun.incident.injob), so nothing of it is newer than the directive's `issued_at`. Without
+    this an in-job restart could resume from the previous attempt's newest checkpoint, not the directed one.
+    Every incarnation of the launch reads the same directive, so every one sets the same time."""
+    d = read_directive(store, run=run, job_id=job_id, attempt=attempt)
+    if d is None:  # written once and never removed: cannot happen after the answer above; fail loud
+        raise NotDirected(f"the directive of job {job_id} attempt {attempt} disappeared")
+    since = float(os.environ.get(LAUNCH_T0_ENV) or 0.0)
+    os.environ[LAUNCH_T0_ENV] = f"{max(since, d.issued_at):.9f}"
+
+
+class AlertWatch:
+    """The suspect nodes of the run's alerts raised at or after `since` (epoch s), looked up incrementally:
+    one listing per look, each readable alert read once. The supervisor looks every poll while a step runs,
+    so the next attempt's standby starts at the step's alert, not at its end."""
+
+    def __init__(self, store: ObjectStore, run: str, since: float) -> None:
+        self.store, self.prefix, self.since = store, schema.store_key(run, "alerts/"), since
+        self._read: dict[str, frozenset[str]] = {}  # alert key -> its suspects (empty: raised before since)
+
+    def suspects(self) -> set[str]:
+        """StoreError when the listing fails; an unreadable alert is skipped (and read again next look)."""
+        for info in self.store.list(self.prefix):
+            if not info.key.endswith(".json") or info.key in self._read:
+                continue
+            try:
+                alert = AlertRef.from_json(get_json(self.store, info.key))
+            except (StoreError, ValueError):
+                continue  # unreadable: a prediction only, the directive decides
+            recent = alert.time is not None and alert.time >= self.since
+            self._read[info.key] = frozenset(alert.suspect_nodes) if recent else frozenset()
+        return set().union(*self._read.values())
+
+
 def suspects_since(store: ObjectStore, run: str, since: float) -> set[str]:
-    """Suspect nodes of the run's alerts raised at or after `since` (epoch s): the step that just ended."""
-    found: set[str] = set()
-    for info in store.list(schema.store_key(run, "alerts/")):
-        if not info.key.endswith(".json"):
-            continue
-        try:
-            alert = AlertRef.from_json(get_json(store, info.key))
-        except (StoreError, ValueError):
-            continue  # unreadable: a prediction only, the directive decides
-        if alert.time is not None and alert.time >= since:
-            found.update(alert.suspect_nodes)
-    return found
+    """Suspect nodes of the run's alerts raised at or after `since` (epoch s): one look."""
+    return AlertWatch(store, run, since).suspects()
 
 
 def predicted_nodes(held: Sequence[str], excluded: Iterable[str], width: int) -> list[str] | None:

@@ -9,11 +9,13 @@ waits, at most `--wait-s`, for the orchestrator's directive for this job and the
 checkpoint: no new job, no queue. No spare, no directive in time, or a directive it must refuse: it exits
 93, and `sdc_incident` falls back to the full relaunch. Any other exit code ends the job with that code.
 
-A warm standby (training.standby) hides the next step's start-up behind the incident: right after the
-verdict the next attempt's step starts on the predicted nodes and its trainer waits for the directive. A
-directive for exactly those nodes is followed by that step; any other directive, a refused one or none
-stops it (SIGTERM to its process group, then SIGKILL), and the supervisor goes on as without a standby.
-`--no-standby` starts each step only after its directive.
+A warm standby (training.standby) hides the next step's start-up behind the incident: while a step runs
+the supervisor looks for its alert in the store every `--poll-s`; once it is there (the alerting step is
+still ending: checkpoint upload, teardown) the next attempt's step starts on the predicted nodes, and its
+trainer waits for the directive. A directive for exactly those nodes is followed by that step; any other
+directive, a refused one, none, or a step that ends without the verdict stops it (SIGTERM to its process
+group, then SIGKILL), and the supervisor goes on as without a standby. `--no-standby` starts each step
+only after its directive.
 
 The step sees LONGRUN_STEP_NODES (comma list), LONGRUN_STEP_NNODES, LONGRUN_ATTEMPT (0 first),
 LONGRUN_RESUME_FROM (empty when starting fresh or as a standby) and LONGRUN_STANDBY_WAIT_S (set only for
@@ -114,15 +116,10 @@ class Supervisor:
         # a standby may have to be stopped: its own process group, so the stop reaches srun and nothing else
         return subprocess.Popen(["bash", "-c", self.step], env=env, start_new_session=bool(standby_s))
 
-    def run_step(self, nodes: Sequence[str], attempt: int, resume_from: str) -> int:
-        return self._start(nodes, attempt, resume_from).wait()
-
-    def _start_standby(self, attempt: int, since: float) -> tuple[Popen, list[str]] | None:
+    def _start_standby(self, attempt: int, watch: warm.AlertWatch) -> tuple[Popen, list[str]] | None:
         """The next attempt's step on the predicted nodes, waiting for its directive; None when no prediction."""
-        if not self.standby:
-            return None
         try:
-            suspects = warm.suspects_since(self.store, self.run, since)
+            suspects = watch.suspects()
             nodes = warm.predicted_nodes(self._allocation(), self.excluded | suspects, self.width)
         except (StoreError, OSError, subprocess.SubprocessError) as e:
             print(f"longrun-supervisor: no standby ({e})", flush=True)
@@ -134,6 +131,33 @@ class Supervisor:
             return None
         # the trainer waits a little longer than this supervisor, which stops it first when not directed
         return self._start(nodes, attempt, "", standby_s=self.wait_s + self.stop_s), nodes
+
+    def _wait_watching(
+        self, step: Popen, attempt: int, watch: warm.AlertWatch | None
+    ) -> tuple[int, tuple[Popen, list[str]] | None, bool]:
+        """Wait for the running step to end: (its exit code, the next attempt's standby, whether the
+        standby was decided). Meanwhile, once the step's alert is in the store, the standby starts: its
+        start-up then overlaps the whole incident, from the alert on, not only what is left after the
+        alerting step has ended. No watch (standby off, no spare left): a plain wait."""
+        standby, decided = None, watch is None
+        while True:
+            try:
+                return step.wait(timeout=self.poll_s), standby, decided
+            except subprocess.TimeoutExpired:
+                pass
+            if decided:
+                continue
+            assert watch is not None
+            try:
+                alerted = bool(watch.suspects())
+            except (StoreError, OSError):
+                continue  # the look after the step's end says why, if it persists
+            if alerted:
+                decided = True
+                print(
+                    f"longrun-supervisor: attempt {attempt} raised an alert while its step ends", flush=True
+                )
+                standby = self._start_standby(attempt + 1, watch)
 
     def _stop(self, proc: Popen, why: str) -> None:
         """End a standby step and everything it started (srun forwards the signal to the step's tasks)."""
@@ -179,16 +203,26 @@ class Supervisor:
         attempt, resume, running = 0, self.resume_from, None
         while True:
             started = time.time()
-            rc = running.wait() if running else self.run_step(nodes, attempt, resume)
+            step = running or self._start(nodes, attempt, resume)
+            spare_left = attempt < self.spares
+            watch = (
+                warm.AlertWatch(self.store, self.run, since=started - 1.0)
+                if self.standby and spare_left
+                else None
+            )
+            rc, standby, decided = self._wait_watching(step, attempt, watch)
             if rc != EXIT_SDC_VERDICT:
+                if standby:
+                    self._stop(standby[0], f"attempt {attempt} ended with {rc}, not the verdict")
                 return rc
-            if attempt >= self.spares:
+            if not spare_left:
                 print(
                     "longrun-supervisor: SDC verdict and no relaunch left inside the job: exit 93", flush=True
                 )
                 return EXIT_SDC_VERDICT
             t0 = time.monotonic()
-            standby = self._start_standby(attempt + 1, since=started - 1.0)
+            if watch is not None and not decided:  # the alert came too late for the watch, or it failed
+                standby = self._start_standby(attempt + 1, watch)
             print(f"longrun-supervisor: SDC verdict; waiting up to {self.wait_s:g} s for the directive of "
                   f"attempt {attempt + 1}", flush=True)  # fmt: skip
             directive = self.wait_for_directive(attempt + 1)
@@ -209,7 +243,9 @@ class Supervisor:
             nodes = [n for n in held if n in directive.nodes]
             attempt, resume, running = attempt + 1, directive.resume_from, None
             self.excluded.update(directive.exclude)
-            if standby and set(standby[1]) == set(nodes) and standby[0].poll() is None:
+            # a standby that already ended trained from this directive (0: done, 93: a new verdict); any
+            # other end (killed, crashed, never directed) leaves the attempt to a fresh step
+            if standby and set(standby[1]) == set(nodes) and standby[0].poll() in (None, 0, EXIT_SDC_VERDICT):
                 print("longrun-supervisor: the standby is directed: it trains", flush=True)
                 running = standby[0]
             elif standby:
@@ -223,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, required=True, help="nodes per training step")
     p.add_argument("--spares", type=int, required=True, help="relaunches inside the job at most")
     p.add_argument("--wait-s", type=float, default=120.0, help="longest wait for a directive")
-    p.add_argument("--poll-s", type=float, default=0.5, help="directive poll interval")
+    p.add_argument("--poll-s", type=float, default=0.5, help="alert and directive poll interval")
     p.add_argument("--resume-from", default="", help="checkpoint of the first step")
     p.add_argument("--step", required=True, help="bash script of one training step")
     p.add_argument("--include", action="append", default=[], help="a node the first attempt must use")

@@ -3,12 +3,13 @@
 
 One step is what a plain launch does (srun -> one NVRx ft_launcher per node -> the trainer, then exit 93
 if the step wrote an SDC alert), on the step's own nodes (LONGRUN_STEP_NODES), with a rendezvous of
-its own (id and port per attempt), the drill only on attempt 0, and `--resume-from` from the directive.
-After exit 93 the supervisor starts the next step as a warm standby on the predicted nodes (its trainer
-waits for the directive: training.standby), waits (bounded: LONGRUN_DIRECTIVE_WAIT_S in the job's
-environment, default `DIRECTIVE_WAIT_S`) for `sdc_incident`'s directive and lets the standby train, or
-stops it and runs the directed step; without a directive it exits 93, and the incident falls back to the
-full relaunch.
+its own (id and port per attempt), the drill only on attempt 0, and `--resume-from` from the directive;
+the step is named after its attempt (training.directive.attempt_step_name). Once the step's alert is in
+the store the supervisor starts the next step as a warm standby on the predicted nodes (`--overlap`:
+the alerting step may still be ending there; its trainer waits for the directive: training.standby).
+After exit 93 it waits (bounded: LONGRUN_DIRECTIVE_WAIT_S in the job's environment, default
+`DIRECTIVE_WAIT_S`) for `sdc_incident`'s directive and lets the standby train, or stops it and runs the
+directed step; without a directive it exits 93, and the incident falls back to the full relaunch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from training import ports
+from training.directive import ATTEMPT_STEP_PREFIX
 
 if TYPE_CHECKING:
     from longrun.launch import NvrxLaunch
@@ -69,12 +71,15 @@ def step_script(
         # the drill fires in the first attempt only; a relaunch resumes from the directed checkpoint
         f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then {fault}; else FAULT=(); fi',
         'RESUME=(); if [ -n "$LONGRUN_RESUME_FROM" ]; then RESUME=(--resume-from "$LONGRUN_RESUME_FROM"); fi',
-        # a warm standby: the trainer waits for this attempt's directive (training.standby)
-        'if [ -n "${LONGRUN_STANDBY_WAIT_S:-}" ]; then RESUME=(--await-directive-s "$LONGRUN_STANDBY_WAIT_S"); fi',
+        # a warm standby: the trainer waits for this attempt's directive (training.standby); it starts while
+        # the previous attempt's step may still be ending on the same nodes, so its step overlaps that one
+        "OVERLAP=()",
+        'if [ -n "${LONGRUN_STANDBY_WAIT_S:-}" ]; then'
+        ' RESUME=(--await-directive-s "$LONGRUN_STANDBY_WAIT_S"); OVERLAP=(--overlap); fi',
         'echo "longrun: attempt $LONGRUN_ATTEMPT of job $SLURM_JOB_ID on $LONGRUN_STEP_NODES'
         ' rendezvous $MASTER_ADDR:$MASTER_PORT"',
         'srun --export=ALL --nodes="$LONGRUN_STEP_NNODES" --ntasks="$LONGRUN_STEP_NNODES" --nodelist="$LONGRUN_STEP_NODES"'
-        " --ntasks-per-node=1"
+        f' --ntasks-per-node=1 --job-name="{ATTEMPT_STEP_PREFIX}$LONGRUN_ATTEMPT" "${{OVERLAP[@]}}"'
         " --kill-on-bad-exit=0 bash -c"
         ' \'PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) exec "$0" "$@"\' '
         f'{q(launcher)} {" ".join(ft_args)} {train} "${{FAULT[@]}}" "${{RESUME[@]}}"',

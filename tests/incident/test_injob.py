@@ -185,3 +185,53 @@ def test_a_drained_node_is_never_directed(client, running):
     assert injob.direct(store, client, inc, node=held[1], checkpoint={"key": CKPT}) is None
     assert record.has_event(inc.rec(store), Event.NO_SPARE_LEFT)
     assert list(store.list(schema.store_key("ij", "directives/"))) == []
+
+
+def _step(slurm_cluster, job_id: int, node: str, name: str) -> subprocess.Popen:
+    """A step of the job named `name` on `node`, running until stopped (what squeue -s then lists)."""
+    argv = ["srun", f"--jobid={job_id}", f"--nodelist={node}", "-N1", "-n1", "--overlap", f"--job-name={name}",
+            "sleep", "300"]  # fmt: skip
+    return subprocess.Popen(argv, env=slurm_cluster.client_env(), start_new_session=True)
+
+
+def _listed(client, job_id: int, name: str) -> None:
+    deadline = time.monotonic() + 60
+    while name not in [n for _, n in injob.job_steps(client, job_id)]:
+        assert time.monotonic() < deadline, f"step {name} never started"
+        time.sleep(0.2)
+
+
+def test_no_directive_while_the_alerting_attempts_step_still_runs(client, running, slurm_cluster):
+    """The standby starts at the alert, beside the alerting step: the directive waits for that step's end
+    (bounded), else the incident falls back. The standby's own step and a diagnostic step do not count."""
+    job_id, held, store, drained = running
+    inc = _incident(store, job_id, held[1])
+    injob.freeze_kept(store, client, inc)
+    client.drain(held[1], REASON)
+    drained.append(held[1])
+    steps = {name: _step(slurm_cluster, job_id, held[0], name)
+             for name in ("longrun-attempt-0", "longrun-attempt-1", "longrun-diag-step")}  # fmt: skip
+    try:
+        for name in steps:
+            _listed(client, job_id, name)
+        assert [s.split(" ")[1] for s in injob.earlier_steps(client, job_id, 1, timeout_s=0)] == [
+            "(longrun-attempt-0)"
+        ]
+        out = injob.direct(
+            store, client, inc, node=held[1], checkpoint={"key": CKPT}, earlier_step_timeout_s=1
+        )
+        assert out is None
+        ev = inc.rec(store).event(Event.EARLIER_STEP_RUNNING)
+        assert ev is not None and ev.details["attempt"] == 1 and "longrun-attempt-0" in ev.details["steps"][0]
+        assert list(store.list(schema.store_key("ij", "directives/"))) == []
+        # the alerting step ends: the relaunch (a rerun of the task) writes the directive
+        steps["longrun-attempt-0"].terminate()
+        steps["longrun-attempt-0"].wait(timeout=60)
+        out = injob.direct(
+            store, client, inc, node=held[1], checkpoint={"key": CKPT}, earlier_step_timeout_s=60
+        )
+        assert out is not None and out["nodes"] == [held[0], held[2]]
+    finally:
+        for proc in steps.values():
+            proc.terminate()
+            proc.wait(timeout=60)

@@ -7,6 +7,7 @@ trainers, two gloo ranks, waiting for a directive the test writes into a real lo
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -14,7 +15,15 @@ import pytest
 
 from training import schema
 from training.directive import Directive
-from training.standby import await_directive, predicted_nodes, suspects_since
+from training.launch_records import LAUNCH_T0_ENV, newest_checkpoint_since
+from training.nvrx_restart import in_job_resume_ref
+from training.standby import (
+    AlertWatch,
+    _launch_starts_at_directive,
+    await_directive,
+    predicted_nodes,
+    suspects_since,
+)
 from training.store import LocalDirStore, put_json
 
 CKPT = "runs/sb/checkpoints/step-00000004/"
@@ -90,6 +99,64 @@ def test_the_suspects_are_those_of_the_alerts_since_the_step_began(tmp_path):
     )
     store.put_bytes(schema.store_key("sb", "alerts/00000021-x-c.json"), b"not json")
     assert suspects_since(store, "sb", now - 10) == {"n2"}
+
+
+def test_the_suspects_are_read_once_and_a_new_alert_is_seen_on_the_next_look(tmp_path):
+    store = LocalDirStore(tmp_path)
+    now = time.time()
+    watch = AlertWatch(store, "sb", since=now - 10)
+    assert watch.suspects() == set()
+    put_json(
+        store,
+        schema.store_key("sb", "alerts/00000010-finite-a.json"),
+        {"time": now - 100, "suspect_nodes": ["n1"]},
+    )
+    assert watch.suspects() == set()  # raised before the step began: an earlier attempt's
+    put_json(
+        store,
+        schema.store_key("sb", "alerts/00000020-recompute-b.json"),
+        {"time": now, "suspect_nodes": ["n2"]},
+    )
+    assert watch.suspects() == {"n2"}
+    # read once: a later rewrite of a key already read changes nothing (alerts are written once)
+    put_json(
+        store,
+        schema.store_key("sb", "alerts/00000020-recompute-b.json"),
+        {"time": now, "suspect_nodes": ["n4"]},
+    )
+    assert watch.suspects() == {"n2"}
+
+
+def test_a_directed_launch_begins_at_the_directive(tmp_path, monkeypatch):
+    """The standby started while the previous attempt's step was still ending: that step's last checkpoint
+    (its manifest timed after the standby's start, before the directive) must not be what an in-job
+    restart of the directed attempt resumes from; its own newer checkpoint still is."""
+    store = LocalDirStore(tmp_path / "store")
+    run_dir = tmp_path / "run"
+    standby_t0 = time.time() - 20
+    monkeypatch.setenv(LAUNCH_T0_ENV, f"{standby_t0:.9f}")
+    d = _directive(issued_at=standby_t0 + 10)
+    _put(store, d)
+
+    def manifest(step: int, at: float) -> None:
+        path = run_dir / schema.checkpoint_dir(step) / "manifest.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rec = schema.record("manifest", run="sb", step=step, time=at, files=[], fingerprints={}, weight_vote={},
+                            coverage={}, loss=None, code_version="x", world={})  # fmt: skip
+        path.write_text(json.dumps(rec))
+
+    manifest(20, standby_t0 + 5)  # the previous attempt's upload, finished after the standby started
+    assert newest_checkpoint_since(run_dir, standby_t0) == str(run_dir / schema.checkpoint_dir(20))
+    _launch_starts_at_directive(store, run="sb", job_id="5", attempt=1)
+    assert float(os.environ[LAUNCH_T0_ENV]) == pytest.approx(d.issued_at)
+    assert in_job_resume_ref(restart_count=1, default=CKPT, run_dir=run_dir, run="sb") == CKPT
+    manifest(6, d.issued_at + 3)  # the directed attempt's own checkpoint: an in-job restart resumes there
+    assert in_job_resume_ref(restart_count=1, default=CKPT, run_dir=run_dir, run="sb") == str(
+        run_dir / schema.checkpoint_dir(6)
+    )
+    # a second incarnation reads the same directive: the same time, never later
+    _launch_starts_at_directive(store, run="sb", job_id="5", attempt=1)
+    assert float(os.environ[LAUNCH_T0_ENV]) == pytest.approx(d.issued_at)
 
 
 def _when_waiting(log_path, then) -> threading.Thread:

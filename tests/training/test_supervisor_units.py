@@ -67,14 +67,19 @@ if os.environ.get("LONGRUN_STANDBY_WAIT_S"):
 print(f"train {attempt} {nodes} {resume}", file=log, flush=True)
 if attempt == 0:  # the first attempt's verdict: n2 is the suspect
     put_json(store, store_key("su", "alerts/00000020-recompute-x.json"), {"time": time.time(), "suspect_nodes": ["n2"]})
-    sys.exit(93)
+    # like a real step after its alert (last upload, teardown): still running, until the standby is up
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "standby" not in open(sys.argv[1]).read():
+        time.sleep(0.05)
+    print("end 0", file=log, flush=True)
+    sys.exit(int(os.environ.get("FAKE_RC", "93")))
 """
 CKPT = "runs/su/checkpoints/step-00000010/"
 
 
 def _standby_case(tmp_path, monkeypatch, nodes, exclude, *, wait_s=60.0):
     """Run a supervisor whose first attempt ends with n2's verdict; the directive (if `nodes`) is written
-    once the standby waits. Returns (exit code, log lines, supervisor output)."""
+    once that step has ended. Returns (exit code, log lines, supervisor output)."""
     monkeypatch.setenv("LONGRUN_STORE_DIR", str(tmp_path / "store"))
     fake, log = tmp_path / "fake_step.py", tmp_path / "log"
     fake.write_text(FAKE_STEP)
@@ -83,7 +88,8 @@ def _standby_case(tmp_path, monkeypatch, nodes, exclude, *, wait_s=60.0):
 
     def direct() -> None:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "standby" not in (log.read_text() if log.exists() else ""):
+        # as sdc_incident does: only once the alerting step has ended (and the standby waits)
+        while time.monotonic() < deadline and "end 0" not in (log.read_text() if log.exists() else ""):
             time.sleep(0.05)
         d = Directive(run="su", job_id="5", attempt=1, nodes=nodes, resume_from=CKPT, incident_id="i",
                       exclude=exclude, issued_at=time.time())  # fmt: skip
@@ -104,8 +110,10 @@ def _standby_case(tmp_path, monkeypatch, nodes, exclude, *, wait_s=60.0):
 def test_a_standby_directed_to_its_nodes_trains_without_a_second_start(tmp_path, monkeypatch, capsys):
     rc, lines = _standby_case(tmp_path, monkeypatch, ("n1", "n3", "n4"), ("n2",))
     assert rc == 0
-    assert lines == ["train 0 n1,n2,n3 ", "standby 1 n1,n3,n4", f"train 1 n1,n3,n4 {CKPT}"]
+    # the standby started at the alert, while the alerting step was still running
+    assert lines == ["train 0 n1,n2,n3 ", "standby 1 n1,n3,n4", "end 0", f"train 1 n1,n3,n4 {CKPT}"]
     out = capsys.readouterr().out
+    assert "attempt 0 raised an alert while its step ends" in out
     assert "the standby is directed: it trains" in out and "stopping the standby" not in out
 
 
@@ -113,7 +121,7 @@ def test_a_standby_directed_elsewhere_is_stopped_and_the_directed_step_runs(tmp_
     # the orchestrator attributed n3, not the alert's n2: the standby on n1,n3,n4 must never train
     rc, lines = _standby_case(tmp_path, monkeypatch, ("n1", "n2", "n4"), ("n3",))
     assert rc == 0
-    assert lines == ["train 0 n1,n2,n3 ", "standby 1 n1,n3,n4", f"train 1 n1,n2,n4 {CKPT}"]
+    assert lines == ["train 0 n1,n2,n3 ", "standby 1 n1,n3,n4", "end 0", f"train 1 n1,n2,n4 {CKPT}"]
     assert "stopping the standby (directed to n1,n2,n4, not n1,n3,n4)" in capsys.readouterr().out
 
 
@@ -123,3 +131,11 @@ def test_a_standby_without_a_directive_is_stopped_and_the_job_exits_93(tmp_path,
     assert lines[0] == "train 0 n1,n2,n3 " and not [line for line in lines if line.startswith("train 1")]
     out = capsys.readouterr().out
     assert "stopping the standby (no directive in time)" in out and "exit 93 (full relaunch)" in out
+
+
+def test_a_step_that_alerts_but_ends_without_the_verdict_stops_its_standby(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_RC", "1")  # e.g. the verdict's exit lost to a crash: the job ends with it
+    rc, lines = _standby_case(tmp_path, monkeypatch, None, ())
+    assert rc == 1
+    assert lines == ["train 0 n1,n2,n3 ", "standby 1 n1,n3,n4", "end 0"]
+    assert "stopping the standby (attempt 0 ended with 1, not the verdict)" in capsys.readouterr().out

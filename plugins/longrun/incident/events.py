@@ -58,6 +58,9 @@ class Event(StrEnum):
     """The suspect stays in the kept job until its diagnosis has run there (a release kills its steps)."""
     RELEASE_REFUSED = "release_refused"
     """The suspect could not leave the kept job (it hosts the batch script, or Slurm refused the shrink)."""
+    EARLIER_STEP_RUNNING = "earlier_step_running"
+    """An earlier attempt's training step still ran in the kept job after the wait (or squeue could not
+    say): no directive; the full relaunch takes over."""
     DIRECTIVE_WRITTEN = "directive_written"
     DIRECTIVE_NOT_FOLLOWED = "directive_not_followed"
     KEPT_JOB_CANCELLED = "kept_job_cancelled"

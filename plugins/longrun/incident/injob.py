@@ -5,13 +5,15 @@ RUNNING (its supervisor waits for a directive; training.supervisor). Then:
 
 - freeze does not cancel the job: the training step already ended with the verdict;
 - relaunch writes the directive on the orchestrator's side of the store (the job may read it, never
-  write it), naming the job's nodes but the suspect (and any other drained node), and waits, bounded,
-  for the supervisor to start the attempt (its segment record appears);
+  write it), naming the job's nodes but the suspect (and any other drained node), once the alerting
+  attempt's step has ended (bounded: `earlier_steps`), and waits, bounded, for the supervisor to start
+  the attempt (its segment record appears);
 - the suspect stays in the allocation, drained, until the diagnosis has run there as a job step
   (longrun.incident.inalloc), which then releases it (`scontrol update JobId=<id> NodeList=<rest>`; it
   stays drained with the verdict). Releasing first would kill that step;
-- anything else (no spare left, no checkpoint, the job already gone, the supervisor not following in
-  time) returns None, and the caller cancels the kept job and does today's full relaunch.
+- anything else (no spare left, no checkpoint, the job already gone, the alerting step not ending, the
+  supervisor not following in time) returns None, and the caller cancels the kept job and does today's
+  full relaunch.
 
 Approve and observe modes never take this path: they behave as without spares.
 """
@@ -27,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from longrun.incident import record, recovery
 from longrun.incident.events import Event
+from longrun.incident.jobstep import job_steps
 from longrun.slurm import validate as v
 from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from training import schema
-from training.directive import DIRECTIVES_DIR, Directive, directed_nodes
+from training.directive import DIRECTIVES_DIR, Directive, attempt_of_step_name, directed_nodes
 from training.records.incident import RestartCheckpoint
 from training.segment import Segment
 from training.store import ObjectStore, PreconditionFailed
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 
 #: How long relaunch waits for the supervisor to start the directed attempt (it polls every 0.5 s).
 FOLLOW_TIMEOUT_S = 120.0
+#: How long relaunch waits for the alerting attempt's step to end before it writes the directive.
+EARLIER_STEP_TIMEOUT_S = 60.0
 
 
 def kept_job(client: SlurmClient, inc: Incident) -> JobState | None:
@@ -98,6 +103,27 @@ def attempt_segment(segs: list[Segment], d: Directive) -> Segment | None:
     return found[0] if found else None
 
 
+def earlier_steps(client: SlurmClient, job_id: int, attempt: int, *, timeout_s: float) -> list[str]:
+    """[] once no training step of an attempt before `attempt` runs in the job (the step names carry the
+    attempt: training.directive.attempt_step_name); else what is left after `timeout_s`. The next
+    attempt's standby started at the alert, beside the alerting step: a directive must not let it train
+    (and, on GPUs, take the devices) while that step is still ending, and the directed launch's records
+    begin at the directive (training.standby)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            left = [
+                f"{sid} ({name})"
+                for sid, name in job_steps(client, job_id)
+                if (a := attempt_of_step_name(name)) is not None and a < attempt
+            ]
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            left = [f"unknown: {e}"]  # unproven is not ended
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
 def _followed(store: ObjectStore, client: SlurmClient, d: Directive, timeout_s: float) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -118,6 +144,7 @@ def direct(
     node: str | None,
     checkpoint: Mapping[str, Any],
     follow_timeout_s: float = FOLLOW_TIMEOUT_S,
+    earlier_step_timeout_s: float = EARLIER_STEP_TIMEOUT_S,
 ) -> dict[str, Any] | None:
     """Relaunch inside the kept job; None when this incident must fall back to the full relaunch."""
     from longrun.incident.steps import authenticate, relaunch_spec, run_spec
@@ -146,6 +173,11 @@ def direct(
             inc.event(store, Event.RELEASE_DEFERRED, node=node, why="diagnosed as a step of this job first")
     written = inc.rec(store).event(Event.DIRECTIVE_WRITTEN)
     attempt = int(written.details["attempt"]) if written else _next_attempt(store, inc.run, inc.job_id)
+    if not written:
+        left = earlier_steps(client, inc.job_id, attempt, timeout_s=earlier_step_timeout_s)
+        if left:
+            inc.event(store, Event.EARLIER_STEP_RUNNING, steps=left, attempt=attempt)
+            return None
     d = _write(
         store,
         Directive(

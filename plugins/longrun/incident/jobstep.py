@@ -71,3 +71,23 @@ def batch_host(client: SlurmClient, job_id: int) -> str | None:
         if part.startswith("BatchHost="):
             return part.split("=", 1)[1] or None
     return None
+
+
+def job_steps(client: SlurmClient, job_id: int) -> list[tuple[str, str]]:
+    """(step id, step name) of every step the job runs now, as `squeue -s` lists them. RuntimeError when
+    squeue fails: then nothing can be said about the job's steps."""
+    out = subprocess.run(
+        ["squeue", "-h", "-s", "-j", str(int(job_id)), "-o", "%i %j"],
+        env=_env(client),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"squeue -s -j {int(job_id)} failed: {out.stderr.strip() or out.stdout.strip()}")
+    return [
+        (parts[0], parts[1] if len(parts) > 1 else "")
+        for parts in (line.split(None, 1) for line in out.stdout.splitlines())
+        if parts
+    ]
