@@ -77,14 +77,20 @@ def _default_port(env: dict[str, str]) -> str:
     return str(ports.rendezvous_port(int(job))) if job.isdigit() else "29500"
 
 
-def init_process_group(placement: Placement, *, timeout_s: float) -> str:
+def init_process_group(placement: Placement, *, timeout_s: float, claim_device: bool = True) -> str:
     """Start the default process group and return the backend used. MASTER_ADDR defaults to 127.0.0.1
-    (the job script sets it on a real cluster), MASTER_PORT to one derived from the Slurm job id."""
+    (the job script sets it on a real cluster), MASTER_PORT to one derived from the Slurm job id.
+
+    `claim_device=False` (a warm standby, training.standby): where CUDA is present, the group is
+    "cpu:gloo,cuda:nccl" and no device is touched yet: the standby starts beside the alerting step, whose
+    processes still hold the GPUs (exclusive-process mode refuses a second context). Its CPU objects
+    (the node names, the directive's answer) go through gloo; `use_rank_device` after the directive, and
+    NCCL's communicator starts with the first CUDA collective. Without CUDA both are plain gloo."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", _default_port(dict(os.environ)))
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = process_group_backend(cuda=torch.cuda.is_available(), claim_device=claim_device)
     if backend == "nccl":
-        torch.cuda.set_device(placement.local_rank % torch.cuda.device_count())
+        use_rank_device(placement)
     dist.init_process_group(
         backend=backend,
         init_method="env://",
@@ -93,6 +99,20 @@ def init_process_group(placement: Placement, *, timeout_s: float) -> str:
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     return backend
+
+
+def process_group_backend(*, cuda: bool, claim_device: bool) -> str:
+    """gloo without CUDA; NCCL with it; gloo for CPU objects and NCCL for CUDA tensors where the device
+    must not be touched yet (a standby: see init_process_group)."""
+    if not cuda:
+        return "gloo"
+    return "nccl" if claim_device else "cpu:gloo,cuda:nccl"
+
+
+def use_rank_device(placement: Placement) -> None:
+    """Make this rank's GPU (local rank modulo the node's count) the current device; nothing without CUDA."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(placement.local_rank % torch.cuda.device_count())
 
 
 def device() -> torch.device:

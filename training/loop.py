@@ -19,7 +19,7 @@ from training.checks import CheckResult, StepContext, build_checks
 from training.config import TrainConfig
 from training.data import micro_batch
 from training.dist import device as default_device
-from training.dist import gather_strings, init_process_group, placement_from_env, shutdown
+from training.dist import gather_strings, init_process_group, placement_from_env, shutdown, use_rank_device
 from training.events import EventWriter
 from training.faults import Fault, Injector, fault_state_dir
 from training.model import build_model
@@ -45,10 +45,14 @@ class Trainer(RunRecords, TrainerCheckpoints):
         torch.set_num_threads(cfg.threads)
         torch.use_deterministic_algorithms(True)
         self.place = placement_from_env()
-        self.backend = init_process_group(self.place, timeout_s=cfg.collective_timeout_s)
+        standby = bool(cfg.await_directive_s)
+        self.backend = init_process_group(
+            self.place, timeout_s=cfg.collective_timeout_s, claim_device=not standby
+        )
         self.nodes = gather_strings(self.place.node)  # one gather at start-up: the node of each rank
-        if cfg.await_directive_s:  # a warm standby: nothing monitored, loaded or written before its directive
+        if standby:  # nothing monitored, loaded, written or put on a GPU before its directive
             self.cfg = cfg = directed(cfg, rank=self.place.rank, nodes=self.nodes)
+            use_rank_device(self.place)
         self.rank, self.world = self.place.rank, self.place.world_size
         self.device = default_device()
         # NVRx heartbeats (a no-op off ft_launcher); timeouts are calculated once a save and an audit ran.

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from longrun.incident.jobstep import batch_host
+from longrun.incident import injob
+from longrun.incident.jobstep import batch_host, job_steps
 from longrun.launch import job_spec_for_run, run_dir_for
 from longrun.runspec import Drill, RunSpec
 from longrun.slurm import ops
@@ -81,6 +82,9 @@ def _direct_and_finish(launcher, run: str, job_id: int, *, nodes: tuple[str, ...
     """Play the orchestrator's directive (attempt 1 from the pick, on `nodes`), wait for the job to end,
     and return its log; the job must end COMPLETED with 0."""
     store = LocalDirStore(launcher.env["LONGRUN_STORE_DIR"])
+    # the standby started at the alert, beside the alerting step (named for its attempt): as sdc_incident
+    # does, the directive waits until that step has ended
+    assert injob.earlier_steps(launcher.client, job_id, 1, timeout_s=120) == []
     d = Directive(run=run, job_id=str(job_id), attempt=1, nodes=nodes,
                   resume_from=schema.store_key(run, schema.checkpoint_dir(PICK)), incident_id="test",
                   exclude=(exclude,), issued_at=time.time())  # fmt: skip
@@ -123,6 +127,7 @@ def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp,
         )
         # the directive comes while the next attempt's standby waits for it, as after an incident's steps
         _wait("the standby", lambda: "standby: waiting" in _log(launcher, run.run_name, job_id))
+        assert "longrun-attempt-1" in [name for _, name in job_steps(client, job_id)]  # the waiting standby
         log = _direct_and_finish(launcher, run.run_name, job_id, nodes=tuple(keep), exclude=suspect)
         assert "the standby is directed: it trains" in log and "stopping the standby" not in log
         node = client.node(suspect)

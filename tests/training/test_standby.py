@@ -15,6 +15,7 @@ import pytest
 
 from training import schema
 from training.directive import Directive
+from training.dist import process_group_backend
 from training.launch_records import LAUNCH_T0_ENV, newest_checkpoint_since
 from training.nvrx_restart import in_job_resume_ref
 from training.standby import (
@@ -200,3 +201,13 @@ def test_a_standby_trainer_resumes_from_the_directed_checkpoint_and_nothing_else
     (new,) = [json.loads(p.read_text()) for p in set(segments.glob("*.json")) - before]
     assert (new["start_step"], new["first_step"], new["resumed_from"]) == (4, 5, CKPT)
     assert run.report()["final_fingerprint"] == first.report()["final_fingerprint"]
+
+
+def test_a_standby_puts_nothing_on_a_gpu_before_its_directive():
+    """The rule only: this machine has no CUDA, so the device side (NCCL, exclusive-process GPUs) is not
+    exercised here. A standby starts beside the alerting step, which still holds the GPUs: its group is
+    gloo for CPU objects and NCCL for CUDA tensors, and the device is set only after the directive."""
+    assert process_group_backend(cuda=False, claim_device=False) == "gloo"
+    assert process_group_backend(cuda=False, claim_device=True) == "gloo"
+    assert process_group_backend(cuda=True, claim_device=True) == "nccl"
+    assert process_group_backend(cuda=True, claim_device=False) == "cpu:gloo,cuda:nccl"
