@@ -14,8 +14,9 @@ the supervisor looks for its alert in the store every `--poll-s`; once it is the
 still ending: checkpoint upload, teardown) the next attempt's step starts on the predicted nodes, and its
 trainer waits for the directive. A directive for exactly those nodes is followed by that step; any other
 directive, a refused one, none, or a step that ends without the verdict stops it (SIGTERM to its process
-group, then SIGKILL), and the supervisor goes on as without a standby. `--no-standby` starts each step
-only after its directive.
+group, then SIGKILL), and the supervisor goes on as without a standby. `--standby-at verdict` starts
+the standby only once the step has ended (where its start-up would take CPUs from the ending step);
+`--no-standby` starts each step only after its directive.
 
 The step sees LONGRUN_STEP_NODES (comma list), LONGRUN_STEP_NNODES, LONGRUN_ATTEMPT (0 first),
 LONGRUN_RESUME_FROM (empty when starting fresh or as a standby) and LONGRUN_STANDBY_WAIT_S (set only for
@@ -92,6 +93,7 @@ class Supervisor:
     include: tuple[str, ...] = ()
     nodes_now: Callable[[], list[str]] | None = None
     standby: bool = True
+    standby_at: str = "alert"
     stop_s: float = STOP_S
     excluded: set[str] = field(default_factory=set)
 
@@ -210,7 +212,8 @@ class Supervisor:
                 if self.standby and spare_left
                 else None
             )
-            rc, standby, decided = self._wait_watching(step, attempt, watch)
+            early = watch if self.standby_at == "alert" else None
+            rc, standby, decided = self._wait_watching(step, attempt, early)
             if rc != EXIT_SDC_VERDICT:
                 if standby:
                     self._stop(standby[0], f"attempt {attempt} ended with {rc}, not the verdict")
@@ -221,7 +224,8 @@ class Supervisor:
                 )
                 return EXIT_SDC_VERDICT
             t0 = time.monotonic()
-            if watch is not None and not decided:  # the alert came too late for the watch, or it failed
+            # at the verdict: by choice, or the alert came too late for the watch, or the watch failed
+            if watch is not None and (early is None or not decided):
                 standby = self._start_standby(attempt + 1, watch)
             print(f"longrun-supervisor: SDC verdict; waiting up to {self.wait_s:g} s for the directive of "
                   f"attempt {attempt + 1}", flush=True)  # fmt: skip
@@ -264,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", required=True, help="bash script of one training step")
     p.add_argument("--include", action="append", default=[], help="a node the first attempt must use")
     p.add_argument("--no-standby", action="store_true", help="start each attempt only after its directive")
+    p.add_argument(
+        "--standby-at",
+        choices=("alert", "verdict"),
+        default="alert",
+        help="start the standby at the step's alert (beside the ending step) or at its verdict (after it)",
+    )
     args = p.parse_args(argv)
     if not args.job_id.isdigit() or args.width < 1 or args.spares < 0 or not 0 < args.wait_s <= 3600:
         print("longrun-supervisor: needs a job id, --width >= 1, --spares >= 0, 0 < --wait-s <= 3600",
@@ -272,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     sup = Supervisor(
         run=args.run_name, job_id=args.job_id, width=args.width, spares=args.spares, wait_s=args.wait_s,
         poll_s=args.poll_s, step=args.step, store=store_from_env(), resume_from=args.resume_from,
-        include=tuple(args.include), standby=not args.no_standby,
+        include=tuple(args.include), standby=not args.no_standby, standby_at=args.standby_at,
     )  # fmt: skip
     return sup()
 

@@ -8,7 +8,8 @@ the step is named after its attempt (training.directive.attempt_step_name). Once
 the store the supervisor starts the next step as a warm standby on the predicted nodes (`--overlap`:
 the alerting step may still be ending there; its trainer waits for the directive: training.standby).
 After exit 93 it waits (bounded: LONGRUN_DIRECTIVE_WAIT_S in the job's environment, default
-`DIRECTIVE_WAIT_S`) for `sdc_incident`'s directive and lets the standby train, or stops it and runs the
+`DIRECTIVE_WAIT_S`; LONGRUN_STANDBY_AT=verdict starts the standby only after the step's end) for
+`sdc_incident`'s directive and lets the standby train, or stops it and runs the
 directed step; without a directive it exits 93, and the incident falls back to the full relaunch.
 """
 
@@ -109,6 +110,7 @@ def supervised_command(
         f'echo "longrun: job $SLURM_JOB_ID holds $SLURM_JOB_NODELIST: {run.nodes} training + '
         f'{run.spare_nodes} spare node(s)"',
         f"exec {q(python)} -m training.supervisor --run-name {q(run.run_name)} --width {run.nodes}"
-        f' --spares {run.spare_nodes} --wait-s "${{LONGRUN_DIRECTIVE_WAIT_S:-{DIRECTIVE_WAIT_S}}}"{resume}'
+        f' --spares {run.spare_nodes} --wait-s "${{LONGRUN_DIRECTIVE_WAIT_S:-{DIRECTIVE_WAIT_S}}}"'
+        f' --standby-at "${{LONGRUN_STANDBY_AT:-alert}}"{resume}'
         f" --step {q(step)}",
     ]

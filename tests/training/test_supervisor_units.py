@@ -68,7 +68,7 @@ print(f"train {attempt} {nodes} {resume}", file=log, flush=True)
 if attempt == 0:  # the first attempt's verdict: n2 is the suspect
     put_json(store, store_key("su", "alerts/00000020-recompute-x.json"), {"time": time.time(), "suspect_nodes": ["n2"]})
     # like a real step after its alert (last upload, teardown): still running, until the standby is up
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + float(os.environ.get("FAKE_HOLD_S", "30"))
     while time.monotonic() < deadline and "standby" not in open(sys.argv[1]).read():
         time.sleep(0.05)
     print("end 0", file=log, flush=True)
@@ -77,14 +77,14 @@ if attempt == 0:  # the first attempt's verdict: n2 is the suspect
 CKPT = "runs/su/checkpoints/step-00000010/"
 
 
-def _standby_case(tmp_path, monkeypatch, nodes, exclude, *, wait_s=60.0):
+def _standby_case(tmp_path, monkeypatch, nodes, exclude, *, wait_s=60.0, standby_at="alert"):
     """Run a supervisor whose first attempt ends with n2's verdict; the directive (if `nodes`) is written
     once that step has ended. Returns (exit code, log lines, supervisor output)."""
     monkeypatch.setenv("LONGRUN_STORE_DIR", str(tmp_path / "store"))
     fake, log = tmp_path / "fake_step.py", tmp_path / "log"
     fake.write_text(FAKE_STEP)
     sup = _sup(tmp_path, ["n1", "n2", "n3", "n4"], step=f"exec {sys.executable} {fake} {log}", wait_s=wait_s)
-    sup.stop_s = 5.0
+    sup.stop_s, sup.standby_at = 5.0, standby_at
 
     def direct() -> None:
         deadline = time.monotonic() + 60
@@ -139,3 +139,11 @@ def test_a_step_that_alerts_but_ends_without_the_verdict_stops_its_standby(tmp_p
     assert rc == 1
     assert lines == ["train 0 n1,n2,n3 ", "standby 1 n1,n3,n4", "end 0"]
     assert "stopping the standby (attempt 0 ended with 1, not the verdict)" in capsys.readouterr().out
+
+
+def test_a_standby_at_the_verdict_starts_after_the_alerting_step(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_HOLD_S", "1")  # the step holds a while after its alert; no standby comes
+    rc, lines = _standby_case(tmp_path, monkeypatch, ("n1", "n3", "n4"), ("n2",), standby_at="verdict")
+    assert rc == 0
+    assert lines == ["train 0 n1,n2,n3 ", "end 0", "standby 1 n1,n3,n4", f"train 1 n1,n3,n4 {CKPT}"]
+    assert "raised an alert while its step ends" not in capsys.readouterr().out
