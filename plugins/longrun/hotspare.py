@@ -7,10 +7,11 @@ its own (id and port per attempt), the drill only on attempt 0, and `--resume-fr
 the step is named after its attempt (training.directive.attempt_step_name). Once the step's alert is in
 the store the supervisor starts the next step as a warm standby on the predicted nodes (`--overlap`:
 the alerting step may still be ending there; its trainer waits for the directive: training.standby).
-After exit 93 it waits (bounded: LONGRUN_DIRECTIVE_WAIT_S in the job's environment, default
-`DIRECTIVE_WAIT_S`; LONGRUN_STANDBY_AT=verdict starts the standby only after the step's end) for
-`sdc_incident`'s directive and lets the standby train, or stops it and runs the
-directed step; without a directive it exits 93, and the incident falls back to the full relaunch.
+After exit 93 it waits (bounded: LONGRUN_DIRECTIVE_WAIT_S, default `DIRECTIVE_WAIT_S`; with
+LONGRUN_STANDBY_AT=verdict the standby starts only after the step's end; both from the job spec's `env`,
+since sbatch passes only an allow-list of the submitter's environment) for `sdc_incident`'s directive
+and lets the standby train, or stops it and runs the directed step; without a directive it exits 93,
+and the incident falls back to the full relaunch.
 """
 
 from __future__ import annotations
