@@ -10,9 +10,10 @@ waits for, nodes inside its allocation, not the suspect's node), and refuses any
 
     directives/<job id>-a<attempt>.json      one per relaunch inside a job (written once)
 
-Each attempt's training step carries its attempt in its Slurm step name (`attempt_step_name`, what
-`squeue -s` shows), so the orchestrator can tell an earlier attempt still ending from the next one's
-standby: a directive is written only once no earlier attempt's step is left (longrun.incident.injob).
+Each attempt's training step carries its attempt in its Slurm step name (`ATTEMPT_STEP_PREFIX` and the
+attempt, what `squeue -s` shows), so the orchestrator can tell an earlier attempt still ending from the
+next one's standby: a directive is written only once no earlier attempt's step is left
+(longrun.incident.injob).
 """
 
 from __future__ import annotations
@@ -33,10 +34,6 @@ _REF = re.compile(r"^[A-Za-z0-9._/-]{1,512}$")
 
 #: Slurm step name of attempt N of a job that keeps its allocation: ATTEMPT_STEP_PREFIX + str(N).
 ATTEMPT_STEP_PREFIX = "longrun-attempt-"
-
-
-def attempt_step_name(attempt: int) -> str:
-    return f"{ATTEMPT_STEP_PREFIX}{int(attempt)}"
 
 
 def attempt_of_step_name(name: str) -> int | None:

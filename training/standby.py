@@ -111,11 +111,6 @@ class AlertWatch:
         return set().union(*self._read.values())
 
 
-def suspects_since(store: ObjectStore, run: str, since: float) -> set[str]:
-    """Suspect nodes of the run's alerts raised at or after `since` (epoch s): one look."""
-    return AlertWatch(store, run, since).suspects()
-
-
 def predicted_nodes(held: Sequence[str], excluded: Iterable[str], width: int) -> list[str] | None:
     """The nodes the directive will most likely name: as the orchestrator chooses them (the job's nodes in
     allocation order, without the excluded ones, the first `width`), or None when too few are left."""

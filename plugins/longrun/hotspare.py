@@ -4,7 +4,7 @@
 One step is what a plain launch does (srun -> one NVRx ft_launcher per node -> the trainer, then exit 93
 if the step wrote an SDC alert), on the step's own nodes (LONGRUN_STEP_NODES), with a rendezvous of
 its own (id and port per attempt), the drill only on attempt 0, and `--resume-from` from the directive;
-the step is named after its attempt (training.directive.attempt_step_name). Once the step's alert is in
+the step is named after its attempt (training.directive.ATTEMPT_STEP_PREFIX). Once the step's alert is in
 the store the supervisor starts the next step as a warm standby on the predicted nodes (`--overlap`:
 the alerting step may still be ending there; its trainer waits for the directive: training.standby).
 After exit 93 it waits (bounded: LONGRUN_DIRECTIVE_WAIT_S, default `DIRECTIVE_WAIT_S`; with

@@ -23,7 +23,6 @@ from training.standby import (
     _launch_starts_at_directive,
     await_directive,
     predicted_nodes,
-    suspects_since,
 )
 from training.store import LocalDirStore, put_json
 
@@ -99,7 +98,7 @@ def test_the_suspects_are_those_of_the_alerts_since_the_step_began(tmp_path):
         {"time": now, "suspect_nodes": ["n2"]},
     )
     store.put_bytes(schema.store_key("sb", "alerts/00000021-x-c.json"), b"not json")
-    assert suspects_since(store, "sb", now - 10) == {"n2"}
+    assert AlertWatch(store, "sb", since=now - 10).suspects() == {"n2"}
 
 
 def test_the_suspects_are_read_once_and_a_new_alert_is_seen_on_the_next_look(tmp_path):

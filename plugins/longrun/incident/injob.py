@@ -105,7 +105,7 @@ def attempt_segment(segs: list[Segment], d: Directive) -> Segment | None:
 
 def earlier_steps(client: SlurmClient, job_id: int, attempt: int, *, timeout_s: float) -> list[str]:
     """[] once no training step of an attempt before `attempt` runs in the job (the step names carry the
-    attempt: training.directive.attempt_step_name); else what is left after `timeout_s`. The next
+    attempt: training.directive.ATTEMPT_STEP_PREFIX); else what is left after `timeout_s`. The next
     attempt's standby started at the alert, beside the alerting step: a directive must not let it train
     (and, on GPUs, take the devices) while that step is still ending, and the directed launch's records
     begin at the directive (training.standby)."""
