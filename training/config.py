@@ -6,8 +6,11 @@ value, so a typo in a DAG's Params fails at launch, not at step 9000.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from training.schema import CHECKS, check_run_name
 
@@ -98,9 +101,46 @@ class CheckConfig:
         return check in self.checks
 
 
+#: The environment variables through which longrun's launch hands its settings to any entrypoint
+#: (docs/contracts.md, "Job environment"). `GuardConfig.from_env` reads them; the reference trainer's flags
+#: default to them.
+ENV_RUN_NAME = "LONGRUN_RUN_NAME"
+ENV_RUN_DIR = "LONGRUN_RUN_DIR"
+ENV_STEPS = "LONGRUN_STEPS"
+ENV_CHECKPOINT_EVERY = "LONGRUN_CHECKPOINT_EVERY"
+ENV_RECOMPUTE_EVERY = "LONGRUN_RECOMPUTE_EVERY"
+ENV_VOTE_EVERY = "LONGRUN_VOTE_EVERY"
+ENV_SEED = "LONGRUN_SEED"
+ENV_RESUME_FROM = "LONGRUN_RESUME_FROM"
+ENV_AWAIT_DIRECTIVE_S = "LONGRUN_AWAIT_DIRECTIVE_S"
+ENV_FAULTS = "LONGRUN_FAULTS"
+ENV_MODEL = "LONGRUN_MODEL"
+
+
+def env_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    """An integer setting from the environment; a value that is not one is an error naming the variable."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a number") from None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TrainConfig:
-    """One training run of the reference trainer."""
+class GuardConfig:
+    """One guarded run (training.api.Guard): what longrun needs to know of any training loop."""
 
     run: str
     """Run name (store prefix runs/<run>/)."""
@@ -108,18 +148,16 @@ class TrainConfig:
     """Local directory for records; shared by the ranks in tests, node-local on a cluster."""
     steps: int
     """Train until this step (inclusive of the last, counted from 1)."""
-    model: ModelConfig
-    """Model shape."""
     checks: CheckConfig = field(default_factory=CheckConfig)
     """SDC checks."""
     checkpoint_every: int = 0
     """Checkpoint cadence in steps (0: none)."""
     seed: int = 0
-    """Seed of the weights and the data."""
-    lr: float = 3e-3
-    """AdamW learning rate."""
-    grad_clip: float = 1.0
-    """Clip the averaged gradient's norm to this (the norm doubles as the averaged-gradient finite check)."""
+    """Seed of the per-step RNG fork (dropout and any other randomness inside `loss_fn`): step s of rank r
+    runs under a generator seeded from (seed, s, r), in the real pass and in any recompute of it."""
+    grad_clip: float | None = None
+    """Clip the averaged gradient's norm to this (None: no clipping). The norm is computed anyway: it is the
+    averaged side of the finite check."""
     threads: int = 1
     """torch intra-op threads, pinned on every rank: the bits depend on it."""
     resume_from: str | None = None
@@ -142,10 +180,8 @@ class TrainConfig:
         _non_negative("checkpoint_every", self.checkpoint_every)
         _positive("threads", self.threads)
         _positive("store_flush_every", self.store_flush_every)
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be > 0, got {self.grad_clip!r}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
         if not self.collective_timeout_s > 0:
             raise ValueError(f"collective_timeout_s must be > 0, got {self.collective_timeout_s!r}")
         if not 0 <= self.await_directive_s <= 3600:
@@ -156,3 +192,57 @@ class TrainConfig:
             )
         if not self.progress_interval_s >= 0:
             raise ValueError(f"progress_interval_s must be >= 0, got {self.progress_interval_s!r}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> GuardConfig:
+        """The settings longrun's launch exported (`ENV_*`), then `overrides` (keyword arguments named as the
+        fields; `checks` as a CheckConfig). Outside longrun's launch `run_dir` and `steps` must come from
+        one of the two; the run name defaults to the run dir's name."""
+        return cls(**settings_from_env(env, overrides))
+
+
+def settings_from_env(env: Mapping[str, str] | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of a GuardConfig (or a subclass) from the environment and `overrides`."""
+    env = dict(os.environ if env is None else env)
+    values: dict[str, Any] = {}
+    if env.get(ENV_RUN_DIR):
+        values["run_dir"] = Path(env[ENV_RUN_DIR])
+    if env.get(ENV_RUN_NAME):
+        values["run"] = env[ENV_RUN_NAME]
+    for key, name in (("steps", ENV_STEPS), ("checkpoint_every", ENV_CHECKPOINT_EVERY), ("seed", ENV_SEED)):
+        value = env_int(env, name, None)
+        if value is not None:
+            values[key] = value
+    if env.get(ENV_RESUME_FROM, "").strip():
+        values["resume_from"] = env[ENV_RESUME_FROM].strip()
+    wait = env_float(env, ENV_AWAIT_DIRECTIVE_S, 0.0)
+    if wait:
+        values["await_directive_s"] = wait
+    values.update(overrides)
+    if "checks" not in overrides:
+        base = CheckConfig()
+        values["checks"] = CheckConfig(
+            recompute_every=env_int(env, ENV_RECOMPUTE_EVERY, base.recompute_every) or 0,
+            vote_every=env_int(env, ENV_VOTE_EVERY, base.vote_every) or 0,
+        )
+    for required, name in (("run_dir", ENV_RUN_DIR), ("steps", ENV_STEPS)):
+        if values.get(required) is None:
+            raise ValueError(f"{required} is not set: export {name} (longrun's launch does) or pass {required}=")
+    values["run_dir"] = Path(values["run_dir"])
+    values.setdefault("run", Path(values["run_dir"]).resolve().name)
+    return values
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig(GuardConfig):
+    """One run of the reference trainer: a guarded run plus its model and learning rate."""
+
+    model: ModelConfig
+    """Model shape."""
+    lr: float = 3e-3
+    """AdamW learning rate."""
+
+    def __post_init__(self) -> None:
+        GuardConfig.__post_init__(self)
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")

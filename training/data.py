@@ -1,7 +1,8 @@
 """Synthetic, seeded token data: the micro-batch of (seed, step, rank) is a pure function of those three.
 
-No iterator state: any rank can produce any rank's micro-batch for any step (the recompute check needs
-that), and a resumed run sees exactly the data an uninterrupted one would have seen.
+`SyntheticBatches` is the reference trainer's data loader: its state is the next step, saved and restored
+by the guard like any user's loader, so a resumed run sees exactly the data an uninterrupted one would have
+seen.
 """
 
 from __future__ import annotations
@@ -30,3 +31,27 @@ def micro_batch(cfg: ModelConfig, *, seed: int, step: int, rank: int) -> torch.T
     noise = torch.randint(0, v, (n, t), generator=g)
     keep = torch.rand((n, t), generator=g) >= 0.1
     return torch.where(keep, tokens, noise)
+
+
+class SyntheticBatches:
+    """This rank's micro-batches, one per step, as an iterator with a state (`state_dict` /
+    `load_state_dict`): the next step it yields. The guard saves that state and gives it back on resume,
+    as it does for any user's data loader."""
+
+    def __init__(self, cfg: ModelConfig, *, seed: int, rank: int, device: torch.device | None = None) -> None:
+        self.cfg, self.seed, self.rank, self.device = cfg, seed, rank, device
+        self.next_step = 1
+
+    def __iter__(self) -> SyntheticBatches:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        batch = micro_batch(self.cfg, seed=self.seed, step=self.next_step, rank=self.rank)
+        self.next_step += 1
+        return batch.to(self.device) if self.device is not None else batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next_step": self.next_step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next_step = int(state["next_step"])

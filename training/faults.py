@@ -5,8 +5,8 @@ A fault is `KIND:STEP:TARGET` (CLI `--fault`, repeatable; or LONGRUN_FAULTS, com
     nan, inf     one element of one local gradient becomes NaN / +Inf at STEP on rank TARGET
     scale        one local gradient element times 10 at STEP on rank TARGET (finite and plausible)
     weight-flip  one bit of one weight of rank TARGET's replica flips after the update of STEP
-    sick-node    from STEP on, every matmul result on node TARGET (a node name, or a rank whose node is
-                 meant) is multiplied by (1 + 1e-3), persistently: a marker file
+    sick-node    from STEP on, the output of every `nn.Linear` of the model on node TARGET (a node name, or
+                 a rank whose node is meant) is multiplied by (1 + 1e-3), persistently: a marker file
                  <LONGRUN_FAULT_STATE_DIR>/sick-nodes/<node> makes later processes on that node (the
                  replay probe, a relaunch) sick too
     crash        rank TARGET SIGKILLs itself at the start of STEP
@@ -15,6 +15,10 @@ A fault is `KIND:STEP:TARGET` (CLI `--fault`, repeatable; or LONGRUN_FAULTS, com
 TARGET is a rank number or a node name. For every kind but sick-node a node name means the lowest rank
 placed on that node: the rendezvous decides which rank lands where, so a drill that must hit one node
 names the node.
+
+The drills work on any model the guard (training.api) is given, through hooks only: forward hooks on the
+model's `nn.Linear` modules (sick-node), the DDP communication hook on the local gradient (nan, inf,
+scale: training.api.gradients), the parameters after the optimizer step (weight-flip).
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from torch import nn
 
 from training.schema import FAULT_KINDS, NODE_NAME
 
@@ -110,6 +117,17 @@ def node_is_sick(state_dir: Path, node: str) -> bool:
     return sick_marker(state_dir, node).exists()
 
 
+def perturb_linear_outputs(model: nn.Module, is_on: Callable[[], bool]) -> list[Any]:
+    """Forward hooks on every `nn.Linear` of `model` that multiply its output by (1 + SICK_EPS) while
+    `is_on()`: a node that computes slightly wrong. Returns the hook handles (`.remove()` them to undo)."""
+    factor = 1.0 + SICK_EPS
+
+    def hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor | None:
+        return output * factor if is_on() else None
+
+    return [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
+
+
 class Injector:
     """Applies the faults that target this process at the right moments of the step."""
 
@@ -158,7 +176,16 @@ class Injector:
             self.on_fire(due[0], step)
         return bool(due)
 
-    def start_of_step(self, step: int, model_matmul: object) -> None:
+    def attach(self, model: nn.Module) -> None:
+        """Hook the sick-node drill into `model` (the unwrapped module: the real pass and every recompute
+        go through it)."""
+        if not any(f.kind == "sick-node" for f in self.mine) and not self.sick:
+            return
+        handles = perturb_linear_outputs(model, lambda: self.sick)
+        if not handles:
+            log.warning("FAULT sick-node: the model has no nn.Linear module: nothing to perturb")
+
+    def start_of_step(self, step: int) -> None:
         """crash, hang, and the sick-node switch (marker first, so a probe started later sees it)."""
         if self._due("crash", step):
             log.warning("FAULT crash: rank %d SIGKILLs itself at step %d", self.rank, step)
@@ -178,11 +205,9 @@ class Injector:
                 "FAULT sick-node: node %s perturbs every matmul from step %d (%s)", self.node, step, marker
             )
             self.sick = True
-        if self.sick:
-            model_matmul.eps = SICK_EPS  # type: ignore[attr-defined]
 
     def local_gradients(self, step: int, grads: torch.Tensor) -> None:
-        """nan / inf / scale on this rank's local, not yet averaged, flat gradient (in place)."""
+        """nan / inf / scale on this rank's local, not yet averaged, gradient (a flat buffer, in place)."""
         index = grads.numel() // 3  # a fixed element somewhere inside the weights
         for kind, value in (("nan", float("nan")), ("inf", float("inf"))):
             if self._due(kind, step):

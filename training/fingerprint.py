@@ -7,7 +7,7 @@ depends on reduction order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import xxhash
@@ -54,3 +54,11 @@ def combine(fingerprints: Mapping[str, str]) -> str:
     for name in sorted(fingerprints):
         h.update(f"{name}={fingerprints[name]};".encode())
     return h.hexdigest()
+
+
+def fingerprint_sequence(values: Sequence[int]) -> int:
+    """One 64-bit value over an ordered sequence of 64-bit fingerprints (order matters)."""
+    h = xxhash.xxh3_64()
+    for v in values:
+        h.update((v & _MASK).to_bytes(8, "little"))
+    return h.intdigest()

@@ -9,7 +9,7 @@ output). The known-good fingerprint comes from running the same command on a hea
 kind (without --expect the verdict is `no-reference`, exit 0).
 
 A simulated sick node (fault `sick-node`) is seen here too: its marker file
-<LONGRUN_FAULT_STATE_DIR>/sick-nodes/<node> switches on the same matmul perturbation as in training.
+<LONGRUN_FAULT_STATE_DIR>/sick-nodes/<node> switches on the same perturbation of every `nn.Linear` output as in training.
 
 Exit codes: 0 pass or no reference; 1 mismatch (the node computes differently); 2 bad arguments.
 """
@@ -29,7 +29,7 @@ import xxhash
 
 from training.config import ModelConfig
 from training.data import micro_batch
-from training.faults import SICK_EPS, node_is_sick
+from training.faults import node_is_sick, perturb_linear_outputs
 from training.fingerprint import fingerprint_tensor, hex64
 from training.model import build_model
 
@@ -42,7 +42,7 @@ def run_probe(*, sick: bool, steps: int = 4) -> str:
     torch.set_num_threads(1)
     model = build_model(PROBE_MODEL, seed=PROBE_SEED)
     if sick:
-        model.matmul.eps = SICK_EPS
+        perturb_linear_outputs(model, lambda: True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     h = xxhash.xxh3_64()
     for step in range(1, steps + 1):

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 import torch.distributed as dist
 
 from training import schema
-from training.config import TrainConfig
+from training.config import GuardConfig
 from training.directive import directed_nodes, read_directive
 from training.launch_records import LAUNCH_T0_ENV
 from training.records.alert import AlertRef
@@ -48,7 +48,7 @@ class NotDirected(RuntimeError):
     """The standby's wait ended without a directive for its nodes: it must not train."""
 
 
-def directed(cfg: TrainConfig, *, rank: int, nodes: Sequence[str]) -> TrainConfig:
+def directed(cfg: GuardConfig, *, rank: int, nodes: Sequence[str]) -> GuardConfig:
     """`cfg` resuming from the directed checkpoint, once the directive for this job's attempt
     (SLURM_JOB_ID, LONGRUN_ATTEMPT) names exactly `nodes`; NotDirected otherwise."""
     job_id, attempt = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("LONGRUN_ATTEMPT", "")

@@ -5,10 +5,11 @@ checks, fault injection, async checkpoints, and progress/check/alert records.
     LONGRUN_NODE_NAMES=n1,n2,n3,n4 python -m torch.distributed.run --nproc-per-node 4 \
         -m training.train --run-dir runs/demo --steps 40 --recompute-every 5 --vote-every 5
 
-Data parallelism is done by hand rather than with DDP: the local gradients are concatenated into one
-flat buffer (plus two slots: the finite check's flag and the loss), all-reduced once, and averaged. So
-the checks see exactly the local, pre-all-reduce gradient, the non-finite flag costs no extra collective,
-and the bits are the same on every rank.
+It is the first user of the public job-side API (training.api): the model, the optimizer, the data and
+the loss function are its own; the guard owns the step order (DistributedDataParallel with longrun's
+communication hook, the checks, saves, records, the verdict). Every flag defaults to the job environment
+longrun's launch exports (LONGRUN_RUN_DIR, LONGRUN_STEPS, ...: docs/contracts.md), so the launch needs
+no flags; a flag given wins.
 
 Exit codes: 0 done; 93 (schema.EXIT_SDC_VERDICT) an SDC check reached a verdict (do not restart in
 place; the alert record says why); 2 bad arguments, a non-deterministic set-up, or a standby never
@@ -24,7 +25,25 @@ import sys
 from pathlib import Path
 
 from training import schema
-from training.config import PRESETS, CheckConfig, TrainConfig, model_preset
+from training.config import (
+    ENV_AWAIT_DIRECTIVE_S,
+    ENV_CHECKPOINT_EVERY,
+    ENV_FAULTS,
+    ENV_MODEL,
+    ENV_RECOMPUTE_EVERY,
+    ENV_RESUME_FROM,
+    ENV_RUN_DIR,
+    ENV_RUN_NAME,
+    ENV_SEED,
+    ENV_STEPS,
+    ENV_VOTE_EVERY,
+    PRESETS,
+    CheckConfig,
+    TrainConfig,
+    env_float,
+    env_int,
+    model_preset,
+)
 from training.faults import Fault, FaultSpecError, faults_from
 
 log = logging.getLogger("training.train")
@@ -34,20 +53,46 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="longrun-train", description=__doc__.split("\n\n")[0])
     # `--run` is the old spelling, kept for direct starts; behind torchrun or ft_launcher it reads as an
     # ambiguous abbreviation of their `--run-path`, so launchers pass `--run-name` (docs/contracts.md).
+    env = os.environ
     p.add_argument(
-        "--run-name", "--run", dest="run", metavar="NAME", help="run name (default: the run dir's name)"
-    )
-    p.add_argument("--run-dir", required=True, type=Path, help="local directory for records")
-    p.add_argument("--steps", type=int, required=True, help="train up to this step")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint cadence (0: none)")
+        "--run-name", "--run", dest="run", metavar="NAME", default=env.get(ENV_RUN_NAME) or None,
+        help=f"run name (default: ${ENV_RUN_NAME}, else the run dir's name)",
+    )  # fmt: skip
+    run_dir = env.get(ENV_RUN_DIR) or None
     p.add_argument(
-        "--recompute-every", type=int, default=10, help="cross-node recompute audit cadence (0: off)"
+        "--run-dir", required=run_dir is None, default=run_dir, type=Path,
+        help=f"local directory for records (default: ${ENV_RUN_DIR})",
+    )  # fmt: skip
+    steps = env_int(env, ENV_STEPS, None)
+    p.add_argument(
+        "--steps", type=int, required=steps is None, default=steps, help=f"train up to this step (${ENV_STEPS})"
     )
-    p.add_argument("--vote-every", type=int, default=10, help="weight vote cadence (0: only before saves)")
-    p.add_argument("--fault", action="append", default=[], metavar="KIND:STEP:TARGET", help="inject a fault")
-    p.add_argument("--resume-from", help="checkpoint to resume from: a local directory or a store prefix")
-    p.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model preset")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    p.add_argument(
+        "--checkpoint-every", type=int, default=env_int(env, ENV_CHECKPOINT_EVERY, 0),
+        help="checkpoint cadence (0: none)",
+    )  # fmt: skip
+    p.add_argument(
+        "--recompute-every", type=int, default=env_int(env, ENV_RECOMPUTE_EVERY, 10),
+        help="cross-node recompute audit cadence (0: off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--vote-every", type=int, default=env_int(env, ENV_VOTE_EVERY, 10),
+        help="weight vote cadence (0: only before saves)",
+    )  # fmt: skip
+    p.add_argument(
+        "--fault", action="append", default=[], metavar="KIND:STEP:TARGET",
+        help=f"inject a fault (besides ${ENV_FAULTS}, comma-separated)",
+    )  # fmt: skip
+    p.add_argument(
+        "--resume-from", default=env.get(ENV_RESUME_FROM) or None,
+        help="checkpoint to resume from: a local directory or a store prefix",
+    )  # fmt: skip
+    p.add_argument(
+        "--model", default=env.get(ENV_MODEL) or "tiny", choices=sorted(PRESETS), help="model preset"
+    )
+    p.add_argument(
+        "--seed", type=int, default=env_int(env, ENV_SEED, 0), help="seed of the weights and the data"
+    )
     p.add_argument(
         "--checks", default=",".join(schema.CHECKS), help="enabled checks, comma-separated, or 'none'"
     )
@@ -65,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--await-directive-s",
         type=float,
-        default=0.0,
+        default=env_float(env, ENV_AWAIT_DIRECTIVE_S, 0.0),
         help="warm standby of a kept job's next attempt: wait this long for its directive (training.standby)",
     )
     return p
@@ -88,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, tuple[Fault
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
         lr=args.lr,
+        grad_clip=1.0,
         threads=args.threads,
         resume_from=args.resume_from,
         use_store=not args.no_store,
@@ -98,9 +144,25 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, tuple[Fault
     return cfg, faults_from(args.fault)
 
 
+def train(cfg: TrainConfig, faults: tuple[Fault, ...]) -> int:
+    """The reference trainer on the public API: its model, AdamW, synthetic data, next-token loss."""
+    import torch
+
+    from training.api import Guard
+    from training.data import SyntheticBatches
+    from training.model import build_model, lm_loss
+
+    guard = Guard(cfg, faults=faults)
+    model = build_model(cfg.model, seed=cfg.seed, device=guard.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, foreach=False)
+    data = SyntheticBatches(cfg.model, seed=cfg.seed, rank=guard.rank, device=guard.device)
+    guard.prepare(model, optimizer, loss_fn=lm_loss, state={"data": data})
+    return guard.run(data)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         cfg, faults = config_from_args(args)
     except (ValueError, FaultSpecError) as e:
         print(f"longrun-train: {e}", file=sys.stderr)
@@ -108,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     # Pin the knobs the bits depend on before torch does any work.
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    from training.loop import SetupError, Trainer
+    from training.api import SetupError
     from training.standby import NotDirected
 
     rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
@@ -118,11 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        trainer = Trainer(cfg, faults)
+        return train(cfg, faults)
     except (SetupError, NotDirected) as e:
         log.error("%s", e)
         return 2
-    return trainer.run()
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
                     w[100] ^= 1 << 3  # one low mantissa bit: a tiny, finite change
                 ctx = StepContext(
                     step=1, rank=rank, nodes=[f"n{i}" for i in range(world)], device=torch.device("cpu"),
-                    model=model, flat=torch.zeros(1), n=0, loss=torch.zeros(()), compute=lambda r: (None, None),  # type: ignore[arg-type,return-value]
+                    model=model, loss=torch.zeros(()),
                 )  # fmt: skip
                 r = WeightVoteCheck(every=1, algorithm=algo).after_update(ctx)
                 assert r is not None

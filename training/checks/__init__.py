@@ -1,9 +1,10 @@
 """The in-loop SDC checks: one protocol, three small classes, composed from a CheckConfig.
 
-A step of the trainer has three moments where a check may act, and every check gets all three:
+A guarded step (training.api.Guard) has two moments where a check may act:
 
-    before_reduce(ctx)  local work on this rank's own gradient, before the all-reduce (no collectives)
-    after_reduce(ctx)   after the all-reduce, before the optimizer step: a failure here skips the update
+    after_reduce(ctx)   after the backward pass and DDP's all-reduce, before the optimizer step: a failure
+                        here skips the update. What the check needs of the local, not yet averaged gradient
+                        was taken in DDP's communication hook (ctx.local_nonfinite, ctx.own_grad_fingerprint)
     after_update(ctx)   after the optimizer step (the weight vote)
 
 Collectives inside a check run on every rank or on none: `due()` is a pure function of the step, and a
@@ -12,7 +13,7 @@ verdict is computed from gathered data, so every rank takes the same branch.
 
 from __future__ import annotations
 
-from training.checks.base import Check, CheckResult, StepContext, majority
+from training.checks.base import Check, CheckResult, Peers, StepContext, majority
 from training.checks.finite import FiniteCheck
 from training.checks.recompute import RecomputeCheck
 from training.checks.weight_vote import WeightVoteCheck
@@ -21,6 +22,7 @@ from training.config import CheckConfig
 __all__ = [
     "Check",
     "CheckResult",
+    "Peers",
     "StepContext",
     "FiniteCheck",
     "RecomputeCheck",

@@ -6,15 +6,34 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 
+class Peers(Protocol):
+    """What the recompute check may ask of the guard at an audit step (training.api.peers.PeerBatches).
+    `exchange` and `broadcast` are collectives: every rank calls them, in the same order."""
+
+    def exchange(self, offset: int) -> Any:
+        """Send this rank's micro-batch to rank (rank - offset) mod W; return the one of (rank + offset)."""
+        ...
+
+    def broadcast(self, src: int) -> Any:
+        """Rank `src`'s micro-batch of this step, on every rank."""
+        ...
+
+    def recompute(self, batch: Any, rank: int) -> tuple[torch.Tensor, int]:
+        """(loss, local gradient fingerprint) of `batch` as rank `rank` computed it this step, with this
+        rank's pre-update weights, on the unwrapped module (no DDP hook fires, `p.grad` is untouched), under
+        the RNG fork of (step, rank)."""
+        ...
+
+
 @dataclass(slots=True, kw_only=True)
 class StepContext:
-    """What a check may look at during one step. Built by the trainer, one per step."""
+    """What a check may look at during one step. Built by the guard (training.api.Guard), one per step."""
 
     step: int
     """The step being taken (counted from 1)."""
@@ -25,35 +44,27 @@ class StepContext:
     device: torch.device
     """Where the model lives."""
     model: nn.Module
-    """The model (weights are the pre-update weights until after_update)."""
-    flat: torch.Tensor
-    """Gradient buffer: [0:n) the gradient, then FLAG (local non-finite count) and LOSS slots. Before the
-    all-reduce it holds this rank's local values; after it, the gradient part is the average and the
-    slots hold sums over ranks."""
-    n: int
-    """Number of gradient elements in `flat`."""
+    """The unwrapped model (weights are the pre-update weights until after_update)."""
     loss: torch.Tensor
     """This rank's own loss (a scalar)."""
-    compute: Callable[[int], tuple[torch.Tensor, torch.Tensor]]
-    """compute(r): (loss, flat local gradient) of rank r's micro-batch of this step, with this rank's
-    current weights. Deterministic: equal inputs give equal bits on healthy hardware."""
+    local_nonfinite: torch.Tensor | None = None
+    """A bool scalar: some local gradient of this rank was non-finite before the all-reduce (the DDP
+    communication hook sets it; read only once the averaged gradient is non-finite)."""
+    own_grad_fingerprint: int | None = None
+    """At audit steps: the fingerprint of this rank's local, not yet averaged gradient, taken in the DDP
+    communication hook (parameter order, one value per parameter, combined)."""
+    peers: Peers | None = None
+    """At audit steps: the micro-batches of other ranks, and their recompute."""
     saving: bool = False
     """A checkpoint is saved after this step (the weight vote must run)."""
     grad_norm: torch.Tensor | None = None
-    """Norm of the averaged gradient, set by the trainer after the all-reduce (it clips with it)."""
+    """Norm of the averaged gradient (the guard clips with it)."""
     scratch: dict[str, Any] = field(default_factory=dict)
     """Per-step state a check keeps between its phases."""
-
-    FLAG: ClassVar[int] = 0
-    LOSS: ClassVar[int] = 1
-    SLOTS: ClassVar[int] = 2
 
     @property
     def world_size(self) -> int:
         return len(self.nodes)
-
-    def slot(self, which: int) -> int:
-        return self.n + which
 
 
 @dataclass(slots=True, kw_only=True)
@@ -87,8 +98,6 @@ class Check(Protocol):
 
     def due(self, step: int, *, saving: bool) -> bool: ...
 
-    def before_reduce(self, ctx: StepContext) -> None: ...
-
     def after_reduce(self, ctx: StepContext) -> CheckResult | None: ...
 
     def after_update(self, ctx: StepContext) -> CheckResult | None: ...
@@ -99,9 +108,6 @@ class CheckBase:
 
     def due(self, step: int, *, saving: bool) -> bool:
         return True
-
-    def before_reduce(self, ctx: StepContext) -> None:
-        return None
 
     def after_reduce(self, ctx: StepContext) -> CheckResult | None:
         return None

@@ -1,13 +1,16 @@
 """Check 2: cross-node recompute at audit steps.
 
 Rank r also computes the micro-batch of rank (r + k) mod W with its own (identical, pre-update) weights,
-where k is the smallest offset that puts every rank's target on another node. It compares the loss bits
-and a fingerprint (xxh3 on CPU, dfp64 on CUDA) of the local, not yet averaged gradient with what the target reported (one
-all-gather of 4 int64 per rank).
+where k is the smallest offset that puts every rank's target on another node. The guard sends each
+micro-batch to its checker (a shift by k, point to point), so user data need not be deterministic or
+addressable by index. The recompute runs on the unwrapped module under the target's RNG fork. It compares
+the loss bits and a fingerprint (xxh3 on CPU, dfp64 on CUDA) of the local, not yet averaged gradient with
+what the target reported, which the target took in DDP's communication hook (one all-gather of 4 int64
+per rank).
 
 One checker per target cannot say which of the two is wrong. So on a mismatch (rare) every rank
 recomputes each disputed micro-batch, and the opinions are put to a vote: ranks whose value differs from a
-strict majority are the suspects. With fewer than three nodes a majority of ranks can still be one node's
+strict majority are the suspects (each disputed micro-batch is broadcast from its owner for that). With fewer than three nodes a majority of ranks can still be one node's
 doing, so the check reports the mismatch without naming anyone.
 """
 
@@ -20,7 +23,6 @@ from typing import Any
 from training.checks.base import CheckBase, CheckResult, StepContext, bits_loss, loss_bits, majority
 from training.dist import all_gather_int64
 from training.fingerprint import from_int64, hex64, to_int64
-from training.fingerprint_device import fingerprint_where_it_lives as fingerprint_tensor
 
 
 def derangement_offset(nodes: list[str]) -> tuple[int, bool]:
@@ -48,24 +50,18 @@ class RecomputeCheck(CheckBase):
         la, lb = bits_loss(a[0]), bits_loss(b[0])
         return math.isclose(la, lb, rel_tol=self.loss_rtol, abs_tol=0.0)
 
-    def before_reduce(self, ctx: StepContext) -> None:
-        if ctx.world_size < 2:
-            return
-        t0 = time.perf_counter()
-        k, _ = derangement_offset(ctx.nodes)
-        own = (loss_bits(ctx.loss), fingerprint_tensor(ctx.flat[: ctx.n]))
-        loss, grad = ctx.compute((ctx.rank + k) % ctx.world_size)
-        checked = (loss_bits(loss), fingerprint_tensor(grad))
-        ctx.scratch["recompute.mine"] = [own[0], to_int64(own[1]), checked[0], to_int64(checked[1])]
-        self._add_time(ctx, t0)
-
     def after_reduce(self, ctx: StepContext) -> CheckResult | None:
         w = ctx.world_size
         if w < 2:
             return None
         t0 = time.perf_counter()
+        if ctx.peers is None or ctx.own_grad_fingerprint is None:
+            raise RuntimeError("recompute check at an audit step without the guard's peers and own fingerprint")
         k, cross_node = derangement_offset(ctx.nodes)
-        table = all_gather_int64(ctx.scratch["recompute.mine"], ctx.device).tolist()
+        target = (ctx.rank + k) % w
+        loss, fp = ctx.peers.recompute(ctx.peers.exchange(k), target)
+        mine = [loss_bits(ctx.loss), to_int64(ctx.own_grad_fingerprint), loss_bits(loss), to_int64(fp)]
+        table = all_gather_int64(mine, ctx.device).tolist()
         reported = [(row[0], from_int64(row[1])) for row in table]
         recomputed = {(r + k) % w: (table[r][2], from_int64(table[r][3])) for r in range(w)}
         checker = {(r + k) % w: r for r in range(w)}
@@ -111,13 +107,15 @@ class RecomputeCheck(CheckBase):
         self, ctx: StepContext, disputed: list[int], reported: list[tuple[int, int]]
     ) -> tuple[list[int], dict[str, dict[str, dict[str, str]]], bool]:
         """Every rank recomputes every disputed micro-batch; a target's own report is its opinion."""
+        assert ctx.peers is not None
         mine: list[int] = []
         for t in disputed:
+            batch = ctx.peers.broadcast(t)  # a collective: every rank, every disputed target, in order
             if t == ctx.rank:
                 loss_b, fp = reported[t]
             else:
-                loss, grad = ctx.compute(t)
-                loss_b, fp = loss_bits(loss), fingerprint_tensor(grad)
+                loss, fp = ctx.peers.recompute(batch, t)
+                loss_b = loss_bits(loss)
             mine += [loss_b, to_int64(fp)]
         table = all_gather_int64(mine, ctx.device).tolist()
         suspects: set[int] = set()

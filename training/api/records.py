@@ -1,4 +1,5 @@
-"""What the trainer writes about its run: each incarnation's segment, fired drills, check records, the report."""
+"""What a guarded run writes about itself: each incarnation's segment, fired drills, check records, the
+report. Rank 0 writes the segment and the report; every rank its check records."""
 
 from __future__ import annotations
 
@@ -10,17 +11,16 @@ import time
 from importlib import metadata
 from typing import Any
 
+from torch import nn
+
 from training import schema
 from training.checks import CheckResult
-from training.config import TrainConfig
-from training.dist import Placement
 from training.events import EventWriter
 from training.faults import Fault
 from training.fingerprint import combine, fingerprint_state
-from training.model import LM
 from training.segment import FaultFired, Segment
 
-log = logging.getLogger("training.loop")  # the trainer's logger, as before the split
+log = logging.getLogger("training.api")
 
 
 def code_version() -> str:
@@ -33,35 +33,32 @@ def code_version() -> str:
 
 
 class RunRecords:
-    """Mixin of `training.loop.Trainer`: the records it writes about its run (rank 0 writes the segment
-    and the report, every rank its check records)."""
+    """The records of one incarnation of a guarded run."""
 
-    cfg: TrainConfig
-    rank: int
-    world: int
-    nodes: list[str]
-    place: Placement
-    events: EventWriter
-    model: LM
-    segment: Segment
-    last_pass: dict[str, int]
-    _last_step: int | None
+    def __init__(
+        self, *, run: str, rank: int, world: int, node: str, nodes: list[str], events: EventWriter, segment: Segment
+    ) -> None:
+        self.run, self.rank, self.world, self.node, self.nodes = run, rank, world, node, nodes
+        self.events = events
+        self.segment = segment
+        self.last_pass: dict[str, int] = {}
+        self.last_step: int | None = None
 
-    def _write_segment(self, **changes: Any) -> None:
+    def write_segment(self, **changes: Any) -> None:
         """Rank 0 records where this incarnation started, its first healthy step and its end."""
         self.segment = dataclasses.replace(self.segment, **changes)
         if self.rank == 0:
             self.events.put_record(self.segment.relative_path, self.segment.to_json())
 
-    def _fault_fired(self, fault: Fault, step: int) -> None:
+    def fault_fired(self, fault: Fault, step: int) -> None:
         rec = FaultFired(
-            run=self.cfg.run, fault=fault.kind, step=step, rank=self.rank, node=self.place.node,
+            run=self.run, fault=fault.kind, step=step, rank=self.rank, node=self.node,
             time=time.time(), spec=fault.spec(),
         )  # fmt: skip
         self.events.put_record(rec.relative_path, rec.to_json())
 
-    def _record(self, results: list[CheckResult], loss: float | None) -> None:
-        # The step's mean loss rides on each check record: the run-health view plots it per step.
+    def checks(self, results: list[CheckResult], loss: float | None) -> None:
+        """One check record per result; the step's mean loss rides on each (the run-health view plots it)."""
         if loss is not None and not math.isfinite(loss):
             loss = None  # a NaN is the finite check's business; keep the records strict JSON
         for r in results:
@@ -70,7 +67,7 @@ class RunRecords:
             self.events.check(
                 schema.record(
                     "check",
-                    run=self.cfg.run,
+                    run=self.run,
                     step=r.step,
                     check=r.check,
                     verdict=r.verdict,
@@ -81,22 +78,22 @@ class RunRecords:
                 )  # fmt: skip
             )
 
-    def _end_segment(self, outcome: str) -> None:
+    def end_segment(self, outcome: str) -> None:
         if self.segment.exit is not None:
             return
         try:
-            self._write_segment(last_step=self._last_step, ended_at=time.time(), exit=outcome)
+            self.write_segment(last_step=self.last_step, ended_at=time.time(), exit=outcome)
         except Exception as e:  # never hide the real error of the run behind a record write
             log.warning("segment end record not written: %s", e)
 
-    def _finish(self) -> None:
-        fps = fingerprint_state(self.model.state_dict())
+    def report(self, *, final_step: int, model: nn.Module) -> None:
+        fps = fingerprint_state(model.state_dict())
         if self.rank == 0:
             self.events.report(
                 schema.record(
                     "report",
-                    run=self.cfg.run,
-                    final_step=self.cfg.steps,
+                    run=self.run,
+                    final_step=final_step,
                     final_fingerprint=combine(fps),
                     fingerprints=fps,
                     world_size=self.world,

@@ -1,0 +1,503 @@
+"""The guard: longrun's step order around a user's own model, optimizer, data and `loss_fn`.
+
+    guard = Guard(GuardConfig.from_env())                     # process group, records, NVRx, resume point
+    ddp = guard.prepare(model, optimizer, loss_fn=loss_fn,    # resume, DDP with longrun's hook, drills
+                        scheduler=scheduler, state={"data": loader})
+    sys.exit(guard.run(loader))                               # or: with guard: ... guard.step(batch) ...
+
+One step (`step(batch)`), in this order:
+
+1. drills due at the start of the step (crash, hang, sick-node);
+2. forward through DDP under the step's RNG fork (seeded from (seed, step, rank): dropout draws the same
+   masks in the real pass, in any recompute of it, and after a resume), then backward; DDP's all-reduce runs
+   through longrun's communication hook (training.api.gradients), which sees the local gradient first;
+3. the checks after the reduce (finite; at audit steps the cross-node recompute, with the micro-batches sent
+   between ranks: training.api.peers); a failure skips the update;
+4. clip (when configured), optimizer step, scheduler step;
+5. drills after the update (weight-flip), then the weight vote (periodically and always before a save);
+6. the save, with its manifest and every rank's state (training.api.saves, training.api.state);
+7. records: check records, the segment's first healthy step, progress (the heartbeat), NVRx's heartbeat.
+
+A verdict (a failed check, `on_verdict="exit"`) writes the alert first and durably, asks NVRx not to restart
+in place, and ends the run with exit code 93 (`schema.EXIT_SDC_VERDICT`): `done` turns true and `close()`
+returns 93. What the guard asks of user code: `loss_fn(model, batch)` that is pure given the weights, the
+batch and the RNG, with no collectives of its own, and every trainable parameter used in each step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from training import schema
+from training.api.gradients import LocalGradients
+from training.api.peers import LossFn, PeerBatches
+from training.api.records import RunRecords, code_version
+from training.api.saves import Saves
+from training.api.state import (
+    StateError,
+    Stateful,
+    StepRng,
+    gather_rank_states,
+    rank_state,
+    restore_rank_state,
+)
+from training.checks import CheckResult, StepContext, build_checks
+from training.config import GuardConfig
+from training.dist import device as default_device
+from training.dist import gather_strings, init_process_group, placement_from_env, shutdown, use_rank_device
+from training.events import EventWriter
+from training.faults import Fault, Injector, fault_state_dir, faults_from
+from training.nvrx import NvrxMonitor
+from training.nvrx_restart import first_incarnation_only, in_job_resume_ref, verdict_already_given
+from training.segment import Segment, segment_id
+from training.standby import directed
+from training.store import ObjectStore, StoreError, store_from_env
+from training.verdict import publish_verdict
+
+log = logging.getLogger("training.api")
+
+
+class SetupError(RuntimeError):
+    """The job cannot start deterministically or at all (mismatched ranks, unreadable checkpoint)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class StepOutcome:
+    """What one guarded step did."""
+
+    step: int
+    """The step taken (counted from 1)."""
+    loss: float | None
+    """The mean loss over ranks, or None when the update was skipped."""
+    results: list[CheckResult] = field(default_factory=list)
+    """The checks that ran this step."""
+    failed: CheckResult | None = None
+    """The check that reached a verdict, if one did."""
+
+    @property
+    def skipped(self) -> bool:
+        """The update was not applied (a check before the update failed)."""
+        return self.failed is not None and self.failed.check != "weight_vote"
+
+
+class Guard:
+    """One rank's guard of a training run; see the module docstring for the step order."""
+
+    def __init__(self, cfg: GuardConfig, *, faults: Sequence[Fault] | None = None) -> None:
+        self.cfg = cfg
+        torch.set_num_threads(cfg.threads)
+        if cfg.checks.recompute_loss_rtol == 0:
+            torch.use_deterministic_algorithms(True)  # the recompute compares bits
+        self.place = placement_from_env()
+        standby = bool(cfg.await_directive_s)
+        self._own_group = not dist.is_initialized()
+        if self._own_group:
+            self.backend = init_process_group(self.place, timeout_s=cfg.collective_timeout_s, claim_device=not standby)
+        else:
+            self.backend = str(dist.get_backend())
+            if (dist.get_rank(), dist.get_world_size()) != (self.place.rank, self.place.world_size):
+                raise SetupError(
+                    f"the process group (rank {dist.get_rank()} of {dist.get_world_size()}) disagrees with the "
+                    f"launcher's RANK/WORLD_SIZE ({self.place.rank} of {self.place.world_size})"
+                )
+        self.nodes = gather_strings(self.place.node)  # one gather at start-up: the node of each rank
+        if standby:  # nothing monitored, loaded, written or put on a GPU before its directive
+            self.cfg = cfg = directed(cfg, rank=self.place.rank, nodes=self.nodes)
+            use_rank_device(self.place)
+        self.rank, self.world = self.place.rank, self.place.world_size
+        self.device = default_device()
+        # NVRx heartbeats (a no-op off ft_launcher); timeouts are calculated once a save and an audit ran.
+        self.nvrx = NvrxMonitor.from_env(
+            need_saved=bool(cfg.checkpoint_every),
+            need_audited=bool(cfg.checks.recompute_every) and "recompute" in cfg.checks.checks,
+        )
+        self.nvrx.start()
+        chosen = tuple(faults) if faults is not None else faults_from([])
+        self.faults = first_incarnation_only(chosen, self.nvrx.restart_count)
+        # One gather of the knobs the bits depend on (all must agree).
+        knobs = f"{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|threads={cfg.threads}"
+        all_knobs = gather_strings(knobs)
+        if len(set(all_knobs)) != 1:
+            self._shutdown()
+            raise SetupError(
+                f"ranks disagree on torch version / CPU capability / threads: {all_knobs}; "
+                "pin ATEN_CPU_CAPABILITY and the thread count on every rank"
+            )
+        self.run_dir = Path(cfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.store = self._store()
+        self.events = EventWriter(
+            run=cfg.run,
+            run_dir=self.run_dir,
+            store=self.store,
+            rank=self.rank,
+            flush_every=cfg.store_flush_every,
+            progress_interval_s=cfg.progress_interval_s,
+        )
+        self.checks = build_checks(cfg.checks)
+        self.rng = StepRng(cfg.seed, self.device)
+        self.resume_ref = in_job_resume_ref(
+            restart_count=self.nvrx.restart_count,
+            default=cfg.resume_from,
+            run_dir=self.run_dir,
+            run=cfg.run,
+            store=self.store,
+        )
+        self.earlier_verdict = verdict_already_given(
+            restart_count=self.nvrx.restart_count, run_dir=self.run_dir, run=cfg.run, store=self.store
+        )
+        self.start_step = 0
+        self._resumed_last_pass: dict[str, int] = {}
+        self.resumed_from: str | None = None
+        self.exit_code: int | None = None
+        """0 once every step ran, 93 after a verdict (None while training)."""
+        self._records: RunRecords | None = None
+        self._closed = False
+
+    # ---- set-up ------------------------------------------------------------------------------------
+
+    def _store(self) -> ObjectStore | None:
+        if not self.cfg.use_store:
+            return None
+        try:
+            return store_from_env()
+        except StoreError as e:
+            raise SetupError(f"object store: {e}") from e
+
+    def prepare(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        loss_fn: LossFn,
+        scheduler: Any = None,
+        state: Mapping[str, Stateful] | None = None,
+        ddp_options: Mapping[str, Any] | None = None,
+    ) -> DistributedDataParallel:
+        """Resume (weights, optimizer, scheduler, every object in `state`, this rank's RNG) from the resume
+        point, hook the drills into `model`, and wrap it in DDP with longrun's communication hook. Returns
+        the DDP module; `loss_fn` gets it in the real pass and the unwrapped `model` in a recompute."""
+        if self._records is not None:
+            raise RuntimeError("Guard.prepare() was already called")
+        self.module = model.to(self.device)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.loss_fn = loss_fn
+        self.state = dict(state or {})
+        for name, obj in self.state.items():
+            if not isinstance(obj, Stateful):
+                raise TypeError(f"state[{name!r}] = {type(obj).__name__} has no state_dict()/load_state_dict()")
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if self.resume_ref:
+            self._resume(self.resume_ref)
+            self.resumed_from = self.resume_ref
+        self._records = RunRecords(
+            run=self.cfg.run, rank=self.rank, world=self.world, node=self.place.node, nodes=self.nodes,
+            events=self.events, segment=self._new_segment(),
+        )  # fmt: skip
+        self._records.last_pass = dict(self._resumed_last_pass)
+        self.injector = Injector(
+            self.faults,
+            rank=self.rank,
+            node=self.place.node,
+            nodes=self.nodes,
+            state_dir=fault_state_dir(self.run_dir / "fault-state"),
+            on_fire=self._records.fault_fired,
+        )
+        self.injector.attach(model)
+        options = {"forward_sync_buffers": False, "find_unused_parameters": True, **dict(ddp_options or {})}
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(model, device_ids=device_ids, **options)
+        self.hook = LocalGradients(params=self.params, world=self.world, injector=self.injector)
+        self.ddp.register_comm_hook(None, self.hook.as_hook())
+        self._records.write_segment()
+        self.saves = Saves(
+            run=self.cfg.run, run_dir=self.run_dir, store=self.store, world=self.world, nodes=self.nodes,
+            seed=self.cfg.seed, enabled=self.rank == 0 and bool(self.cfg.checkpoint_every),
+        )  # fmt: skip
+        if self.earlier_verdict and self.cfg.checks.on_verdict == "exit":
+            log.error("in-job restart after this launch's SDC verdict (%s): exiting 93", self.earlier_verdict)
+            self.nvrx.request_shutdown(f"SDC verdict already given in this launch: {self.earlier_verdict}")
+            self.exit_code = schema.EXIT_SDC_VERDICT
+        log.info(
+            "rank %d/%d on %s (%s, %s): model %d params, checks %s, start step %d",
+            self.rank, self.world, self.place.node, self.backend, self.device,
+            sum(p.numel() for p in self.params), [c.name for c in self.checks], self.start_step,
+        )  # fmt: skip
+        return self.ddp
+
+    def _new_segment(self) -> Segment:
+        started_at = time.time()
+        return Segment(
+            run=self.cfg.run,
+            segment_id=segment_id(
+                job_id=os.environ.get("SLURM_JOB_ID"),
+                job_step=os.environ.get("SLURM_STEP_ID"),
+                restart_count=self.nvrx.restart_count,
+                started_at=started_at,
+            ),
+            job_id=os.environ.get("SLURM_JOB_ID"),
+            restart_count=self.nvrx.restart_count,
+            start_step=self.start_step,
+            resumed_from=self.resumed_from,
+            started_at=started_at,
+            world_size=self.world,
+            nodes=tuple(self.nodes),
+        )
+
+    def _resume(self, ref: str) -> None:
+        from training.checkpointing import load_checkpoint
+
+        try:
+            ckpt = load_checkpoint(ref, store=self.store)
+            self.module.load_state_dict(ckpt.model_state)
+            self.optimizer.load_state_dict(ckpt.optim_state)
+            extra = ckpt.extra
+            if self.scheduler is not None:
+                if "scheduler" not in extra:
+                    raise StateError(f"{ref} has no scheduler state, but a scheduler was given")
+                self.scheduler.load_state_dict(extra["scheduler"])
+            if "ranks" in extra:
+                restore_rank_state(extra["ranks"], self.state, rank=self.rank, world=self.world, where=ref)
+            elif self.state:
+                raise StateError(f"{ref} holds no per-rank state, but state={sorted(self.state)} was given")
+            else:
+                log.warning("%s holds no per-rank state (an older checkpoint): the RNG is not restored", ref)
+        except Exception as e:
+            raise SetupError(f"cannot resume from {ref!r}: {e}") from e
+        self.start_step = int(extra.get("step", ckpt.step))
+        self._resumed_last_pass = dict(extra.get("last_pass", {}))
+        log.info("resumed from %s at step %d", ref, self.start_step)
+
+    # ---- the loop ----------------------------------------------------------------------------------
+
+    @property
+    def records(self) -> RunRecords:
+        if self._records is None:
+            raise RuntimeError("call Guard.prepare() before training")
+        return self._records
+
+    @property
+    def next_step(self) -> int:
+        """The step the next `step()` call takes."""
+        last = self.records.last_step
+        return (last if last is not None else self.start_step) + 1
+
+    @property
+    def done(self) -> bool:
+        """Every step ran, or a verdict ended the run: stop calling `step()`."""
+        return self.exit_code is not None or self.next_step > self.cfg.steps
+
+    def run(self, batches: Iterable[Any]) -> int:
+        """Train on `batches` (one micro-batch per step, this rank's) until `done`, then close. Returns the
+        exit code for `sys.exit`: 0, or 93 after an SDC verdict."""
+        with self:
+            it = iter(batches)
+            while not self.done:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    raise RuntimeError(
+                        f"the data ran out before step {self.next_step} of {self.cfg.steps}"
+                    ) from None
+                self.step(batch)
+        assert self.exit_code is not None
+        return self.exit_code
+
+    def step(self, batch: Any) -> StepOutcome:
+        """One guarded training step on this rank's micro-batch `batch`."""
+        if self.done:
+            raise RuntimeError(f"Guard.step() after the run ended (exit code {self.exit_code})")
+        records = self.records
+        step = self.next_step
+        t0 = time.perf_counter()
+        if records.segment.first_step is None:
+            records.segment = dataclasses.replace(records.segment, first_step=step)
+        records.last_step = step
+        loss, results, failed = self._train_step(step, batch)
+        self._after_step(step, loss, results, failed, time.perf_counter() - t0)
+        return StepOutcome(step=step, loss=loss, results=results, failed=failed)
+
+    def _train_step(self, step: int, batch: Any) -> tuple[float | None, list[CheckResult], CheckResult | None]:
+        cfg = self.cfg
+        saving = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
+        due = [c for c in self.checks if c.due(step, saving=saving)]
+        audit = self.world > 1 and any(c.name == "recompute" for c in due)
+        self.injector.start_of_step(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.hook.begin(step, audit=audit)
+        loss = self.rng(step, self.rank, lambda: self.loss_fn(self.ddp, batch))
+        self.hook.loss = loss.detach()
+        loss.backward()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grad_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+        mean_loss = self._mean_loss(loss)
+        ctx = StepContext(
+            step=step, rank=self.rank, nodes=self.nodes, device=self.device, model=self.module,
+            loss=loss.detach(), local_nonfinite=self.hook.nonfinite,
+            own_grad_fingerprint=self.hook.fingerprint() if audit else None,
+            peers=self._peers(step, batch) if audit else None, saving=saving, grad_norm=grad_norm,
+        )  # fmt: skip
+        results: list[CheckResult] = []
+        for c in due:
+            r = c.after_reduce(ctx)
+            if r is not None:
+                results.append(r)
+                if r.failed:
+                    return None, results, r  # the update is not applied
+        if cfg.grad_clip is not None:
+            coef = cfg.grad_clip / (grad_norm + 1e-6)
+            if float(coef) < 1.0:
+                for g in grads:
+                    g.mul_(coef)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.injector.after_update(step, self.params)
+        for c in due:
+            r = c.after_update(ctx)
+            if r is not None:
+                results.append(r)
+                if r.failed:
+                    return mean_loss, results, r
+        if saving:
+            self._save(step, mean_loss, results)
+        return mean_loss, results, None
+
+    def _mean_loss(self, loss: torch.Tensor) -> float:
+        total = self.hook.loss_sum
+        if total is None:  # gradients the hook could not pack the loss into (e.g. bf16), or one rank
+            total = loss.detach().reshape(1).to(torch.float64)
+            if self.world > 1:
+                dist.all_reduce(total)
+        return float(total.item()) / self.world
+
+    def _peers(self, step: int, batch: Any) -> PeerBatches:
+        wire = self.device if self.backend == "nccl" else torch.device("cpu")
+        return PeerBatches(
+            batch=batch, step=step, rank=self.rank, world=self.world, module=self.module, params=self.params,
+            loss_fn=self.loss_fn, forward=self.rng, device=self.device, wire=wire,
+        )  # fmt: skip
+
+    def _save(self, step: int, loss: float, results: list[CheckResult]) -> None:
+        mine = rank_state(self.state)
+        ranks = gather_rank_states(mine, rank=self.rank, world=self.world)  # every rank takes part
+        if self.rank != 0:
+            return
+        extra: dict[str, Any] = {"ranks": ranks}
+        if self.scheduler is not None:
+            extra["scheduler"] = self.scheduler.state_dict()
+        self.saves.save(
+            step=step, loss=loss, results=results, last_pass=self.records.last_pass, model=self.module,
+            optimizer=self.optimizer, extra=extra, events=self.events,
+        )  # fmt: skip
+
+    def _after_step(
+        self, step: int, loss: float | None, results: list[CheckResult], failed: CheckResult | None, step_time: float
+    ) -> None:
+        records = self.records
+        if failed is None and records.segment.first_healthy_step is None:
+            records.write_segment(first_healthy_step=step, first_healthy_time=time.time())
+        if failed is not None:
+            publish_verdict(
+                failed,
+                run=self.cfg.run,
+                rank=self.rank,
+                nodes=self.nodes,
+                events=self.events,
+                context={"rank_of_writer": self.rank, "code_version": code_version()},
+            )
+        records.checks(results, loss)
+        if failed is not None and self.cfg.checks.on_verdict == "exit":
+            # The alert is durable: ask ft_launcher not to restart in place, then exit 93.
+            self.nvrx.request_shutdown(f"SDC verdict: {failed.check} at step {step}")
+            records.end_segment("sdc_verdict")  # before the uploads' drain, which may be cut short
+            self.exit_code = schema.EXIT_SDC_VERDICT
+            return
+        self.nvrx.step_done(
+            step,
+            saved=bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0,
+            audited=any(r.check == "recompute" for r in results),
+        )
+        self.events.progress(
+            schema.record(
+                "progress",
+                run=self.cfg.run,
+                step=step,
+                loss=loss,
+                step_time_s=round(step_time, 6),
+                total_steps=self.cfg.steps,
+                world_size=self.world,
+                skipped=failed is not None and failed.check != "weight_vote",
+                restart_count=self.nvrx.restart_count,
+                nvrx=self.nvrx.info(),
+                start_step=records.segment.start_step,
+                resumed_from=self.resumed_from,
+                segment=records.segment.segment_id,
+            )  # fmt: skip
+        )
+        if step >= self.cfg.steps:
+            records.report(final_step=self.cfg.steps, model=self.module)
+            self.exit_code = 0
+
+    # ---- the end -----------------------------------------------------------------------------------
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close(error=exc_type is not None)
+
+    def close(self, *, error: bool = False) -> int:
+        """End the segment, drain the saves, flush the records, leave the process group. Returns the exit
+        code (an unfinished run without a verdict is an error: 1). Idempotent."""
+        code = self.exit_code if self.exit_code is not None else 1
+        if self._closed:
+            return code
+        self._closed = True
+        if self._records is not None:
+            outcome = "sdc_verdict" if code == schema.EXIT_SDC_VERDICT else ("done" if code == 0 and not error else "error")
+            self._records.end_segment(outcome)
+        # No heartbeats while the last uploads drain: stop NVRx's hang watch first (the saver's own timeout
+        # bounds the wait).
+        self.nvrx.close()
+        saves = getattr(self, "saves", None)
+        if saves is not None and saves.saver is not None:
+            # ft_launcher SIGTERMs the surviving workers when it restarts them (SIGKILL after its
+            # workers-stop timeout): finish the pending saves first, else the restart finds no complete
+            # checkpoint of this launch and starts over.
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            saves.close()
+        self.events.close()
+        self.ddp = None  # type: ignore[assignment]  # DDP must not hold the last reference to the group
+        self._shutdown()
+        sys.stdout.flush()
+        if code == schema.EXIT_SDC_VERDICT:
+            logging.shutdown()
+        return code
+
+    def _shutdown(self) -> None:
+        if not self._own_group:
+            return
+        try:
+            shutdown()
+        except RuntimeError as e:  # a peer is gone (crash drill); nothing left to coordinate
+            log.warning("process group shutdown: %s", e)
+
