@@ -16,6 +16,7 @@ from typing import Any
 
 import pendulum
 from airflow.sdk import Param, dag, task
+from longrun import entrypoint as ep
 from longrun.monitor.handover import HandOverOperator
 from longrun.monitor.operator import RunMonitorOperator
 from longrun.operators.slurm import SlurmSubmitJobOperator
@@ -64,7 +65,45 @@ PARAMS = {
     "partition": Param(
         "debug", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$", title="Partition", section=RUN
     ),
-    "model": Param("tiny", type="string", enum=list(MODEL_PRESETS), title="Model preset", section=RUN),
+    "model": Param(
+        "tiny",
+        type="string",
+        enum=list(MODEL_PRESETS),
+        title="Model preset",
+        description="The reference trainer's model (entrypoint module:training.train); ignored for any other "
+        "entrypoint.",
+        section=RUN,
+    ),
+    "entrypoint": Param(
+        ep.REFERENCE,
+        type="string",
+        pattern=ep.ENTRYPOINT_PATTERN,
+        maxLength=len(ep.SCRIPT) + ep.MAX_PATH_CHARS,
+        title="Entrypoint",
+        description="What each rank runs: module:<dotted.name> or script:<absolute path> (inside the site's "
+        f"{ep.ENTRYPOINT_DIR_ENV}). Default: the reference trainer. It must use training.api (docs/adopting.md); "
+        "longrun's settings reach it as LONGRUN_* environment variables (docs/contracts.md).",
+        section=RUN,
+    ),
+    "entrypoint_args": Param(
+        [],
+        type="array",
+        items={"type": "string", "maxLength": ep.MAX_ARG_CHARS, "pattern": ep.ARG_PATTERN},
+        maxItems=ep.MAX_ARGS,
+        title="Entrypoint arguments",
+        description="One string per argument, passed as is (never read by a shell); no newlines.",
+        section=RUN,
+    ),
+    "job_python": Param(
+        "",
+        type="string",
+        pattern=ep.JOB_PYTHON_PATTERN,
+        maxLength=ep.MAX_PATH_CHARS,
+        title="Job Python",
+        description="The interpreter of the job's Python environment (its ft_launcher is used): one of the "
+        f"site's {ep.JOB_PYTHONS_ENV}. Empty: the Airflow worker's own.",
+        section=RUN,
+    ),
     "steps": Param(
         40,
         type="integer",

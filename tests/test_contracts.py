@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from longrun import entrypoint
 from longrun.cli import main as longrun_main
 from longrun.monitor import lifecycle
 
@@ -45,6 +46,9 @@ CONTRACT_PARAMS = {
     "gpus_per_node",
     "partition",
     "model",
+    "entrypoint",
+    "entrypoint_args",
+    "job_python",
     "steps",
     "checkpoint_every",
     "recompute_every",
@@ -120,6 +124,12 @@ def test_training_run_params(dagbag: dict[str, Any]) -> None:
     assert set(drill["properties"]) == {"kind", "step", "target"}
     assert set(drill["required"]) == {"kind", "step", "target"}
     assert set(drill["properties"]["kind"]["enum"]) == CONTRACT_FAULT_KINDS | EXTRA_FAULT_KINDS
+    assert params["entrypoint"]["default"] == "module:training.train"
+    assert schemas["entrypoint"]["pattern"] == entrypoint.ENTRYPOINT_PATTERN
+    assert params["entrypoint_args"]["default"] == [] and schemas["entrypoint_args"]["type"] == "array"
+    assert schemas["entrypoint_args"]["maxItems"] == entrypoint.MAX_ARGS
+    assert schemas["entrypoint_args"]["items"]["pattern"] == entrypoint.ARG_PATTERN
+    assert params["job_python"]["default"] == ""
 
 
 # ---- longrun stack ------------------------------------------------------------------------------------
@@ -399,6 +409,30 @@ def test_docs_name_the_dag_ids_and_params() -> None:
     assert listed == CONTRACT_DAG_IDS
     assert set(_table_rows(dags)) == CONTRACT_PARAMS
     assert set(_ticked(dags.split("sets ", 1)[1].split("\n\n", 1)[0])) >= EXTRA_PARAMS
+
+
+#: The job environment (docs/contracts.md "The job's environment"): what any entrypoint reads.
+CONTRACT_JOB_ENV = {
+    "LONGRUN_RUN_NAME",
+    "LONGRUN_RUN_DIR",
+    "LONGRUN_STEPS",
+    "LONGRUN_CHECKPOINT_EVERY",
+    "LONGRUN_RECOMPUTE_EVERY",
+    "LONGRUN_VOTE_EVERY",
+    "LONGRUN_SEED",
+    "LONGRUN_MODEL",
+    "LONGRUN_FAULTS",
+    "LONGRUN_RESUME_FROM",
+    "LONGRUN_AWAIT_DIRECTIVE_S",
+}
+
+
+def test_job_environment() -> None:
+    from longrun.launch import JOB_EXPORT
+
+    assert set(entrypoint.JOB_ENV) == CONTRACT_JOB_ENV
+    assert not CONTRACT_JOB_ENV & set(JOB_EXPORT), "the job's settings come from the script, never the worker"
+    assert set(_table_rows(_section("The job's environment"))) == CONTRACT_JOB_ENV
 
 
 def test_docs_name_the_commands() -> None:

@@ -3,8 +3,9 @@
 
 One step is what a plain launch does (srun -> one NVRx ft_launcher per node -> the trainer, then exit 93
 if the step wrote an SDC alert), on the step's own nodes (LONGRUN_STEP_NODES), with a rendezvous of
-its own (id and port per attempt), the drill only on attempt 0, and `--resume-from` from the directive;
-the step is named after its attempt (training.directive.ATTEMPT_STEP_PREFIX). Once the step's alert is in
+its own (id and port per attempt), the drill (LONGRUN_FAULTS) only on attempt 0, and LONGRUN_RESUME_FROM
+from the directive, which the supervisor sets (a standby gets LONGRUN_AWAIT_DIRECTIVE_S instead, from the
+supervisor's LONGRUN_STANDBY_WAIT_S); the step is named after its attempt (training.directive.ATTEMPT_STEP_PREFIX). Once the step's alert is in
 the store the supervisor starts the next step as a warm standby on the predicted nodes (`--overlap`:
 the alerting step may still be ending there; its trainer waits for the directive: training.standby).
 After exit 93 it waits (bounded: LONGRUN_DIRECTIVE_WAIT_S, default `DIRECTIVE_WAIT_S`; with
@@ -16,10 +17,10 @@ and the incident falls back to the full relaunch.
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from typing import TYPE_CHECKING
 
+from longrun import entrypoint as ep
 from training import ports
 from training.directive import ATTEMPT_STEP_PREFIX
 
@@ -47,9 +48,8 @@ def step_script(
 ) -> str:
     """One training step as a one-line bash script (the supervisor's `--step`)."""
     q = shlex.quote
-    plain = dataclasses.replace(run, drill=None, resume_from=None)
-    train = " ".join(q(a) for a in plain.train_args(run_dir=run_dir))
-    fault = f"FAULT=(--fault {q(run.drill.flag())})" if run.drill else "FAULT=()"
+    # The entrypoint and its own arguments only: longrun's settings travel in the environment.
+    entry = ep.launcher_args(run.entrypoint, run.entrypoint_args)
     ft_args = [
         f"--nnodes={run.nodes}",
         f"--nproc-per-node={run.ranks_per_node}",
@@ -58,9 +58,13 @@ def step_script(
         '--rdzv-id="$SLURM_JOB_ID-a$LONGRUN_ATTEMPT"',
         f"--max-restarts={run.max_restarts}",
         *nvrx.flags(),
-        "--module",
-        "training.train",
     ]
+    # the drill fires in the first attempt only; a relaunch resumes from the directed checkpoint
+    fault = (
+        f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then export {ep.FAULTS}={q(run.drill.flag())}; fi'
+        if run.drill
+        else ""
+    )
     lines = [
         # to the nanosecond: a standby starts within a second of the previous attempt's alert, which is
         # not this attempt's (the verdict below and an NVRx restart's resume count only records since T0)
@@ -70,21 +74,25 @@ def step_script(
         'if [ -z "$MASTER_ADDR" ]; then echo "longrun: no NodeAddr for $FIRST_NODE" >&2; exit 1; fi',
         f"MASTER_PORT=$(({attempt_port_expr(nvrx)}))",
         "export MASTER_ADDR MASTER_PORT",
-        # the drill fires in the first attempt only; a relaunch resumes from the directed checkpoint
-        f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then {fault}; else FAULT=(); fi',
-        'RESUME=(); if [ -n "$LONGRUN_RESUME_FROM" ]; then RESUME=(--resume-from "$LONGRUN_RESUME_FROM"); fi',
-        # a warm standby: the trainer waits for this attempt's directive (training.standby); it starts while
-        # the previous attempt's step may still be ending on the same nodes, so its step overlaps that one
+        # the entrypoint's settings (docs/contracts.md, the job's environment); the supervisor sets
+        # LONGRUN_RESUME_FROM for each attempt (empty: from scratch, so unset here)
+        f"unset {' '.join(n for n in ep.SOMETIMES_ENV if n != ep.RESUME_FROM)}",
+        *ep.export_lines(run.job_env(run_dir=run_dir)),
+        *([fault] if fault else []),
+        f'if [ -z "${{{ep.RESUME_FROM}:-}}" ]; then unset {ep.RESUME_FROM}; fi',
+        # a warm standby: the entrypoint waits for this attempt's directive (training.standby) and resumes
+        # from it, never from LONGRUN_RESUME_FROM; it starts while the previous attempt's step may still be
+        # ending on the same nodes, so its step overlaps that one
         "OVERLAP=()",
         'if [ -n "${LONGRUN_STANDBY_WAIT_S:-}" ]; then'
-        ' RESUME=(--await-directive-s "$LONGRUN_STANDBY_WAIT_S"); OVERLAP=(--overlap); fi',
+        f' export {ep.AWAIT_DIRECTIVE_S}="$LONGRUN_STANDBY_WAIT_S"; unset {ep.RESUME_FROM}; OVERLAP=(--overlap); fi',
         'echo "longrun: attempt $LONGRUN_ATTEMPT of job $SLURM_JOB_ID on $LONGRUN_STEP_NODES'
         ' rendezvous $MASTER_ADDR:$MASTER_PORT"',
         'srun --export=ALL --nodes="$LONGRUN_STEP_NNODES" --ntasks="$LONGRUN_STEP_NNODES" --nodelist="$LONGRUN_STEP_NODES"'
         f' --ntasks-per-node=1 --job-name="{ATTEMPT_STEP_PREFIX}$LONGRUN_ATTEMPT" "${{OVERLAP[@]}}"'
         " --kill-on-bad-exit=0 bash -c"
         ' \'PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) exec "$0" "$@"\' '
-        f'{q(launcher)} {" ".join(ft_args)} {train} "${{FAULT[@]}}" "${{RESUME[@]}}"',
+        f"{q(launcher)} {' '.join(ft_args)} {entry}",
         "rc=$?",
         f"if {q(python)} -m training.nvrx launch-verdict --run-dir {q(run_dir)} --run {q(run.run_name)}"
         f' --since "$LONGRUN_LAUNCH_T0"{store_flag}; then'

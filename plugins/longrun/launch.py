@@ -5,8 +5,11 @@ Inside the job, the script
    every node has the same host name, so a host name would not tell the nodes apart;
 2. picks the rendezvous port from the job id (two jobs sharing a node do not collide);
 3. `srun`s one NVRx `ft_launcher` per node (c10d rendezvous on that address; the first node hosts the
-   store), which starts `ranks_per_node` trainer processes and restarts them, up to `max_restarts`
-   times, when one dies or stops sending heartbeats;
+   store), which starts `ranks_per_node` processes of the run's entrypoint (`--module <name>` or a
+   script path, then the entrypoint's own arguments, each quoted; longrun.entrypoint) and restarts them,
+   up to `max_restarts` times, when one dies or stops sending heartbeats. longrun's settings reach the
+   entrypoint as the LONGRUN_* variables the script exports (`RunSpec.job_env`, the drill, the resume
+   point; docs/contracts.md "The job's environment"), never as flags;
 4. after `srun` returns, exits 93 if this launch wrote an SDC alert record (the record is the evidence
    the orchestrator reads), else with srun's exit code.
 
@@ -22,6 +25,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from longrun import entrypoint as ep
 from longrun import hotspare
 from longrun.runspec import RunSpec
 from longrun.slurm import validate as v
@@ -40,6 +44,8 @@ CPU_STEP_S = 0.5
 #: The job's environment is an allow-list: these names (by value from the submitting environment, where
 #: set) and `env` (written into the script). Store credentials and the alert key are added by name at
 #: submit (`longrun.alert_auth.submit_env`); nothing else of the Airflow worker's environment reaches a rank.
+#: None of the job environment's LONGRUN_* settings (`longrun.entrypoint.JOB_ENV`, LONGRUN_FAULTS above all)
+#: is on it: those come from the script alone.
 JOB_EXPORT = (
     *BASE_EXPORT,
     "LONGRUN_FAULT_STATE_DIR",
@@ -159,13 +165,20 @@ def job_spec_for_run(
 
     `env` is exported by the script (store endpoint, bucket: no secrets, the script is readable through
     Slurm); the rest of the job's environment is `JOB_EXPORT` plus the secrets given at submit. `python` is the
-    interpreter of the environment that has longrun and NVRx (its `ft_launcher` is used). `nvrx`
+    interpreter of the environment that has longrun's job side and NVRx (its `ft_launcher` is used);
+    the run's `job_python`, when set, wins. `nvrx`
     defaults to `NvrxLaunch()` for GPU runs and `NvrxLaunch.for_step_time(CPU_STEP_S)` for CPU runs.
     """
     if nvrx is None:
         # CPU ranks run the small presets (sub-second steps): detect a hang in seconds, not minutes.
         nvrx = NvrxLaunch() if run.gpus_per_node else NvrxLaunch.for_step_time(CPU_STEP_S)
+    python = run.job_python or python
     v.path("python", python)
+    for where, names in (("env", env), ("extra_env", run.extra_env)):
+        if reserved := sorted(set(names) & set(ep.JOB_ENV)):
+            raise InvalidSpecError(
+                where, reserved, "the job environment's LONGRUN_* settings come from the run"
+            )
     run_dir = run_dir_for(run, run_dir_root)
     q = shlex.quote
     launcher = _launcher_for(python)
@@ -177,15 +190,19 @@ def job_spec_for_run(
         '--rdzv-id="$SLURM_JOB_ID"',
         f"--max-restarts={run.max_restarts}",
         *nvrx.flags(),
-        "--module",
-        "training.train",
     ]
-    # `--run-name`, never `--run`: ft_launcher reads `--run` as an ambiguous abbreviation of `--run-path`.
-    train = " ".join(q(a) for a in run.train_args(run_dir=run_dir))
+    # The entrypoint and its own arguments only: longrun's settings travel in the environment below.
+    entry = ep.launcher_args(run.entrypoint, run.entrypoint_args)
     store = " --store" if env.get("AWS_ENDPOINT_URL") or env.get("LONGRUN_STORE_DIR") else ""
+    once = {ep.FAULTS: run.drill.flag()} if run.drill else {}  # a relaunch has no drill (RunSpec.relaunch)
+    if run.resume_from:
+        once[ep.RESUME_FROM] = run.resume_from
     command = [
         "set -uo pipefail",
         f"RUN_DIR={q(run_dir)}",
+        "# The entrypoint's settings (docs/contracts.md, the job's environment): only what this launch sets.",
+        f"unset {' '.join(ep.SOMETIMES_ENV)}",
+        *ep.export_lines({**run.job_env(run_dir=run_dir), **once}),
         "# Checkpoints and alerts of this launch are those written after this moment (training.nvrx).",
         "export LONGRUN_LAUNCH_T0=$(date +%s)",
         'mkdir -p "$RUN_DIR"',
@@ -201,7 +218,7 @@ def job_spec_for_run(
         " ft_launcher's --rdzv-conf, set per node).",
         "srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c"
         ' \'PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) exec "$0" "$@"\' '
-        f"{q(launcher)} {' '.join(ft_args)} {train}",
+        f"{q(launcher)} {' '.join(ft_args)} {entry}",
         "rc=$?",
         f'if {q(python)} -m training.nvrx launch-verdict --run-dir "$RUN_DIR" --run {q(run.run_name)}'
         f' --since "$LONGRUN_LAUNCH_T0"{store}; then',

@@ -1,7 +1,9 @@
-"""RunSpec: the typed form of `training_run`'s Params, and how it becomes trainer arguments.
+"""RunSpec: the typed form of `training_run`'s Params, and the job environment it hands the entrypoint.
 
 The DAG's Params form refuses most bad input already; this is the second line, for runs started from
-code, the CLI or a relaunch, and the one place that turns a run into `python -m training.train` flags.
+code, the CLI or a relaunch, and the one place that turns a run into the job's LONGRUN_* settings
+(`job_env`; the names: longrun.entrypoint). The entrypoint, its arguments and the job's interpreter are
+checked by longrun.entrypoint against the site's settings (LONGRUN_ENTRYPOINT_DIR, LONGRUN_JOB_PYTHONS).
 Pure Python: no Airflow, no torch.
 """
 
@@ -13,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from longrun import entrypoint as ep
 from training.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS, NODE_NAME, check_run_name
 
 _CKPT_REF = re.compile(r"^[A-Za-z0-9._/-]{1,512}$")
@@ -80,7 +83,15 @@ class RunSpec:
     partition: str = "debug"
     """Slurm partition."""
     model: str = "tiny"
-    """Model preset of the reference trainer."""
+    """Model preset of the reference trainer (checked, and handed to the job, only for that entrypoint)."""
+    entrypoint: str = ep.REFERENCE
+    """What the job runs: `module:<dotted.name>` or `script:<path>` (inside the site's
+    LONGRUN_ENTRYPOINT_DIR); default the reference trainer (longrun.entrypoint)."""
+    entrypoint_args: tuple[str, ...] = ()
+    """The entrypoint's arguments, one argv entry each (never a shell string)."""
+    job_python: str = ""
+    """The interpreter of the job's Python environment (one of the site's LONGRUN_JOB_PYTHONS); its
+    `ft_launcher` is used. Empty: the Airflow worker's own interpreter."""
     steps: int = 40
     """Optimizer steps to run in total (a resumed run continues to this step)."""
     checkpoint_every: int = 10
@@ -120,7 +131,13 @@ class RunSpec:
         _int("gpus_per_node", self.gpus_per_node, 0, 64)
         if not NODE_NAME.match(str(self.partition)):
             raise RunSpecError("partition", self.partition, "must be a plain Slurm partition name")
-        if self.model not in MODEL_PRESETS:
+        try:
+            _entry, args, _python = ep.check(self.entrypoint, self.entrypoint_args, self.job_python)
+        except ep.EntrypointError as e:
+            raise RunSpecError(e.field, e.value, e.why) from None
+        object.__setattr__(self, "entrypoint_args", args)
+        # The presets are the reference trainer's; any other entrypoint ignores `model`.
+        if self.is_reference and self.model not in MODEL_PRESETS:
             raise RunSpecError("model", self.model, f"must be one of {', '.join(MODEL_PRESETS)}")
         _int("steps", self.steps, 1, 10_000_000)
         _int("checkpoint_every", self.checkpoint_every, 1, self.steps)
@@ -147,12 +164,21 @@ class RunSpec:
             if not NODE_NAME.match(str(node)):
                 raise RunSpecError("exclude", node, "must be a node name")
         object.__setattr__(self, "exclude", exclude)
+        if reserved := sorted(set(self.extra_env) & set(ep.JOB_ENV)):
+            raise RunSpecError(
+                "extra_env", reserved, "the job environment's LONGRUN_* settings come from the run"
+            )
         if self.resume_from is not None and (
             not _CKPT_REF.match(self.resume_from) or ".." in self.resume_from
         ):
             raise RunSpecError(
                 "resume_from", self.resume_from, "must be a checkpoint key prefix or directory"
             )
+
+    @property
+    def is_reference(self) -> bool:
+        """Whether the entrypoint is the reference trainer (training.train)."""
+        return ep.is_reference(self.entrypoint)
 
     @property
     def ranks_per_node(self) -> int:
@@ -182,11 +208,14 @@ class RunSpec:
             raise RunSpecError("drill", drill, "must be null or an object with kind, step, target")
         if "exclude" in values:
             values["exclude"] = tuple(values["exclude"] or ())
+        if values.get("job_python") is None and "job_python" in values:
+            values["job_python"] = ""  # a form's null: the default interpreter
         return cls(**values)
 
     def to_params(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["exclude"] = list(self.exclude)
+        out["entrypoint_args"] = list(self.entrypoint_args)
         out["extra_env"] = dict(self.extra_env)
         return out
 
@@ -201,20 +230,20 @@ class RunSpec:
             attempt=self.attempt + 1,
         )
 
-    def train_args(self, *, run_dir: str) -> list[str]:
-        """Arguments for `python -m training.train` (the contract flags, docs/contracts.md)."""
-        args = [
-            "--run-name", self.run_name,
-            "--run-dir", run_dir,
-            "--model", self.model,
-            "--seed", str(self.seed),
-            "--steps", str(self.steps),
-            "--checkpoint-every", str(self.checkpoint_every),
-            "--recompute-every", str(self.recompute_every),
-            "--vote-every", str(self.vote_every),
-        ]  # fmt: skip
-        if self.drill is not None:
-            args += ["--fault", self.drill.flag()]
-        if self.resume_from:
-            args += ["--resume-from", self.resume_from]
-        return args
+    def job_env(self, *, run_dir: str) -> dict[str, str]:
+        """The settings every launch of this run exports to its entrypoint (docs/contracts.md, "The job's
+        environment"): run, run dir, cadences and seed, plus the model preset for the reference trainer.
+        The drill (LONGRUN_FAULTS), the resume point and a standby's directive wait depend on the launch
+        or attempt and are set by the batch script (longrun.launch, longrun.hotspare)."""
+        env = {
+            ep.RUN_NAME: self.run_name,
+            ep.RUN_DIR: run_dir,
+            ep.STEPS: str(self.steps),
+            ep.CHECKPOINT_EVERY: str(self.checkpoint_every),
+            ep.RECOMPUTE_EVERY: str(self.recompute_every),
+            ep.VOTE_EVERY: str(self.vote_every),
+            ep.SEED: str(self.seed),
+        }
+        if self.is_reference:
+            env[ep.MODEL] = self.model
+        return env

@@ -113,6 +113,15 @@ def test_sdc_incident_shape(bag):
         ({"drill": {"kind": "meteor", "step": 3, "target": "1"}}, "drill"),
         ({"drill": {"kind": "nan", "step": 0, "target": "1"}}, "drill"),
         ({"drill": {"kind": "nan", "step": 3}}, "drill"),
+        ({"entrypoint": "module:a;rm -rf /"}, "entrypoint"),
+        ({"entrypoint": "module:$(x)"}, "entrypoint"),
+        ({"entrypoint": "script:/site/../etc/passwd"}, "entrypoint"),
+        ({"entrypoint": "script:relative.py"}, "entrypoint"),
+        ({"entrypoint_args": "--lr 1e-3"}, "entrypoint_args"),
+        ({"entrypoint_args": ["a\nb"]}, "entrypoint_args"),
+        ({"entrypoint_args": ["nul\x00"]}, "entrypoint_args"),
+        ({"entrypoint_args": ["a"] * 257}, "entrypoint_args"),
+        ({"job_python": "python3"}, "job_python"),
     ],
 )
 def test_form_refuses_bad_input(bag, override, match):
@@ -129,6 +138,14 @@ def test_form_accepts_a_drill(bag):
     params.update({"drill": {"kind": "sick-node", "step": 12, "target": "n2"}, "nodes": 3})
     resolved = params.validate()
     assert resolved["drill"]["target"] == "n2"
+
+
+def test_form_accepts_an_entrypoint_with_literal_arguments(bag):
+    params = copy.deepcopy(bag.dags["training_run"].params)
+    args = ["--data", "/d/my corpus", "$(id)", "it's"]
+    params.update({"entrypoint": "script:/site/entrypoints/loop.py", "entrypoint_args": args})
+    resolved = params.validate()
+    assert resolved["entrypoint_args"] == args and resolved["job_python"] == ""
 
 
 def test_every_incident_step_survives_a_lost_task_process(bag):

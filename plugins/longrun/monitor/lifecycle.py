@@ -3,8 +3,10 @@
 Where a launch puts things (the submitting environment decides, so the DAG files stay declarative):
     LONGRUN_RUN_ROOT   directory for run dirs, visible on every node (default: <tmp>/longrun-runs; on a
                        real cluster set it to a shared filesystem)
-    the interpreter    the Airflow worker's own (`sys.executable`): the same environment has longrun,
-                       the trainer and NVRx's ft_launcher; on a cluster, point workers at that venv
+    the interpreter    the run's `job_python` (one of the site's LONGRUN_JOB_PYTHONS), else the Airflow
+                       worker's own (`sys.executable`): that environment has longrun's job side, the
+                       entrypoint and NVRx's ft_launcher; on a cluster, point workers at that venv
+    LONGRUN_ENTRYPOINT_DIR, LONGRUN_JOB_PYTHONS   what a run may launch (longrun.entrypoint)
 The job's environment is an allow-list (`longrun.launch.JOB_EXPORT` plus the store's plain settings in
 the script); store credentials and the alert key reach it by name at submit, never in the script.
 """
@@ -42,6 +44,9 @@ RUN_PARAMS = (
     "gpus_per_node",
     "partition",
     "model",
+    "entrypoint",
+    "entrypoint_args",
+    "job_python",
     "steps",
     "checkpoint_every",
     "recompute_every",
@@ -98,7 +103,7 @@ def fault_state_dir(spec: RunSpec) -> str:
 
 
 def make_job(spec: RunSpec, tag: JobTag) -> JobSpec:
-    """The JobSpec of one launch (srun -> NVRx ft_launcher -> trainer), tagged for reattachment."""
+    """The JobSpec of one launch (srun -> NVRx ft_launcher -> the entrypoint), tagged for reattachment."""
     root = run_root()
     os.makedirs(root, exist_ok=True)
     from longrun.alert_auth import SECRET_STORE_ENV
