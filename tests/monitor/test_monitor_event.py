@@ -166,6 +166,22 @@ def test_the_operator_fails_a_job_slurm_holds_after_a_failed_launch_with_its_run
         op.execute_complete({"run_id": "manual__1"}, event)
 
 
+def test_the_operator_fails_an_entrypoint_without_records_for_good(op: RunMonitorOperator) -> None:
+    """AirflowFailException: no retry (a retry would watch the same job that wrote nothing)."""
+    event = {
+        **json.loads(EVENTS["job_done"]),
+        "type": "no_records",
+        "label": "no_records",
+        "message": "run r1: job 42 ended (...) but its entrypoint script:/e/loop.py wrote no longrun records"
+        " (no progress, no segment of this job, no report): nothing it trained was checked. The entrypoint"
+        " must use training.api (docs/adopting.md)",
+    }
+    with pytest.raises(
+        AirflowFailException, match=r"wrote no longrun records.*training\.api \(docs/adopting\.md\)"
+    ):
+        op.execute_complete({"run_id": "manual__1"}, event)
+
+
 @pytest.mark.parametrize("event", [None, [], {"type": "job_done"}, {"seen": json.loads(SEEN)}])
 def test_the_operator_fails_a_malformed_event(op: RunMonitorOperator, event: object) -> None:
     with pytest.raises(AirflowFailException, match="malformed monitor event"):

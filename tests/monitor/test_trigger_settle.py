@@ -128,7 +128,7 @@ def test_settle_zero_fires_a_checkpoint_at_once(monkeypatch) -> None:
 
 def test_the_default_and_what_is_held() -> None:
     assert RunMonitorTrigger(seen=SEEN).settle_s == CHECKPOINT_SETTLE_S > 0
-    assert HELD == {watch.CHECKPOINT, watch.JOB_DONE}
+    assert HELD == {watch.CHECKPOINT, watch.JOB_DONE, watch.NO_RECORDS}  # the job ended: held like job_done
     path, kwargs = RunMonitorTrigger(seen=SEEN, settle_s=3).serialize()
     assert kwargs["settle_s"] == 3.0 and RunMonitorTrigger(**kwargs).settle_s == 3.0
 

@@ -76,7 +76,7 @@ class MonitorEvent(Part):
     """One trigger event. Which fields are set depends on `type` (see `longrun.monitor.watch`)."""
 
     type: str
-    """`alert`, `checkpoint`, `job_done`, `launch_held`, `stale` or `error`."""
+    """`alert`, `checkpoint`, `job_done`, `launch_held`, `stale`, `no_records` or `error`."""
     alert_key: str | None = None
     alert: dict[str, Any] | None = None
     """The alert record as the job wrote it (checked by `alert_auth` before it is read as an Alert)."""

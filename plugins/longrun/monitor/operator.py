@@ -10,6 +10,8 @@ execute_complete, one trigger event at a time:
     stale       fail loudly: the heartbeat stopped while the job runs (runbook: stale heartbeat)
     launch_held fail loudly: Slurm holds the job after a failed launch (runbook: job held after a failed
                 launch); released by an operator, a clear of the task watches the same job again
+    no_records  fail, never retried: an entrypoint other than the reference trainer wrote no longrun
+                record (it does not use training.api; docs/adopting.md)
     error       retryable -> raise so Airflow retries the task (it re-defers); else fail
 
 Asset events: Airflow 3.3 registers a task's asset events when the task succeeds, not while it is
@@ -29,6 +31,7 @@ from typing import Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from longrun.entrypoint import REFERENCE
 from longrun.hooks.slurm import SlurmHook
 from longrun.monitor import watch
 from longrun.monitor.event import Carry, MonitorEvent
@@ -136,6 +139,7 @@ class RunMonitorOperator(BaseOperator):
         )
         if alerts:
             self.log.info("ignoring %d alert(s) of earlier attempts: %s", len(alerts), list(alerts))
+        entrypoint = str(params.get("entrypoint") or REFERENCE)
         seen = watch.Seen(
             run=run,
             job_id=job_id,
@@ -143,6 +147,8 @@ class RunMonitorOperator(BaseOperator):
             alerts=alerts,
             stale_after_s=self.stale_after_s,
             since=time.time(),
+            # the reference trainer's missing records keep their own paths (stale, the finish's report)
+            entrypoint="" if entrypoint == REFERENCE else entrypoint,
         )
         self.log.info(
             "watching run %s, Slurm job %s (checkpoints already promoted: %s)", run, job_id, list(steps)
@@ -192,6 +198,9 @@ class RunMonitorOperator(BaseOperator):
             raise AirflowFailException(f"{ev.message}; runbook: {runbook_path('stale_heartbeat')}")
         if ev.type == watch.LAUNCH_HELD:
             raise AirflowFailException(f"{ev.message}; runbook: {runbook_path('launch_held')}")
+        if ev.type == watch.NO_RECORDS:
+            self._emit_asset_events(context, seen.run, carry.promoted)
+            raise AirflowFailException(str(ev.message))
         if ev.type == watch.ALERT:
             assert ev.alert is not None  # MonitorEvent refuses an alert event without one
             if not self._authentic(seen, ev):

@@ -45,8 +45,9 @@ from training.store import StoreUnavailable, store_from_env
 #: per 15 s plus a resume. Alerts are never held: recovery time is unchanged.
 CHECKPOINT_SETTLE_S = 15.0
 
-#: Events held until the settle time has passed (the others fire at once).
-HELD = frozenset({watch.CHECKPOINT, watch.JOB_DONE})
+#: Events held until the settle time has passed (the others fire at once). A job that ended without
+#: records is a job end like job_done.
+HELD = frozenset({watch.CHECKPOINT, watch.JOB_DONE, watch.NO_RECORDS})
 
 
 def event_json(fields: Mapping[str, Any], seen: watch.Seen, carry: Carry) -> dict[str, Any]:

@@ -10,6 +10,10 @@ Events, most urgent first:
     job_done    the job is final and nothing new is in the store
     launch_held Slurm holds the pending job after its launch failed (it never starts by itself)
     stale       the job runs but progress/latest.json has not moved for `stale_after_s`
+    no_records  an entrypoint other than the reference trainer (`Seen.entrypoint`) left no longrun record
+                at all (no progress, no segment of this job, no report): its job ended with exit 0, or has
+                run `stale_after_s` without one. It does not use training.api (docs/adopting.md), so
+                nothing it did was checked: a failure, never retried.
 """
 
 from __future__ import annotations
@@ -24,11 +28,15 @@ from longrun.slurm.client import JobState, JobStatus, SlurmClient
 from longrun.slurm.errors import JobNotFoundError
 from longrun.slurm.outcomes import Kind, classify, held_after_failed_launch
 from training import schema
-from training.records.fields import opt_float
+from training.records.fields import opt_float, opt_str
+from training.segment import SEGMENTS_DIR
 from training.store import NotFound, ObjectStore
 
 ALERT, CHECKPOINT, JOB_DONE, STALE, ERROR = "alert", "checkpoint", "job_done", "stale", "error"
 LAUNCH_HELD = "launch_held"
+NO_RECORDS = "no_records"
+#: Where a run that writes no records is told what to do.
+ADOPTING_DOC = "docs/adopting.md"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +55,10 @@ class Seen:
     """Progress older than this while the job runs is a stale heartbeat."""
     since: float = 0.0
     """Epoch seconds the watch began: the grace period before the first progress record."""
+    entrypoint: str = ""
+    """The run's entrypoint when it is not the reference trainer (`module:...`, `script:...`): a job of it
+    that writes no longrun record at all is reported as such (`no_records`). Empty: the reference trainer,
+    whose missing records take the stale and finish paths as they always have."""
 
     def __post_init__(self) -> None:
         schema.check_run_name(self.run)
@@ -79,6 +91,27 @@ def progress(store: ObjectStore, run: str) -> dict[str, Any] | None:
     return rec if isinstance(rec, dict) else None
 
 
+def wrote_records(store: ObjectStore, seen: Seen) -> bool:
+    """Whether the watched job left any longrun record: a segment of this job (training.segment names it
+    by job id), a progress record written since the watch began, or the run report."""
+    segments = schema.store_key(seen.run, f"{SEGMENTS_DIR}{seen.job_id}.")
+    if next(iter(store.list(segments)), None) is not None:
+        return True
+    prog = progress(store, seen.run)
+    if prog is not None and isinstance(prog.get("time"), int | float) and prog["time"] >= seen.since:
+        return True
+    return next(iter(store.list(schema.store_key(seen.run, schema.REPORT_PATH))), None) is not None
+
+
+def no_records_message(seen: Seen, how: str) -> str:
+    """Why a run whose entrypoint wrote no records fails (`how`: what the job did meanwhile)."""
+    return (
+        f"run {seen.run}: job {seen.job_id} {how} but its entrypoint {seen.entrypoint} wrote no longrun"
+        " records (no progress, no segment of this job, no report): nothing it trained was checked. The"
+        f" entrypoint must use training.api ({ADOPTING_DOC})"
+    )
+
+
 def look(
     store: ObjectStore, client: SlurmClient, seen: Seen, *, now: float | None = None
 ) -> tuple[dict[str, Any] | None, Any]:
@@ -101,6 +134,14 @@ def look(
     activity = (state.status.value if state else None, prog.get("step") if prog else None)
     if state is not None:
         outcome = classify(state)
+        if outcome.kind is Kind.SUCCESS and seen.entrypoint and not wrote_records(store, seen):
+            return {
+                "type": NO_RECORDS,
+                "outcome": outcome.kind.value,
+                "label": NO_RECORDS,
+                "message": no_records_message(seen, f"ended ({state.describe()})"),
+                "state": state.to_dict(),
+            }, activity
         if outcome.kind is not Kind.RUNNING:
             return {
                 "type": JOB_DONE,
@@ -120,6 +161,13 @@ def look(
         if state.status is JobStatus.RUNNING:
             last = float(prog["time"]) if prog and isinstance(prog.get("time"), int | float) else seen.since
             age = now - max(last, seen.since)
+            if age > seen.stale_after_s and seen.entrypoint and not wrote_records(store, seen):
+                return {
+                    "type": NO_RECORDS,
+                    "age_s": round(age, 1),
+                    "progress": prog,
+                    "message": no_records_message(seen, f"has run {age:.0f} s"),
+                }, activity
             if age > seen.stale_after_s:
                 return {
                     "type": STALE,
@@ -154,6 +202,8 @@ def seen_to_dict(seen: Seen) -> dict[str, Any]:
         "alerts": list(seen.alerts),
         "stale_after_s": seen.stale_after_s,
         "since": seen.since,
+        # only when set: a watch of the reference trainer serializes as it always has
+        **({"entrypoint": seen.entrypoint} if seen.entrypoint else {}),
     }
 
 
@@ -168,6 +218,8 @@ def seen_from_dict(d: dict[str, Any]) -> Seen:
     for name in ("stale_after_s", "since"):
         if (value := opt_float("seen", d, name)) is not None:  # numbers as written: 600 stays 600
             given[name] = value
+    if entrypoint := opt_str("seen", d, "entrypoint"):
+        given["entrypoint"] = entrypoint
     return Seen(**given)
 
 
