@@ -121,6 +121,11 @@ class Airflow(Component):
             PYTHONUNBUFFERED="1",
         )
         env.pop("AIRFLOW_CONFIG", None)
+        # The site's directory of `script:` entrypoints (longrun.runspec): on the local stack, the
+        # repository's examples, unless the caller names another.
+        root = repo_root()
+        if root is not None:
+            env.setdefault("LONGRUN_ENTRYPOINT_DIR", str(root / "examples"))
         return env
 
     def _write_config(self) -> None:
