@@ -59,8 +59,12 @@ class Baselines:
 
         self.cfg = cfg
         self.ddp_model = build_model(cfg.model, seed=cfg.seed, device=device)
-        self.ddp = DistributedDataParallel(self.ddp_model, find_unused_parameters=True, forward_sync_buffers=False)
-        self.ddp_opt = torch.optim.AdamW(self.ddp_model.parameters(), lr=cfg.lr, weight_decay=0.01, foreach=False)
+        self.ddp = DistributedDataParallel(
+            self.ddp_model, find_unused_parameters=True, forward_sync_buffers=False
+        )
+        self.ddp_opt = torch.optim.AdamW(
+            self.ddp_model.parameters(), lr=cfg.lr, weight_decay=0.01, foreach=False
+        )
         self.hand_model = build_model(cfg.model, seed=cfg.seed, device=device)
         self.params = list(self.hand_model.parameters())
         self.n = sum(p.numel() for p in self.params)
@@ -152,7 +156,6 @@ def worker(args: argparse.Namespace) -> None:
                 print(f"  {name}: {times[name][-1] * 1e3:.1f} ms/step", file=sys.stderr, flush=True)
     if guard.rank == 0:
         Path(args.out).write_text(json.dumps({"times": times, "params": base.n, "world": guard.world}))
-    del base
     guard.exit_code = 0
     guard.close()
 
@@ -246,7 +249,9 @@ def main() -> int:
     for name in CONFIGS:
         med, low = statistics.median(times[name]), min(times[name])
         rounds = " ".join(f"{t * 1e3:.1f}" for t in times[name])
-        print(f"{name:<18} {med * 1e3:>10.1f} {med / base:>7.3f} {low * 1e3:>9.1f} {low / best:>7.3f}   {rounds}")
+        print(
+            f"{name:<18} {med * 1e3:>10.1f} {med / base:>7.3f} {low * 1e3:>9.1f} {low / best:>7.3f}   {rounds}"
+        )
     for label, pick in (("median", statistics.median), ("best", min)):
         ratio = pick(times["guard:all"]) / pick(times["ddp"])
         verdict = "MET" if ratio <= target else "NOT MET"

@@ -102,7 +102,7 @@ class CheckConfig:
 
 
 #: The environment variables through which longrun's launch hands its settings to any entrypoint
-#: (docs/contracts.md, "Job environment"). `GuardConfig.from_env` reads them; the reference trainer's flags
+#: (docs/contracts.md, "The job's environment"). `GuardConfig.from_env` reads them; the reference trainer's flags
 #: default to them.
 ENV_RUN_NAME = "LONGRUN_RUN_NAME"
 ENV_RUN_DIR = "LONGRUN_RUN_DIR"
@@ -227,7 +227,9 @@ def settings_from_env(env: Mapping[str, str] | None, overrides: Mapping[str, Any
         )
     for required, name in (("run_dir", ENV_RUN_DIR), ("steps", ENV_STEPS)):
         if values.get(required) is None:
-            raise ValueError(f"{required} is not set: export {name} (longrun's launch does) or pass {required}=")
+            raise ValueError(
+                f"{required} is not set: export {name} (longrun's launch does) or pass {required}="
+            )
     values["run_dir"] = Path(values["run_dir"])
     values.setdefault("run", Path(values["run_dir"]).resolve().name)
     return values

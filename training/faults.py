@@ -28,12 +28,11 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-
 from torch import nn
 
 from training.schema import FAULT_KINDS, NODE_NAME

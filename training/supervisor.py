@@ -20,7 +20,7 @@ the standby only once the step has ended (where its start-up would take CPUs fro
 
 The step sees LONGRUN_STEP_NODES (comma list), LONGRUN_STEP_NNODES, LONGRUN_ATTEMPT (0 first),
 LONGRUN_RESUME_FROM (empty when starting fresh or as a standby) and LONGRUN_STANDBY_WAIT_S (set only for
-a standby: the trainer's `--await-directive-s`); it must not re-inject a drill when LONGRUN_ATTEMPT > 0.
+a standby: the step script hands it to the entrypoint as LONGRUN_AWAIT_DIRECTIVE_S); it must not re-inject a drill when LONGRUN_ATTEMPT > 0.
 Loops are bounded: at most `spares` relaunches, each wait bounded, each stop bounded.
 """
 

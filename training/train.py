@@ -65,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     steps = env_int(env, ENV_STEPS, None)
     p.add_argument(
-        "--steps", type=int, required=steps is None, default=steps, help=f"train up to this step (${ENV_STEPS})"
+        "--steps",
+        type=int,
+        required=steps is None,
+        default=steps,
+        help=f"train up to this step (${ENV_STEPS})",
     )
     p.add_argument(
         "--checkpoint-every", type=int, default=env_int(env, ENV_CHECKPOINT_EVERY, 0),

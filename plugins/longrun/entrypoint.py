@@ -28,6 +28,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from training.config import (
+    ENV_AWAIT_DIRECTIVE_S,
+    ENV_CHECKPOINT_EVERY,
+    ENV_FAULTS,
+    ENV_MODEL,
+    ENV_RECOMPUTE_EVERY,
+    ENV_RESUME_FROM,
+    ENV_RUN_DIR,
+    ENV_RUN_NAME,
+    ENV_SEED,
+    ENV_STEPS,
+    ENV_VOTE_EVERY,
+)
+
 #: The reference trainer (training/train.py).
 REFERENCE = "module:training.train"
 MODULE, SCRIPT = "module:", "script:"
@@ -57,17 +71,18 @@ JOB_PYTHONS_ENV = "LONGRUN_JOB_PYTHONS"
 
 # The job environment: what the batch script exports for the entrypoint (the job side, training/config.py,
 # reads exactly these names).
-RUN_NAME = "LONGRUN_RUN_NAME"
-RUN_DIR = "LONGRUN_RUN_DIR"
-STEPS = "LONGRUN_STEPS"
-CHECKPOINT_EVERY = "LONGRUN_CHECKPOINT_EVERY"
-RECOMPUTE_EVERY = "LONGRUN_RECOMPUTE_EVERY"
-VOTE_EVERY = "LONGRUN_VOTE_EVERY"
-SEED = "LONGRUN_SEED"
-MODEL = "LONGRUN_MODEL"
-FAULTS = "LONGRUN_FAULTS"
-RESUME_FROM = "LONGRUN_RESUME_FROM"
-AWAIT_DIRECTIVE_S = "LONGRUN_AWAIT_DIRECTIVE_S"
+# The names are the job side's (training.config reads them), defined there once.
+RUN_NAME = ENV_RUN_NAME
+RUN_DIR = ENV_RUN_DIR
+STEPS = ENV_STEPS
+CHECKPOINT_EVERY = ENV_CHECKPOINT_EVERY
+RECOMPUTE_EVERY = ENV_RECOMPUTE_EVERY
+VOTE_EVERY = ENV_VOTE_EVERY
+SEED = ENV_SEED
+MODEL = ENV_MODEL
+FAULTS = ENV_FAULTS
+RESUME_FROM = ENV_RESUME_FROM
+AWAIT_DIRECTIVE_S = ENV_AWAIT_DIRECTIVE_S
 #: Set for every launch.
 ALWAYS_ENV = (RUN_NAME, RUN_DIR, STEPS, CHECKPOINT_EVERY, RECOMPUTE_EVERY, VOTE_EVERY, SEED)
 #: Set only sometimes (MODEL: the reference trainer; FAULTS: a drill's first launch; RESUME_FROM: a resume;

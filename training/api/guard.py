@@ -108,7 +108,9 @@ class Guard:
         standby = bool(cfg.await_directive_s)
         self._own_group = not dist.is_initialized()
         if self._own_group:
-            self.backend = init_process_group(self.place, timeout_s=cfg.collective_timeout_s, claim_device=not standby)
+            self.backend = init_process_group(
+                self.place, timeout_s=cfg.collective_timeout_s, claim_device=not standby
+            )
         else:
             self.backend = str(dist.get_backend())
             if (dist.get_rank(), dist.get_world_size()) != (self.place.rank, self.place.world_size):
@@ -202,7 +204,9 @@ class Guard:
         self.state = dict(state or {})
         for name, obj in self.state.items():
             if not isinstance(obj, Stateful):
-                raise TypeError(f"state[{name!r}] = {type(obj).__name__} has no state_dict()/load_state_dict()")
+                raise TypeError(
+                    f"state[{name!r}] = {type(obj).__name__} has no state_dict()/load_state_dict()"
+                )
         self.params = [p for p in model.parameters() if p.requires_grad]
         if self.resume_ref:
             self._resume(self.resume_ref)
@@ -334,7 +338,9 @@ class Guard:
         self._after_step(step, loss, results, failed, time.perf_counter() - t0)
         return StepOutcome(step=step, loss=loss, results=results, failed=failed)
 
-    def _train_step(self, step: int, batch: Any) -> tuple[float | None, list[CheckResult], CheckResult | None]:
+    def _train_step(
+        self, step: int, batch: Any
+    ) -> tuple[float | None, list[CheckResult], CheckResult | None]:
         cfg = self.cfg
         saving = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
         due = [c for c in self.checks if c.due(step, saving=saving)]
@@ -409,7 +415,12 @@ class Guard:
         )  # fmt: skip
 
     def _after_step(
-        self, step: int, loss: float | None, results: list[CheckResult], failed: CheckResult | None, step_time: float
+        self,
+        step: int,
+        loss: float | None,
+        results: list[CheckResult],
+        failed: CheckResult | None,
+        step_time: float,
     ) -> None:
         records = self.records
         if failed is None and records.segment.first_healthy_step is None:
@@ -461,7 +472,9 @@ class Guard:
     def __enter__(self) -> Guard:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close(error=exc_type is not None)
 
     def close(self, *, error: bool = False) -> int:
@@ -472,7 +485,11 @@ class Guard:
             return code
         self._closed = True
         if self._records is not None:
-            outcome = "sdc_verdict" if code == schema.EXIT_SDC_VERDICT else ("done" if code == 0 and not error else "error")
+            outcome = (
+                "sdc_verdict"
+                if code == schema.EXIT_SDC_VERDICT
+                else ("done" if code == 0 and not error else "error")
+            )
             self._records.end_segment(outcome)
         # No heartbeats while the last uploads drain: stop NVRx's hang watch first (the saver's own timeout
         # bounds the wait).
@@ -500,4 +517,3 @@ class Guard:
             shutdown()
         except RuntimeError as e:  # a peer is gone (crash drill); nothing left to coordinate
             log.warning("process group shutdown: %s", e)
-

@@ -53,7 +53,10 @@ def grad_fingerprint(grads: Sequence[torch.Tensor | None], params: Sequence[torc
     """One 64-bit value over the per-parameter fingerprints of a gradient, in parameter order (a parameter
     without a gradient counts as zeros, as DDP's bucket holds it)."""
     return fingerprint_sequence(
-        [fingerprint_where_it_lives(g if g is not None else torch.zeros_like(p)) for g, p in zip(grads, params, strict=True)]
+        [
+            fingerprint_where_it_lives(g if g is not None else torch.zeros_like(p))
+            for g, p in zip(grads, params, strict=True)
+        ]
     )
 
 

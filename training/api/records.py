@@ -36,7 +36,15 @@ class RunRecords:
     """The records of one incarnation of a guarded run."""
 
     def __init__(
-        self, *, run: str, rank: int, world: int, node: str, nodes: list[str], events: EventWriter, segment: Segment
+        self,
+        *,
+        run: str,
+        rank: int,
+        world: int,
+        node: str,
+        nodes: list[str],
+        events: EventWriter,
+        segment: Segment,
     ) -> None:
         self.run, self.rank, self.world, self.node, self.nodes = run, rank, world, node, nodes
         self.events = events

@@ -56,7 +56,9 @@ class RecomputeCheck(CheckBase):
             return None
         t0 = time.perf_counter()
         if ctx.peers is None or ctx.own_grad_fingerprint is None:
-            raise RuntimeError("recompute check at an audit step without the guard's peers and own fingerprint")
+            raise RuntimeError(
+                "recompute check at an audit step without the guard's peers and own fingerprint"
+            )
         k, cross_node = derangement_offset(ctx.nodes)
         target = (ctx.rank + k) % w
         loss, fp = ctx.peers.recompute(ctx.peers.exchange(k), target)
