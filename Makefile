@@ -19,7 +19,7 @@ $(VENV_STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || python3 -m venv .venv
 	@echo "venv: installing the pinned set (requirements.lock) into .venv"
 	@.venv/bin/pip install -q --upgrade pip
-	@.venv/bin/pip install -q -c requirements.lock -e '.[dev,postgres]'
+	@.venv/bin/pip install -q -c requirements.lock -e '.[airflow,dev,postgres,hf]'
 	@.venv/bin/pip check
 	@touch $@
 

@@ -137,7 +137,7 @@ def test_airflow_is_33_with_the_project_installed(config):
     api = config["services"]["airflow-apiserver"]
     assert api["build"]["target"] == "longrun"
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    assert "pip install -c requirements.lock -e '.[postgres]'" in dockerfile
+    assert "pip install -c requirements.lock -e '.[airflow,postgres]'" in dockerfile
     assert "apache-airflow==3.3.2" in (ROOT / "pyproject.toml").read_text()
     env = api["environment"]
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://airflow:")

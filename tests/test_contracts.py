@@ -300,14 +300,26 @@ def test_exit_code_of_an_sdc_verdict() -> None:
 
 def test_training_never_imports_airflow() -> None:
     code = (
-        "import sys, training, training.train\n"
-        "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))\n"
+        "import sys, training, training.train, training.api, training.api.guard\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'longrun', 'great_expectations', 'matplotlib')))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S, cwd=REPO
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+
+
+def test_the_base_install_is_the_job_side() -> None:
+    """`pip install longrun` (no extra) installs the job side only: what runs on the nodes needs neither
+    Airflow nor the audit's or the UI's libraries (those are the `airflow` extra)."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = {re.split(r"[=<>\[ ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    assert base == {"boto3", "torch", "nvidia-resiliency-ext", "numpy", "xxhash"}, base
+    airflow = " ".join(project["optional-dependencies"]["airflow"])
+    assert "apache-airflow==" in airflow and "great-expectations" in airflow
 
 
 # ---- records ------------------------------------------------------------------------------------------
