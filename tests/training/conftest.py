@@ -1,4 +1,5 @@
-"""Launch the reference trainer as real processes: W ranks on this host, gloo, one process per rank.
+"""Launch the reference trainer (or another entrypoint module) as real processes: W ranks on this host,
+gloo, one process per rank.
 
 Each rank gets the variables torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), so
 every rank's own exit code is visible. Node names come from LONGRUN_NODE_NAMES. Every process started
@@ -83,11 +84,16 @@ class Launcher:
         nodes: str = "n1,n2,n3,n4",
         env: dict[str, str] | None = None,
         timeout_s: float = 300.0,
+        module: str = "training.train",
     ) -> Run:
+        """`module` other than the reference trainer gets the run dir as LONGRUN_RUN_DIR, not `--run-dir`."""
         world = len(nodes.split(","))
         run_dir = self.tmp / name
         full_env = base_env(self.tmp, nodes)
+        if module != "training.train":
+            full_env["LONGRUN_RUN_DIR"] = str(run_dir)
         full_env.update(env or {})
+        argv = ["--run-dir", str(run_dir), *args] if module == "training.train" else list(args)
         port = free_port()
         logs = []
         procs = []
@@ -98,7 +104,7 @@ class Launcher:
             logs.append(log)
             with open(log, "wb") as out:
                 p = subprocess.Popen(
-                    [sys.executable, "-m", "training.train", "--run-dir", str(run_dir), *args],
+                    [sys.executable, "-m", module, *argv],
                     cwd=REPO, env=e, stdout=out, stderr=subprocess.STDOUT,
                 )  # fmt: skip
             procs.append(p)
