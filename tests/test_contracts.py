@@ -455,9 +455,9 @@ def test_docs_name_the_commands() -> None:
     assert checkpoints and set(checkpoints.group(1).split("|")) == CONTRACT_CHECKPOINT_COMMANDS
     for extra in EXTRA_CHECKPOINT_COMMANDS:
         assert f"`{extra}`" in commands
-    from longrun.cli import SUBCOMMANDS
+    from longrun.cli import JOB_SIDE_SUBCOMMANDS, SUBCOMMANDS
 
-    for name in SUBCOMMANDS:
+    for name in {**SUBCOMMANDS, **JOB_SIDE_SUBCOMMANDS}:
         assert f"`longrun {name} " in commands, f"docs/contracts.md does not list `longrun {name}`"
 
 

@@ -5,8 +5,8 @@ A fault is `KIND:STEP:TARGET` (CLI `--fault`, repeatable; or LONGRUN_FAULTS, com
     nan, inf     one element of one local gradient becomes NaN / +Inf at STEP on rank TARGET
     scale        one local gradient element times 10 at STEP on rank TARGET (finite and plausible)
     weight-flip  one bit of one weight of rank TARGET's replica flips after the update of STEP
-    sick-node    from STEP on, the output of every `nn.Linear` of the model on node TARGET (a node name, or
-                 a rank whose node is meant) is multiplied by (1 + 1e-3), persistently: a marker file
+    sick-node    from STEP on, the output of every matmul layer of the model (`nn.Linear`, convolutions,
+                 `transformers`' `Conv1D`) on node TARGET (a node name, or a rank whose node is meant) is multiplied by (1 + 1e-3), persistently: a marker file
                  <LONGRUN_FAULT_STATE_DIR>/sick-nodes/<node> makes later processes on that node (the
                  replay probe, a relaunch) sick too
     crash        rank TARGET SIGKILLs itself at the start of STEP
@@ -17,7 +17,7 @@ placed on that node: the rendezvous decides which rank lands where, so a drill t
 names the node.
 
 The drills work on any model the guard (training.api) is given, through hooks only: forward hooks on the
-model's `nn.Linear` modules (sick-node), the DDP communication hook on the local gradient (nan, inf,
+model's matmul layers (sick-node), the DDP communication hook on the local gradient (nan, inf,
 scale: training.api.gradients), the parameters after the optimizer step (weight-flip).
 """
 
@@ -116,15 +116,23 @@ def node_is_sick(state_dir: Path, node: str) -> bool:
     return sick_marker(state_dir, node).exists()
 
 
+def is_matmul_layer(module: nn.Module) -> bool:
+    """The layers a sick node's wrong matmuls reach: `nn.Linear`, convolutions, and layers that are a
+    linear map by another name (`transformers`' GPT-2 `Conv1D`, which is a Linear with its weight
+    transposed)."""
+    return isinstance(module, nn.Linear | nn.modules.conv._ConvNd) or type(module).__name__ == "Conv1D"
+
+
 def perturb_linear_outputs(model: nn.Module, is_on: Callable[[], bool]) -> list[Any]:
-    """Forward hooks on every `nn.Linear` of `model` that multiply its output by (1 + SICK_EPS) while
-    `is_on()`: a node that computes slightly wrong. Returns the hook handles (`.remove()` them to undo)."""
+    """Forward hooks on every matmul layer of `model` (`is_matmul_layer`) that multiply its output by
+    (1 + SICK_EPS) while `is_on()`: a node that computes slightly wrong. Returns the hook handles
+    (`.remove()` them to undo)."""
     factor = 1.0 + SICK_EPS
 
     def hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor | None:
         return output * factor if is_on() else None
 
-    return [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
+    return [m.register_forward_hook(hook) for m in model.modules() if is_matmul_layer(m)]
 
 
 class Injector:
@@ -182,7 +190,9 @@ class Injector:
             return
         handles = perturb_linear_outputs(model, lambda: self.sick)
         if not handles:
-            log.warning("FAULT sick-node: the model has no nn.Linear module: nothing to perturb")
+            log.warning(
+                "FAULT sick-node: the model has no nn.Linear, convolution or Conv1D layer: nothing to perturb"
+            )
 
     def start_of_step(self, step: int) -> None:
         """crash, hang, and the sick-node switch (marker first, so a probe started later sees it)."""

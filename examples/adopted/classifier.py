@@ -82,7 +82,9 @@ class ShardedLoader:
 
     def load_state_dict(self, state: dict) -> None:
         if state["world"] != self.world or state["rank"] != self.rank:
-            raise ValueError(f"loader state is for rank {state['rank']}/{state['world']}, not {self.rank}/{self.world}")
+            raise ValueError(
+                f"loader state is for rank {state['rank']}/{state['world']}, not {self.rank}/{self.world}"
+            )
         self.epoch = int(state["epoch"])
         self.pos = int(state["pos"])
         self._order_epoch = -1
@@ -129,7 +131,10 @@ def main() -> int:
         model.eval()
         with torch.no_grad():
             acc = (model(x).argmax(dim=1) == y).float().mean().item()
-        print(f"[classifier] done: train accuracy {acc:.3f} (epoch {loader.epoch}, batch {loader.pos})", flush=True)
+        print(
+            f"[classifier] done: train accuracy {acc:.3f} (epoch {loader.epoch}, batch {loader.pos})",
+            flush=True,
+        )
     return code
 
 

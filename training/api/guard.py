@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training import schema
 from training.api.gradients import LocalGradients
-from training.api.peers import LossFn, PeerBatches
+from training.api.peers import LossFn, PeerBatches, to_device
 from training.api.records import RunRecords, code_version
 from training.api.saves import Saves
 from training.api.state import (
@@ -325,7 +325,8 @@ class Guard:
         return self.exit_code
 
     def step(self, batch: Any) -> StepOutcome:
-        """One guarded training step on this rank's micro-batch `batch`."""
+        """One guarded training step on this rank's micro-batch `batch` (its tensors are moved to the
+        guard's device; mappings become dicts)."""
         if self.done:
             raise RuntimeError(f"Guard.step() after the run ended (exit code {self.exit_code})")
         records = self.records
@@ -334,7 +335,7 @@ class Guard:
         if records.segment.first_step is None:
             records.segment = dataclasses.replace(records.segment, first_step=step)
         records.last_step = step
-        loss, results, failed = self._train_step(step, batch)
+        loss, results, failed = self._train_step(step, to_device(batch, self.device))
         self._after_step(step, loss, results, failed, time.perf_counter() - t0)
         return StepOutcome(step=step, loss=loss, results=results, failed=failed)
 

@@ -18,8 +18,8 @@ rank and a resumed run all draw the same dropout masks.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
@@ -59,19 +59,11 @@ class StepRng:
         with self.fork(step, rank):
             return fn()
 
-    def fork(self, step: int, rank: int) -> AbstractContextManager[Any]:
-        ctx = torch.random.fork_rng(devices=self.devices)
-        seed = step_seed(self.seed, step, rank)
-
-        class _Seeded:
-            def __enter__(self) -> None:
-                ctx.__enter__()
-                torch.manual_seed(seed)
-
-            def __exit__(self, *exc: object) -> None:
-                ctx.__exit__(*exc)
-
-        return _Seeded()
+    @contextmanager
+    def fork(self, step: int, rank: int) -> Iterator[None]:
+        with torch.random.fork_rng(devices=self.devices):
+            torch.manual_seed(step_seed(self.seed, step, rank))
+            yield
 
 
 def rng_state() -> dict[str, Any]:
@@ -84,8 +76,9 @@ def rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        name, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
-        out["numpy"] = [name, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
+        name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+        keys_i64 = np.asarray(keys).astype("int64")
+        out["numpy"] = [str(name), torch.from_numpy(keys_i64), int(pos), int(has_gauss), float(cached)]
     except ImportError:
         pass
     return out
