@@ -4,14 +4,17 @@ in-job restart count; read by the restarted trainer and by the job script after 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
-from training import schema
+from training import schema, signing
 from training.records import Progress
 
 #: Exported by the job script (longrun.launch): when this launch started, epoch seconds.
 LAUNCH_T0_ENV = "LONGRUN_LAUNCH_T0"
+
+log = logging.getLogger("training.launch_records")
 
 
 def newest_checkpoint_since(
@@ -34,25 +37,45 @@ def newest_checkpoint_since(
     return best[1] if best else None
 
 
-def alerts_since(run_dir: Path, since: float, *, run: str | None = None, store: Any = None) -> list[str]:
-    """Alert records written at or after `since` (epoch seconds): in the run dir, and in `store` when given.
+def alerts_since(
+    run_dir: Path,
+    since: float,
+    *,
+    run: str | None = None,
+    store: Any = None,
+    job: signing.ThisJob | None = None,
+) -> list[str]:
+    """This job's alert records written at or after `since` (epoch seconds): in the run dir, and in
+    `store` when given.
 
-    The store matters where the run dir is node-local and the alerting rank ran on another node.
-    """
+    The store matters where the run dir is node-local and the alerting rank ran on another node. Only
+    alerts `signing.alert_not_mine` accepts count (`job`: this job's key and id, by default from the
+    environment): anyone holding the job side's store credentials can write under `alerts/`, and a forged
+    alert counted here would turn a clean launch into the SDC verdict. Each one passed over is named in a
+    warning."""
+    job = signing.ThisJob.from_env() if job is None else job
     found: list[str] = []
     for path in sorted((run_dir / "alerts").glob("*.json")):
-        if _alert_time(path.read_bytes()) >= since:
+        if _own_alert_since(path.read_bytes(), str(path), since, job=job, run=run):
             found.append(str(path))
     if store is not None and run is not None:
         prefix = schema.store_key(run, "alerts/")
         for info in store.list(prefix):
-            if info.key.endswith(".json") and _alert_time(store.get_bytes(info.key)) >= since:
-                found.append(info.key)
+            if info.key.endswith(".json"):
+                if _own_alert_since(store.get_bytes(info.key), info.key, since, job=job, run=run):
+                    found.append(info.key)
     return found
 
 
-def _alert_time(raw: bytes) -> float:
-    return _record_time(raw, "alert")
+def _own_alert_since(raw: bytes, where: str, since: float, *, job: signing.ThisJob, run: str | None) -> bool:
+    """Whether `raw` is a well-formed alert raised at or after `since` by this job (a warning names one
+    of that time that is not this job's; older ones are an earlier launch's and pass silently)."""
+    if _record_time(raw, "alert") < since:
+        return False
+    why = signing.alert_not_mine(json.loads(raw), job=job, run=run)
+    if why is not None:
+        log.warning("alert %s is not this job's (%s): not counted", where, why)
+    return why is None
 
 
 def _record_time(raw: bytes, kind: str) -> float:

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 
 import torch.distributed as dist
 
-from training import schema
+from training import schema, signing
 from training.config import GuardConfig
 from training.directive import directed_nodes, read_directive
 from training.launch_records import LAUNCH_T0_ENV
@@ -91,11 +91,17 @@ def _launch_starts_at_directive(store: ObjectStore, *, run: str, job_id: str, at
 class AlertWatch:
     """The suspect nodes of the run's alerts raised at or after `since` (epoch s), looked up incrementally:
     one listing per look, each readable alert read once. The supervisor looks every poll while a step runs,
-    so the next attempt's standby starts at the step's alert, not at its end."""
+    so the next attempt's standby starts at the step's alert, not at its end. Only this job's alerts count
+    (`signing.alert_not_mine`; `job`: this job's key and id, by default from the environment): a forged
+    one would start a standby on a forged prediction."""
 
-    def __init__(self, store: ObjectStore, run: str, since: float) -> None:
-        self.store, self.prefix, self.since = store, schema.store_key(run, "alerts/"), since
-        self._read: dict[str, frozenset[str]] = {}  # alert key -> its suspects (empty: raised before since)
+    def __init__(
+        self, store: ObjectStore, run: str, since: float, *, job: signing.ThisJob | None = None
+    ) -> None:
+        self.store, self.run, self.since = store, run, since
+        self.prefix = schema.store_key(run, "alerts/")
+        self.job = signing.ThisJob.from_env() if job is None else job
+        self._read: dict[str, frozenset[str]] = {}  # alert key -> its suspects (empty: not counted)
 
     def suspects(self) -> set[str]:
         """StoreError when the listing fails; an unreadable alert is skipped (and read again next look)."""
@@ -103,11 +109,15 @@ class AlertWatch:
             if not info.key.endswith(".json") or info.key in self._read:
                 continue
             try:
-                alert = AlertRef.from_json(get_json(self.store, info.key))
+                raw = get_json(self.store, info.key)
             except (StoreError, ValueError):
                 continue  # unreadable: a prediction only, the directive decides
+            alert = AlertRef.from_json(raw)
             recent = alert.time is not None and alert.time >= self.since
-            self._read[info.key] = frozenset(alert.suspect_nodes) if recent else frozenset()
+            why = signing.alert_not_mine(raw, job=self.job, run=self.run) if recent else None
+            if why is not None:
+                log.warning("alert %s is not this job's (%s): no standby for it", info.key, why)
+            self._read[info.key] = frozenset(alert.suspect_nodes) if recent and why is None else frozenset()
         return set().union(*self._read.values())
 
 

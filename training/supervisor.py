@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from subprocess import Popen
 
+from training import signing
 from training import standby as warm
 from training.directive import Directive, directive_path, read_directive
 from training.schema import EXIT_SDC_VERDICT, store_key
@@ -96,6 +97,13 @@ class Supervisor:
     standby_at: str = "alert"
     stop_s: float = STOP_S
     excluded: set[str] = field(default_factory=set)
+    this_job: signing.ThisJob | None = None
+    """Whose alerts the alert watch counts (`signing.alert_not_mine`): by default this job's key from
+    the environment and `job_id`."""
+
+    def __post_init__(self) -> None:
+        if self.this_job is None:
+            self.this_job = signing.ThisJob.from_env(job_id=self.job_id)
 
     def _allocation(self) -> list[str]:
         return (self.nodes_now or (lambda: allocation(self.job_id)))()
@@ -208,7 +216,7 @@ class Supervisor:
             step = running or self._start(nodes, attempt, resume)
             spare_left = attempt < self.spares
             watch = (
-                warm.AlertWatch(self.store, self.run, since=started - 1.0)
+                warm.AlertWatch(self.store, self.run, since=started - 1.0, job=self.this_job)
                 if self.standby and spare_left
                 else None
             )

@@ -8,6 +8,9 @@ hiccups are retried `max_errors` times first. An unreachable store is watched th
 line per look) for as long as it lasts, and the heartbeat's stale clock restarts when it answers again. `cleanup` is not overridden: it runs on every
 triggerer restart and must never touch the job.
 
+An object under the run's `alerts/` that is not an alert (not JSON, not the alert record) is recorded as a
+security event here and passed over; it never ends the watch.
+
 A checkpoint or job_done event is held until `settle_s` after the trigger started (see
 `CHECKPOINT_SETTLE_S`); an alert, a stale heartbeat or an error fires at once. While an event is held the
 trigger keeps looking every `poll_s`, so an alert that comes meanwhile still fires at once.
@@ -174,6 +177,15 @@ class RunMonitorTrigger(BaseTrigger):
                 outage_since = None
                 if event is not None and event.get("type") == watch.STALE:
                     event = None
+            if event is not None and event.get("type") == watch.BAD_ALERT:
+                # Not an alert: a security event, and the watch goes on (a job can write under alerts/;
+                # what it writes there must never end the monitor). The passed-over key rides along in
+                # the next event's `seen`, so a resumed monitor does not report it again.
+                await asyncio.to_thread(watch.record_bad_alert, store, seen, event)
+                seen = watch.handled(seen, event)
+                self._seen = watch.handled(self._seen, event)
+                self.seen = watch.seen_to_dict(self._seen)
+                continue
             if event is not None:
                 wait = self.settle_s - (self._clock() - started) if event.get("type") in HELD else 0.0
                 if wait <= 0:

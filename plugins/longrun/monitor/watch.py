@@ -6,6 +6,8 @@ before it exits, so a job seen final here has already left everything it will le
 
 Events, most urgent first:
     alert       a new record under the run's alerts/ (the incident takes over)
+    bad_alert   a new object under alerts/ that is not JSON or not an alert: the trigger records a
+                security event and keeps watching (a job can write there; it must not end the watch)
     checkpoint  a new manifest under checkpoints/ (smallest step first; validate + promote it)
     job_done    the job is final and nothing new is in the store
     launch_held Slurm holds the pending job after its launch failed (it never starts by itself)
@@ -30,11 +32,15 @@ from longrun.slurm.outcomes import Kind, classify, held_after_failed_launch
 from training import schema
 from training.records.fields import opt_float, opt_str
 from training.segment import SEGMENTS_DIR
-from training.store import NotFound, ObjectStore
+from training.store import NotFound, ObjectStore, StoreError, StoreTerminal, StoreUnavailable
 
 ALERT, CHECKPOINT, JOB_DONE, STALE, ERROR = "alert", "checkpoint", "job_done", "stale", "error"
 LAUNCH_HELD = "launch_held"
 NO_RECORDS = "no_records"
+#: An object under alerts/ that does not read as an alert: the trigger records a security event
+#: (`record_bad_alert`) and goes on watching; never fired.
+BAD_ALERT = "bad_alert"
+UNREADABLE_ALERT, NOT_AN_ALERT = "unreadable_alert", "not_an_alert"
 #: Where a run that writes no records is told what to do.
 ADOPTING_DOC = "docs/adopting.md"
 
@@ -123,8 +129,20 @@ def look(
         state = None  # just submitted and not visible yet
     for key in alert_keys(store, seen.run):
         if key not in seen.alerts:
-            alert = json.loads(store.get_bytes(key))
-            schema.validate("alert", alert)
+            try:
+                alert = json.loads(store.get_bytes(key))
+            except NotFound:
+                continue  # gone between the listing and the read: nothing to hand over
+            except StoreUnavailable:
+                raise  # the trigger watches through an outage
+            except (StoreTerminal, ValueError) as e:  # refused for good; not JSON, not UTF-8
+                return _bad_alert(key, UNREADABLE_ALERT, e), key
+            except StoreError:
+                continue  # a passing error: read again at the next look, never dropped
+            try:
+                schema.validate("alert", alert)
+            except ValueError as e:  # a SchemaError, or not an object at all
+                return _bad_alert(key, NOT_AN_ALERT, e), key
             return {"type": ALERT, "alert_key": key, "alert": alert}, key
     manifests = manifest_steps(store, seen.run)
     new = sorted(set(manifests) - set(seen.steps))
@@ -178,6 +196,33 @@ def look(
     return None, activity
 
 
+def _bad_alert(key: str, reason: str, err: Exception) -> dict[str, Any]:
+    return {
+        "type": BAD_ALERT,
+        "alert_key": key,
+        "reason": reason,
+        "message": f"{type(err).__name__}: {str(err)[:300]}",
+    }
+
+
+def record_bad_alert(store: ObjectStore, seen: Seen, event: dict[str, Any]) -> None:
+    """A `bad_alert` event as a security event (orchestrator side, with the runbook), never an end of the
+    watch: anyone holding the job side's credentials can write under `alerts/`."""
+    from longrun import security_events
+
+    security_events.raise_event(
+        store,
+        run=seen.run,
+        reason=str(event["reason"]),
+        details={
+            "alert_key": event["alert_key"],
+            "job_id": seen.job_id,
+            "why": event.get("message"),
+            "by": "training_run.monitor",
+        },
+    )
+
+
 def job_running(activity: Any) -> bool:
     """Whether `look`'s activity key says the job is RUNNING."""
     return isinstance(activity, tuple) and activity[:1] == (JobStatus.RUNNING.value,)
@@ -189,7 +234,7 @@ def handled(seen: Seen, event: dict[str, Any]) -> Seen:
 
     if event.get("type") == CHECKPOINT:
         return replace(seen, steps=tuple(sorted({*seen.steps, int(event["step"])})))
-    if event.get("type") == ALERT:
+    if event.get("type") in (ALERT, BAD_ALERT):
         return replace(seen, alerts=tuple(sorted({*seen.alerts, str(event["alert_key"])})))
     return seen
 
