@@ -10,7 +10,8 @@ back) and of the monitor's hand-over. An alert is acted on only when all of thes
     the job is longrun's job for this run   Slurm's job name is the run and its comment is longrun's
                                             tag (or, once Slurm has forgotten the comment, the key
                                             record bound to the job id names the run)
-    there is a key for the job              issued by this orchestrator at submit
+    there is a key for the job              issued by this orchestrator at submit and bound to the
+                                            job id (the public tag alone finds none)
     the signature is valid                  HMAC-SHA256 over the canonical JSON
     it is about this run and this job       `run` and `job_id` inside the signed record
     its suspect nodes are the job's         every one is in Slurm's NodeList of the job
@@ -165,13 +166,13 @@ def job_is_ours(state: JobState, run: str) -> str | None:
 
 
 def job_key(store: ObjectStore, state: JobState, run: str) -> bytes | None:
-    """The key this orchestrator issued for the job, found by job id or by the job's tag."""
+    """The key this orchestrator issued for the job, found only through the record that binds it to the
+    job id (`bind`, right after sbatch answered). Never through the job's tag alone: the tag is Slurm's
+    public `--comment`, which any job can copy, so a job the orchestrator never bound gets no key."""
     rec = _load(store, _job_key(state.job_id))
-    if rec is None and state.comment:
-        rec = _load(store, _tag_key(state.comment))
     if rec is None or rec.run != run:
         return None
-    if rec.job_id is not None and rec.job_id != state.job_id:
+    if rec.job_id != state.job_id:
         return None
     if state.comment and rec.tag != state.comment:
         return None
@@ -217,7 +218,11 @@ def verify_alert(
     except (StoreError, ValueError) as e:
         return Verdict(False, "no_key", {**details, "why": str(e)})
     if key is None:
-        return Verdict(False, "no_key", details)
+        why = (
+            f"no alert key bound to Slurm job {int(job_id)} for run {run!r}; a job's public tag alone is"
+            " never trusted to find one"
+        )
+        return Verdict(False, "no_key", {**details, "why": why})
     if not signing.verify(alert, key):
         return Verdict(False, "bad_signature", details)
     if alert.get("run") != run:

@@ -76,6 +76,7 @@ def _incident(store, job_id: int, node: str, mode: str = "act", *, signed: bool 
                           evidence={}, job_id=job_id)  # fmt: skip
     if signed:  # with the key the orchestrator issued for this job, as the trainer signs its alerts
         alert = signing.sign(alert, alert_auth.issue(store, run="ij", tag=TAG.render()))
+        alert_auth.bind(store, run="ij", tag=TAG.render(), job_id=job_id)  # as the submit does
     key = schema.store_key("ij", schema.alert_path(12, "finite", "r001-1"))
     params = {"run_name": "ij", "nodes": 2, "spare_nodes": 1, "gpus_per_node": 0, "incident_mode": mode}
     inc = Incident(run="ij", alert_key=key, alert=alert, job_id=job_id, run_params=params, dag_run_id="t")

@@ -101,7 +101,7 @@ OPS = {"id": "ops-1", "name": "olga"}
         (_approval({"id": "bob", "name": "bob"}), "alice", ["olga"], False, "not an operator"),
         (_approval(OPS), "alice", ["olga"], True, "lifted the rate limit"),
         (_approval(OPS), "alice", ["ops-1"], True, "lifted the rate limit"),
-        (_approval(OPS), None, ["olga"], True, "lifted the rate limit"),
+        (_approval(OPS), None, ["olga"], False, "did not record who triggered the run"),
     ],
 )
 def test_only_another_listed_operator_lifts_the_limit(

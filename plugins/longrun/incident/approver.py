@@ -8,7 +8,8 @@ per-incident limit (`operator_override`) only when all of these hold:
 - the responder is listed in the Airflow Variable `longrun_drain_approvers` (a JSON list of Airflow user
   ids or names: the cluster's operators, a setting no run parameter can change);
 - the responder is not the user who triggered the run (`dag_run.triggering_user_name`, which Airflow sets,
-  and which a run triggered by another DAG's task inherits from that task's run).
+  and which a run triggered by another DAG's task inherits from that task's run); a run whose triggering
+  user Airflow did not record lets nobody lift the limit (self-approval cannot be ruled out).
 
 Without the Variable nobody lifts the limit. Everything here comes from Airflow, never from the DAG-run
 conf, which whoever triggers the run writes.
@@ -54,7 +55,16 @@ def decide(
         return OverrideDecision(
             allowed=False, why="Airflow did not record who approved: the rate limit holds"
         )
-    if triggered_by and triggered_by in who:
+    if not isinstance(triggered_by, str) or not triggered_by.strip():
+        return OverrideDecision(
+            allowed=False,
+            why=(
+                f"Airflow did not record who triggered the run, so {label} may be the one who did: the"
+                " rate limit holds"
+            ),
+            approver=label,
+        )
+    if triggered_by in who:
         return OverrideDecision(
             allowed=False,
             why=f"{triggered_by} triggered the run and approved it: the rate limit holds (another operator must approve)",

@@ -80,10 +80,14 @@ def relaunch(
         spec, note = plan()
         authenticate(store, client, inc)  # roll back only on an authentic alert
         tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
-        job_id = next((s.job_id for s in client.find_jobs(tag.prefix())), None)
-        if job_id is None:
-            from longrun import alert_auth
+        from longrun import alert_auth
 
+        earlier = next(iter(client.find_jobs(tag.prefix())), None)
+        job_id = earlier.job_id if earlier is not None else None
+        if earlier is not None and earlier.comment:
+            # a try that died between the submit and the bind: the key is found through the bind only
+            alert_auth.bind(store, run=spec.run_name, tag=earlier.comment, job_id=earlier.job_id)
+        if job_id is None:
             secrets = alert_auth.submit_env(store, run=spec.run_name, tag=tag.render(), env=os.environ)
             job_id = client.submit(make_job(spec, tag), secret_env=secrets)
             alert_auth.bind(store, run=spec.run_name, tag=tag.render(), job_id=job_id)

@@ -16,7 +16,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from longrun.hooks.slurm import SlurmHook
-from longrun.incident import approver, record, steps
+from longrun.incident import approver, modes, record, steps
 from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE, DrainPolicy
 from longrun.monitor import lifecycle
 from training.records.incident import Attribution
@@ -41,7 +41,7 @@ def incident_from(params: Mapping[str, Any], dag_run_id: str, store: ObjectStore
     if not alert:  # a manual trigger may give only the key
         alert = json.loads(store.get_bytes(key))
     run_params = dict(params.get("run_params") or {"run_name": run})
-    return steps.Incident(
+    inc = steps.Incident(
         run=run,
         alert_key=key,
         alert=alert,
@@ -50,6 +50,12 @@ def incident_from(params: Mapping[str, Any], dag_run_id: str, store: ObjectStore
         dag_run_id=dag_run_id,
         alert_seen_at=float(params["alert_seen_at"]) if params.get("alert_seen_at") is not None else None,
     )
+    try:  # act and approve only where the job cannot write the orchestrator's records
+        modes.require_boundary(inc.plan, store)
+    except modes.UnsafeModeError as e:
+        log.error("%s", e)
+        raise AirflowFailException(f"refused, nothing acted on: {e}") from None
+    return inc
 
 
 def _run(params: Mapping[str, Any], dag_run_id: str, body: Callable[..., dict[str, Any]]) -> dict[str, Any]:

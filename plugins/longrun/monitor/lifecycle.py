@@ -1,7 +1,8 @@
 """The non-monitoring steps of `training_run`, as plain functions: preflight, the job spec, the finish.
 
 Where a launch puts things (the submitting environment decides, so the DAG files stay declarative):
-    LONGRUN_RUN_ROOT   directory for run dirs, visible on every node (default: <tmp>/longrun-runs; on a
+    LONGRUN_RUN_ROOT   directory for run dirs, visible on every node (default: <tmp>/longrun-runs, made
+                       0700 and refused when another user made it or may write it, longrun.runroot; on a
                        real cluster set it to a shared filesystem)
     the interpreter    the run's `job_python` (one of the site's LONGRUN_JOB_PYTHONS), else the Airflow
                        worker's own (`sys.executable`): that environment has longrun's job side, the
@@ -17,12 +18,11 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from longrun import drillcheck
+from longrun import drillcheck, runroot
 from longrun.launch import job_spec_for_run, run_dir_for
 from longrun.runspec import RunSpec
 from longrun.slurm.client import SlurmClient
@@ -84,7 +84,8 @@ def conf_of(spec: RunSpec) -> dict[str, Any]:
 
 
 def run_root() -> str:
-    return os.environ.get("LONGRUN_RUN_ROOT") or os.path.join(tempfile.gettempdir(), "longrun-runs")
+    """LONGRUN_RUN_ROOT, or the default root when this user owns it alone (longrun.runroot)."""
+    return runroot.run_root()
 
 
 def spec_from_params(params: Mapping[str, Any]) -> RunSpec:

@@ -162,6 +162,14 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
                     "Reattaching to Slurm job %s of an earlier try: %s", earlier.job_id, earlier.describe()
                 )
                 self._job_id = earlier.job_id
+                if self.alert_signing_run and earlier.comment:
+                    # The try that submitted it may have died before binding its key to the job id, and
+                    # the key is found through that binding only (longrun.alert_auth.job_key).
+                    from longrun import alert_auth
+                    from training.store import store_from_env
+
+                    run = str(self.alert_signing_run)
+                    alert_auth.bind(store_from_env(), run=run, tag=earlier.comment, job_id=earlier.job_id)
                 return earlier.job_id
             if outcome.kind is Kind.TERMINAL:
                 # A retry must not resubmit a job that failed on its own (Airflow can retry a task for

@@ -7,10 +7,12 @@ never signalled.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -214,11 +216,24 @@ def load_records(path: Path) -> list[ProcRecord]:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write a file only its owner can read (keys, passwords)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    path.chmod(0o600)
+    """Write a file only its owner can read (keys, passwords), 0600 from its first byte.
+
+    The text goes to a new file next to `path`, created with mode 0600 (`tempfile.mkstemp`: O_CREAT |
+    O_EXCL, never through a link), then renamed over `path`. An existing file is replaced, never written
+    into: one that had a wider mode (a reader may hold it open) or was a planted link never gets the secret.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)  # exactly 0600, whatever the umask
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _environ(pid: int) -> dict[str, str]:
