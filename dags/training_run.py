@@ -87,7 +87,8 @@ PARAMS = {
     ),
     "entrypoint_args": Param(
         [],
-        type="array",
+        # null too: the form submits an emptied field as null (and keeps Trigger disabled otherwise)
+        type=["null", "array"],
         items={"type": "string", "maxLength": ep.MAX_ARG_CHARS, "pattern": ep.ARG_PATTERN},
         maxItems=ep.MAX_ARGS,
         title="Entrypoint arguments",
@@ -95,13 +96,13 @@ PARAMS = {
         section=RUN,
     ),
     "job_python": Param(
-        "",
-        type="string",
+        None,
+        type=["null", "string"],
         pattern=ep.JOB_PYTHON_PATTERN,
         maxLength=ep.MAX_PATH_CHARS,
         title="Job Python",
         description="The interpreter of the job's Python environment (its ft_launcher is used): one of the "
-        f"site's {ep.JOB_PYTHONS_ENV}. Empty: the Airflow worker's own.",
+        f"site's {ep.JOB_PYTHONS_ENV}. Empty (null): the Airflow worker's own.",
         section=RUN,
     ),
     "steps": Param(

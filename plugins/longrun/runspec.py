@@ -210,6 +210,8 @@ class RunSpec:
             values["exclude"] = tuple(values["exclude"] or ())
         if values.get("job_python") is None and "job_python" in values:
             values["job_python"] = ""  # a form's null: the default interpreter
+        if values.get("entrypoint_args") is None and "entrypoint_args" in values:
+            values["entrypoint_args"] = ()  # a form's null: no arguments
         return cls(**values)
 
     def to_params(self) -> dict[str, Any]:

@@ -145,7 +145,7 @@ def test_form_accepts_an_entrypoint_with_literal_arguments(bag):
     args = ["--data", "/d/my corpus", "$(id)", "it's"]
     params.update({"entrypoint": "script:/site/entrypoints/loop.py", "entrypoint_args": args})
     resolved = params.validate()
-    assert resolved["entrypoint_args"] == args and resolved["job_python"] == ""
+    assert resolved["entrypoint_args"] == args and resolved["job_python"] is None
 
 
 def test_every_incident_step_survives_a_lost_task_process(bag):

@@ -8,8 +8,8 @@ API (training.api):
 - `script:<repo>/examples/adopted/classifier.py`: a classifier loop written from docs/adopting.md alone, launched as a
   script from the site's entrypoint directory (the stack's `examples/`).
 
-For each: a clean run gives the reference fingerprint; a drilled run (a weight flip for the first, a NaN for
-the second) is caught by the intended check naming the target node, drained, diagnosed, relaunched from the
+For each: a clean run gives the reference fingerprint; a drilled run (weight flip, NaN and sick node for the
+first, a NaN for the second) is caught by the intended check naming the target node, drained, diagnosed, relaunched from the
 picked checkpoint, and ends with the clean run's final weights bit for bit. That equality is the proof that
 the loop's data-loader, scheduler and RNG state resume. Every node, reservation and job is restored after.
 """
@@ -25,8 +25,10 @@ import pytest
 from helpers.cleanup import restore_cluster
 from helpers.marks import END_TO_END
 from longrun.drill import DrillResult, Rest, prepare, run_drill
+from longrun.monitor import lifecycle
 from longrun.slurm.client import make_client
 
+from training.faults import sick_marker
 from training.store import store_from_env
 
 pytestmark = END_TO_END
@@ -41,20 +43,22 @@ BASE = {
     "vote_every": 4,
 }
 LOOPS: dict[str, dict[str, Any]] = {
-    "hf": {
-        "conf": {"entrypoint": "module:training.examples.hf_gpt2", "entrypoint_args": []},
-        # A flipped weight changes that replica's next gradients: the audit at 12 may see it before the vote.
-        "drill": ({"kind": "weight-flip", "step": 9, "target": "n3"}, ("weight_vote", "recompute")),
-    },
+    "hf": {"entrypoint": "module:training.examples.hf_gpt2", "entrypoint_args": []},
+    # The stack's entrypoint directory is the repository's examples/ (longrun.stack.airflow).
     "adopted": {
-        # The stack's entrypoint directory is the repository's examples/ (longrun.stack.airflow).
-        "conf": {
-            "entrypoint": f"script:{REPO / 'examples' / 'adopted' / 'classifier.py'}",
-            "entrypoint_args": [],
-        },
-        "drill": ({"kind": "nan", "step": 7, "target": "n2"}, ("finite",)),
+        "entrypoint": f"script:{REPO / 'examples' / 'adopted' / 'classifier.py'}",
+        "entrypoint_args": [],
     },
 }
+#: (loop, drill, the checks that may catch it first, the diagnosis's verdict). A flipped weight changes that
+#: replica's next gradients: the audit at 12 may see it before the vote. A sick node stays sick for the
+#: replay probe (diag-fail); a weight flip or a NaN leaves a healthy node (diag-pass).
+CASES = [
+    ("hf", {"kind": "weight-flip", "step": 9, "target": "n3"}, ("weight_vote", "recompute"), "pass"),
+    ("hf", {"kind": "nan", "step": 6, "target": "n3"}, ("finite",), "pass"),
+    ("hf", {"kind": "sick-node", "step": 9, "target": "n2"}, ("recompute",), "fail"),
+    ("adopted", {"kind": "nan", "step": 7, "target": "n2"}, ("finite",), "pass"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -69,26 +73,46 @@ def rest(airflow_stack):
 
 
 def conf(loop: str, what: str, **more: Any) -> dict[str, Any]:
-    return {**BASE, **LOOPS[loop]["conf"], "run_name": f"ep{STAMP}-{loop}-{what}", **more}
+    return {**BASE, **LOOPS[loop], "run_name": f"ep{STAMP}-{loop}-{what}", **more}
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
-def test_a_users_loop_is_guarded_end_to_end(rest: Rest, loop: str) -> None:
+_CLEAN: dict[str, DrillResult] = {}
+
+
+def clean_run(rest: Rest, loop: str) -> DrillResult:
+    """The loop's clean run (once per session): the reference fingerprint."""
+    if loop not in _CLEAN:
+        result = run_drill(rest, store_from_env(), conf(loop, "clean"))
+        print("\n" + result.summary())
+        assert result.incident is None and result.final_step == BASE["steps"], result.summary()
+        _CLEAN[loop] = result
+    return _CLEAN[loop]
+
+
+@pytest.mark.parametrize(
+    ("loop", "drill", "checks", "verdict"), CASES, ids=[f"{c[0]}-{c[1]['kind']}" for c in CASES]
+)
+def test_a_users_loop_is_guarded_end_to_end(
+    rest: Rest, loop: str, drill: dict[str, Any], checks: tuple[str, ...], verdict: str
+) -> None:
     if loop == "hf":
         pytest.importorskip("transformers", reason="the hf extra is not installed")
     client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
+    name = f"{drill['kind']}"
+    marker = None
+    if drill["kind"] == "sick-node":  # its marker is the simulated hardware fault: removed after the test
+        state = lifecycle.fault_state_dir(lifecycle.spec_from_params(conf(loop, name)))
+        marker = sick_marker(Path(state), drill["target"])
     try:
-        clean = run_drill(rest, store_from_env(), conf(loop, "clean"))
-        print("\n" + clean.summary())
-        assert clean.incident is None and clean.final_step == BASE["steps"], clean.summary()
-        drill, checks = LOOPS[loop]["drill"]
-        drilled: DrillResult = run_drill(rest, store_from_env(), conf(loop, "drill", drill=drill))
+        clean = clean_run(rest, loop)
+        drilled = run_drill(rest, store_from_env(), conf(loop, name, drill=drill))
         print("\n" + drilled.summary())
         inc = drilled.incident
         assert inc is not None and inc.status == "relaunched", drilled.summary()
         assert inc.alert["check"] in checks, inc.alert
         assert inc.attribution.node == drill["target"] and inc.alert["suspect_nodes"] == [drill["target"]]
-        assert (inc.drain.reason or "").startswith(f"longrun:sdc:{conf(loop, 'drill')['run_name']}:")
+        assert (inc.drain.reason or "").startswith(f"longrun:sdc:{conf(loop, name)['run_name']}:")
+        assert inc.diagnosis.verdict == verdict, inc.diagnosis.summary
         assert drill["target"] not in (inc.relaunch.nodes or ())
         assert inc.checkpoint.step is not None and inc.checkpoint.step < drilled.detection_step
         assert drilled.final_step == BASE["steps"], drilled.summary()
@@ -99,4 +123,6 @@ def test_a_users_loop_is_guarded_end_to_end(rest: Rest, loop: str) -> None:
         )
         assert drilled.final_fingerprint == clean.final_fingerprint, "final weights differ from the clean run"
     finally:
+        if marker is not None:
+            marker.unlink(missing_ok=True)
         restore_cluster(client)
