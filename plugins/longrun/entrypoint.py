@@ -69,26 +69,16 @@ _ABS_PATH = re.compile(rf"^{ABS_PATH}$")
 ENTRYPOINT_DIR_ENV = "LONGRUN_ENTRYPOINT_DIR"
 JOB_PYTHONS_ENV = "LONGRUN_JOB_PYTHONS"
 
-# The job environment: what the batch script exports for the entrypoint (the job side, training/config.py,
-# reads exactly these names).
-# The names are the job side's (training.config reads them), defined there once.
-RUN_NAME = ENV_RUN_NAME
-RUN_DIR = ENV_RUN_DIR
-STEPS = ENV_STEPS
-CHECKPOINT_EVERY = ENV_CHECKPOINT_EVERY
-RECOMPUTE_EVERY = ENV_RECOMPUTE_EVERY
-VOTE_EVERY = ENV_VOTE_EVERY
-SEED = ENV_SEED
-MODEL = ENV_MODEL
-FAULTS = ENV_FAULTS
-RESUME_FROM = ENV_RESUME_FROM
-AWAIT_DIRECTIVE_S = ENV_AWAIT_DIRECTIVE_S
+# The job environment: what the batch script exports for the entrypoint. The names are the job side's
+# (training.config reads them), defined there once.
 #: Set for every launch.
-ALWAYS_ENV = (RUN_NAME, RUN_DIR, STEPS, CHECKPOINT_EVERY, RECOMPUTE_EVERY, VOTE_EVERY, SEED)
+ALWAYS_ENV = (
+    ENV_RUN_NAME, ENV_RUN_DIR, ENV_STEPS, ENV_CHECKPOINT_EVERY, ENV_RECOMPUTE_EVERY, ENV_VOTE_EVERY, ENV_SEED,
+)  # fmt: skip
 #: Set only sometimes (MODEL: the reference trainer; FAULTS: a drill's first launch; RESUME_FROM: a resume;
 #: AWAIT_DIRECTIVE_S: a hot-spare standby). The script unsets them before it decides, so none can come
 #: from anywhere else.
-SOMETIMES_ENV = (MODEL, FAULTS, RESUME_FROM, AWAIT_DIRECTIVE_S)
+SOMETIMES_ENV = (ENV_MODEL, ENV_FAULTS, ENV_RESUME_FROM, ENV_AWAIT_DIRECTIVE_S)
 JOB_ENV = (*ALWAYS_ENV, *SOMETIMES_ENV)
 
 

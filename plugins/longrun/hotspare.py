@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from longrun import entrypoint as ep
 from training import ports
+from training.config import ENV_AWAIT_DIRECTIVE_S, ENV_FAULTS, ENV_RESUME_FROM
 from training.directive import ATTEMPT_STEP_PREFIX
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def step_script(
     ]
     # the drill fires in the first attempt only; a relaunch resumes from the directed checkpoint
     fault = (
-        f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then export {ep.FAULTS}={q(run.drill.flag())}; fi'
+        f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then export {ENV_FAULTS}={q(run.drill.flag())}; fi'
         if run.drill
         else ""
     )
@@ -76,16 +77,16 @@ def step_script(
         "export MASTER_ADDR MASTER_PORT",
         # the entrypoint's settings (docs/contracts.md, the job's environment); the supervisor sets
         # LONGRUN_RESUME_FROM for each attempt (empty: from scratch, so unset here)
-        f"unset {' '.join(n for n in ep.SOMETIMES_ENV if n != ep.RESUME_FROM)}",
+        f"unset {' '.join(n for n in ep.SOMETIMES_ENV if n != ENV_RESUME_FROM)}",
         *ep.export_lines(run.job_env(run_dir=run_dir)),
         *([fault] if fault else []),
-        f'if [ -z "${{{ep.RESUME_FROM}:-}}" ]; then unset {ep.RESUME_FROM}; fi',
+        f'if [ -z "${{{ENV_RESUME_FROM}:-}}" ]; then unset {ENV_RESUME_FROM}; fi',
         # a warm standby: the entrypoint waits for this attempt's directive (training.standby) and resumes
         # from it, never from LONGRUN_RESUME_FROM; it starts while the previous attempt's step may still be
         # ending on the same nodes, so its step overlaps that one
         "OVERLAP=()",
         'if [ -n "${LONGRUN_STANDBY_WAIT_S:-}" ]; then'
-        f' export {ep.AWAIT_DIRECTIVE_S}="$LONGRUN_STANDBY_WAIT_S"; unset {ep.RESUME_FROM}; OVERLAP=(--overlap); fi',
+        f' export {ENV_AWAIT_DIRECTIVE_S}="$LONGRUN_STANDBY_WAIT_S"; unset {ENV_RESUME_FROM}; OVERLAP=(--overlap); fi',
         'echo "longrun: attempt $LONGRUN_ATTEMPT of job $SLURM_JOB_ID on $LONGRUN_STEP_NODES'
         ' rendezvous $MASTER_ADDR:$MASTER_PORT"',
         'srun --export=ALL --nodes="$LONGRUN_STEP_NNODES" --ntasks="$LONGRUN_STEP_NNODES" --nodelist="$LONGRUN_STEP_NODES"'

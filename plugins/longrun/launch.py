@@ -32,6 +32,7 @@ from longrun.slurm import validate as v
 from longrun.slurm.errors import InvalidSpecError
 from longrun.slurm.spec import BASE_EXPORT, JobSpec, JobTag
 from training import ports
+from training.config import ENV_FAULTS, ENV_RESUME_FROM
 
 #: Rendezvous ports: PORT_BASE + job id mod PORT_SPAN, i.e. 23500-30999 by default, the one rule of
 #: training.ports (also hot-spare attempts and training.dist's plain srun). For any job id that stays below
@@ -194,9 +195,9 @@ def job_spec_for_run(
     # The entrypoint and its own arguments only: longrun's settings travel in the environment below.
     entry = ep.launcher_args(run.entrypoint, run.entrypoint_args)
     store = " --store" if env.get("AWS_ENDPOINT_URL") or env.get("LONGRUN_STORE_DIR") else ""
-    once = {ep.FAULTS: run.drill.flag()} if run.drill else {}  # a relaunch has no drill (RunSpec.relaunch)
+    once = {ENV_FAULTS: run.drill.flag()} if run.drill else {}  # a relaunch has no drill (RunSpec.relaunch)
     if run.resume_from:
-        once[ep.RESUME_FROM] = run.resume_from
+        once[ENV_RESUME_FROM] = run.resume_from
     command = [
         "set -uo pipefail",
         f"RUN_DIR={q(run_dir)}",

@@ -16,6 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longrun import entrypoint as ep
+from training.config import (
+    ENV_CHECKPOINT_EVERY,
+    ENV_MODEL,
+    ENV_RECOMPUTE_EVERY,
+    ENV_RUN_DIR,
+    ENV_RUN_NAME,
+    ENV_SEED,
+    ENV_STEPS,
+    ENV_VOTE_EVERY,
+)
 from training.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS, NODE_NAME, check_run_name
 
 _CKPT_REF = re.compile(r"^[A-Za-z0-9._/-]{1,512}$")
@@ -238,14 +248,14 @@ class RunSpec:
         The drill (LONGRUN_FAULTS), the resume point and a standby's directive wait depend on the launch
         or attempt and are set by the batch script (longrun.launch, longrun.hotspare)."""
         env = {
-            ep.RUN_NAME: self.run_name,
-            ep.RUN_DIR: run_dir,
-            ep.STEPS: str(self.steps),
-            ep.CHECKPOINT_EVERY: str(self.checkpoint_every),
-            ep.RECOMPUTE_EVERY: str(self.recompute_every),
-            ep.VOTE_EVERY: str(self.vote_every),
-            ep.SEED: str(self.seed),
+            ENV_RUN_NAME: self.run_name,
+            ENV_RUN_DIR: run_dir,
+            ENV_STEPS: str(self.steps),
+            ENV_CHECKPOINT_EVERY: str(self.checkpoint_every),
+            ENV_RECOMPUTE_EVERY: str(self.recompute_every),
+            ENV_VOTE_EVERY: str(self.vote_every),
+            ENV_SEED: str(self.seed),
         }
         if self.is_reference:
-            env[ep.MODEL] = self.model
+            env[ENV_MODEL] = self.model
         return env
