@@ -46,13 +46,11 @@ class LocalGradients:
         self.loss_sum: torch.Tensor | None = None
         self.nonfinite: torch.Tensor | None = None
         self._fps: dict[int, int] = {}
-        self.buckets = 0
 
     def begin(self, step: int, *, audit: bool) -> None:
         self.step, self.audit = step, audit
         self.loss = self.loss_sum = self.nonfinite = None
         self._fps = {}
-        self.buckets = 0
 
     def fingerprint(self) -> int:
         """The local gradient's fingerprint of this audit step, in parameter order."""
@@ -79,7 +77,6 @@ class LocalGradients:
     def __call__(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buf = bucket.buffer()
         first = bucket.index() == 0
-        self.buckets += 1
         if first and self.injector is not None:
             self.injector.local_gradients(self.step, buf)
         bad = ~torch.isfinite(buf.sum())
