@@ -4,7 +4,7 @@
 
 Job side: signing one alert record (canonical JSON + HMAC-SHA256) against writing it durably to the run
 dir (`training.events.write_durably`: JSON, fsync of the file and its directory), which every alert
-already pays. Orchestrator side: the HMAC check alone (`training.signing.verify`) against parsing the
+already pays. Orchestrator side: the HMAC check alone (`training.records.signing.verify`) against parsing the
 record's JSON, which the monitor already does. Prints medians and the ratios; no Slurm or store needed
 (the Slurm lookup and the key read of `longrun.alert_auth.verify_alert` are one `scontrol show job` and
 one GET, the same calls the incident makes anyway).
@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from training import schema, signing
 from training.events import write_durably
+from training.records import schema, signing
 
 
 def _alert() -> dict:

@@ -24,8 +24,9 @@ warnings.filterwarnings("ignore", message="The pynvml package is deprecated", ca
 
 import torch  # noqa: E402
 
-from training.checkpointing import CheckpointSaver, SaverSettings  # noqa: E402
-from training.s3_store import S3Store  # noqa: E402
+from training.checkpoint.saver import CheckpointSaver  # noqa: E402
+from training.checkpoint.settings import SaverSettings  # noqa: E402
+from training.store.s3 import S3Store  # noqa: E402
 
 BENCH_PORT_BASES = (21650, 21500, 21350)  # below the default stack (21800) and the test slots (22000+)
 

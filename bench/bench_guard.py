@@ -106,7 +106,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from training.api import Guard
+    from training.api.guard import Guard
     from training.checks import build_checks
     from training.config import CheckConfig, TrainConfig, model_preset
     from training.data import SyntheticBatches
@@ -163,7 +163,7 @@ def worker(args: argparse.Namespace) -> None:
 def fingerprint_vs_memcpy(nbytes_list: list[int], repeats: int = 20) -> list[dict[str, float]]:
     import torch
 
-    from training.fingerprint import fingerprint_tensor
+    from training.fingerprint.host import fingerprint_tensor
 
     out = []
     for nbytes in nbytes_list:

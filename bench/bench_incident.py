@@ -27,11 +27,11 @@ import sys
 import time
 
 from longrun.drill import Rest, prepare, return_to_service, run_drill
-from longrun.slurm.client import make_client
+from longrun.slurm.factory import make_client
 from longrun.stack import Stack
 
-from training.records import Incident
-from training.store import store_from_env
+from training.records.orchestrator import Incident
+from training.store.factory import store_from_env
 
 CONFIG = {
     "nodes": 3,

@@ -153,11 +153,12 @@ def run_slurm(a: argparse.Namespace, work: Path) -> str:
     """Through the launch path itself: job_spec_for_run -> sbatch on the cluster $SLURM_CONF names."""
     import dataclasses
 
-    from longrun.launch import NvrxLaunch, job_spec_for_run
+    from longrun.launch import job_spec_for_run
+    from longrun.nvrx_launch import NvrxLaunch
     from longrun.runspec import Drill, RunSpec
     from longrun.slurm import ops
     from longrun.slurm.cli_backend import CliSlurmClient
-    from longrun.slurm.client import ACTIVE
+    from longrun.slurm.models import ACTIVE
     from longrun.slurm.spec import JobTag
 
     run = RunSpec(

@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from longrun.drill import DRILL_CONF, Rest, prepare, return_to_service, run_drill
-from longrun.slurm.client import SlurmClient, make_client
+from longrun.slurm.client import SlurmClient
+from longrun.slurm.factory import make_client
 from longrun.slurm.spec import JobSpec
 
-from training import schema
-from training.store import ObjectStore, store_from_env
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import ObjectStore
 
 DRILL = {"kind": "sick-node", "step": 17, "target": "n2"}
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from longrun.airflow_rest import AirflowApiError, AirflowRest
 from longrun.slurm import ops
 from longrun.slurm.cli_backend import CliSlurmClient
-from longrun.slurm.client import JobState, JobStatus
+from longrun.slurm.models import JobState, JobStatus
 from longrun.slurm.spec import JobSpec
 
 BENCH_PORT_BASES = (21200, 21050)  # clear of the default stack (21800), tests (22000+), bench_checkpoints

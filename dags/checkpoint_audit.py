@@ -2,8 +2,9 @@
 suspect interval and incident record in the store, plus a seeded re-hash sample; Data Docs and JSON to
 the store under `audit/<run id>/`. Daily, and on demand from the UI (Trigger with the Params form).
 
-Thin on purpose: the work is in `longrun.audit`. A failed audit fails the task without retries, with a
-message that names each broken property and links runbooks/audit-failed.md.
+Thin on purpose: the work is in `longrun.audit`, the task body in `longrun.tasks.checkpoint_audit`. A
+failed audit fails the task without retries, with a message that names each broken property and links
+runbooks/audit-failed.md.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from airflow.sdk import Param, dag, task
 def checkpoint_audit() -> None:
     @task(retries=2, retry_delay=timedelta(minutes=2), execution_timeout=timedelta(hours=2))
     def audit(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-        from longrun.audit.task import audit_task  # pandas and GX only when the task runs
+        from longrun.tasks.checkpoint_audit import audit_task  # pandas and GX only when the task runs
 
         return audit_task(params, run_id)
 

@@ -8,7 +8,8 @@ history; fails when a requested node was not returned).
 
 Triggered by an operator with `node`, or on its schedule for the `diag-pass` nodes when the Variable
 `longrun_node_policy` sets `auto_return`. Modes: act, approve (a person approves the resume), observe
-(probe nothing, change nothing, record what would be done). The work is in `longrun.nodes`.
+(probe nothing, change nothing, record what would be done). The work is in `longrun.nodes` and
+`longrun.health`, the task bodies in `longrun.tasks.node_return`.
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ from airflow.sdk import Param, dag, task
 def node_return() -> None:
     @task(retries=0)
     def select(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-        from longrun.nodes.tasks import select_task
+        from longrun.tasks.node_return import select_task
 
         return select_task(params, run_id)
 
     @task(execution_timeout=timedelta(minutes=60), retries=0)
     def probe(selected: dict[str, Any], run_id: str) -> list[dict[str, Any]]:
-        from longrun.nodes.tasks import probe_task
+        from longrun.tasks.node_return import probe_task
 
         return probe_task(selected, run_id)
 
@@ -80,7 +81,7 @@ def node_return() -> None:
 
     @task(trigger_rule="none_failed_min_one_success")
     def resume(selected: dict[str, Any], probed: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
-        from longrun.nodes.tasks import resume_task
+        from longrun.tasks.node_return import resume_task
 
         return resume_task(selected, probed, run_id)
 
@@ -93,7 +94,7 @@ def node_return() -> None:
         ti: Any = None,
     ) -> dict[str, Any]:
         from airflow.providers.standard.utils.skipmixin import XCOM_SKIPMIXIN_KEY
-        from longrun.nodes.tasks import summary_task
+        from longrun.tasks.node_return import summary_task
 
         # Pulled, not passed: a task fed by approve_return would be skipped with `resume` on a Reject.
         # A Reject pushes no return value (the skip ends the task first), only the skip record.

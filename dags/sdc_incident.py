@@ -12,7 +12,8 @@ Triggered by `training_run` with the alert as conf (run id `incident__<alert id>
 names this run and job, and its suspect nodes are in the job's allocation (else a security event); conf
 keys the DAG does not declare are refused. Modes (the run's `incident_mode`): act, approve (human-in-the-loop approval
 before the drain and before the relaunch), observe (records what would be done, changes nothing).
-Every step is idempotent through the incident record; the work is in `longrun.incident`.
+Every step is idempotent through the incident record; the work is in `longrun.incident`, the task bodies
+in `longrun.tasks.sdc_incident`.
 """
 
 from __future__ import annotations
@@ -86,13 +87,13 @@ SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') | longrun_safe }}"
 def sdc_incident() -> None:
     @task(retries=3, priority_weight=CRITICAL)
     def open_record(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-        from longrun.incident.tasks import open_task
+        from longrun.tasks.sdc_incident import open_task
 
         return open_task(params, run_id)
 
     @task(priority_weight=CRITICAL + 1)  # the longest of the tasks beside it (it gates checkpoints)
     def freeze(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-        from longrun.incident.tasks import freeze_task
+        from longrun.tasks.sdc_incident import freeze_task
 
         return freeze_task(params, run_id)
 
@@ -102,7 +103,7 @@ def sdc_incident() -> None:
     # here (SIGKILL, OOM, a worker restart) failed the incident before the drain (chaos cell attribute-task).
     @task(priority_weight=CRITICAL)
     def attribute(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-        from longrun.incident.tasks import attribute_task
+        from longrun.tasks.sdc_incident import attribute_task
 
         return attribute_task(params, run_id)
 
@@ -123,19 +124,19 @@ def sdc_incident() -> None:
     def drain(
         params: dict[str, Any], run_id: str, attributed: dict[str, Any], opened: dict[str, Any]
     ) -> dict[str, Any]:
-        from longrun.incident.tasks import drain_task
+        from longrun.tasks.sdc_incident import drain_task
 
         return drain_task(params, run_id, attributed["node"], approved=opened["mode"] == "approve")
 
     @task(execution_timeout=timedelta(minutes=30))
     def diagnose(params: dict[str, Any], run_id: str, attributed: dict[str, Any]) -> dict[str, Any]:
-        from longrun.incident.inalloc import diagnose_task  # inside a kept job, else a MAINT reservation
+        from longrun.tasks.sdc_incident import diagnose_task  # inside a kept job, else a MAINT reservation
 
         return diagnose_task(params, run_id, attributed["node"])
 
     @task(priority_weight=CRITICAL)
     def pick_checkpoint(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-        from longrun.incident.tasks import pick_task
+        from longrun.tasks.sdc_incident import pick_task
 
         return pick_task(params, run_id)
 
@@ -154,7 +155,7 @@ def sdc_incident() -> None:
     def relaunch(
         params: dict[str, Any], run_id: str, attributed: dict[str, Any], checkpoint: dict[str, Any]
     ) -> dict[str, Any]:
-        from longrun.incident.tasks import relaunch_task
+        from longrun.tasks.sdc_incident import relaunch_task
 
         return relaunch_task(params, run_id, attributed["node"], checkpoint)
 
@@ -162,7 +163,7 @@ def sdc_incident() -> None:
 
     @task(trigger_rule="all_done", retries=1)
     def summary(params: dict[str, Any], run_id: str) -> dict[str, Any]:
-        from longrun.incident.tasks import summary_task
+        from longrun.tasks.sdc_incident import summary_task
 
         return summary_task(params, run_id)
 

@@ -4,7 +4,8 @@ preflight -> submit (or attach to a relaunched job) -> monitor (deferrable: Slur
 heartbeat, new checkpoints validated + promoted as they appear) -> on an alert, hand over to
 `sdc_incident`; on a clean end, promote the final checkpoint and write the run report.
 
-Thin on purpose: the work is in `longrun.monitor` (trigger, operator, lifecycle) and the Slurm layer.
+Thin on purpose: the work is in `longrun.monitor` (trigger, operator, lifecycle) and the Slurm layer,
+the task bodies in `longrun.tasks.training_run`.
 After an incident, `sdc_incident` relaunches the job itself and triggers a new run of this DAG with
 `attach_job_id` set, which monitors that job instead of submitting one (see docs/dags.md).
 """
@@ -21,7 +22,7 @@ from longrun.monitor.handover import HandOverOperator
 from longrun.monitor.operator import RunMonitorOperator
 from longrun.operators.slurm import SlurmSubmitJobOperator
 
-from training.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS
+from training.records.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS
 
 RUN, CHECKS, INCIDENT, DRILL, RELAUNCH = (
     "Run",
@@ -198,7 +199,7 @@ PARAMS = {
 def training_run() -> None:
     @task(retries=1, retry_delay=timedelta(seconds=5))
     def preflight(params: dict[str, Any], ti: Any = None) -> dict[str, Any]:
-        from longrun.monitor.tasks import preflight_task
+        from longrun.tasks.training_run import preflight_task
 
         return preflight_task(params, ti)
 
@@ -208,7 +209,7 @@ def training_run() -> None:
 
     @task
     def job_spec(params: dict[str, Any], dag_run: Any = None) -> dict[str, Any]:
-        from longrun.monitor.tasks import job_task
+        from longrun.tasks.training_run import job_task
 
         return job_task(params)
 
@@ -247,7 +248,7 @@ def training_run() -> None:
 
     @task
     def finish(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-        from longrun.monitor.tasks import finish_task
+        from longrun.tasks.training_run import finish_task
 
         return finish_task(result, params)
 

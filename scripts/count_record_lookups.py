@@ -9,8 +9,8 @@ tracked files; the working tree with `--worktree`) and sorts each into one categ
   pick, suspect mark, incident, segment, ...), a part of one (an alert's evidence, an incident's copy of
   its alert, a timeline entry's details, a record's undeclared `extra`), or longrun's own JSON handed from
   one task or trigger to another (an XCom result, a trigger event, a saver's result file).
-- `typed layer`: inside the record types themselves (training/records/, training/schema.py,
-  training/manifest.py): the one place where a record's keys are read, so that readers get attributes.
+- `typed layer`: inside the record types themselves (training/records/, training/records/schema.py,
+  training/checkpoint/manifest.py): the one place where a record's keys are read, so that readers get attributes.
 - the things that are no record, each by a named rule: `environment`, `slurm` (Slurm's JSON, scontrol
   output and the Slurm client's own job state dict), `dcgmi` output, `airflow` (DAG params, run conf,
   task context, HITL replies, connection extras, HTTP requests), `rest` (Airflow REST replies),
@@ -72,7 +72,7 @@ RULES: tuple[Rule, ...] = (
     # A record read inside a file that is otherwise about something else.
     Rule(
         RECORD,
-        r"incident/dcgm\.py$",
+        r"health/dcgm\.py$",
         None,
         "describe() reads the verdict the incident record keeps",
         "describe",
@@ -87,7 +87,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "slurm", r"^plugins/longrun/slurm/", None, "Slurm JSON, scontrol output, the Slurm client's job state"
     ),
-    Rule("dcgmi", r"incident/dcgm\.py$", None, "dcgmi diag --json output"),
+    Rule("dcgmi", r"health/dcgm\.py$", None, "dcgmi diag --json output"),
     Rule("route", r"/ui/app\.py$", r"^app$", "FastAPI route decorator"),
     Rule("airflow", r"/ui/app\.py$", r"^(conf|request\.\w+)$", "DAG run conf, HTTP request"),
     Rule("airflow", r"/hooks/slurm\.py$", r"^self\._extra$", "Airflow connection extra"),
@@ -100,11 +100,11 @@ RULES: tuple[Rule, ...] = (
     Rule("airflow", r"/operators/slurm\.py$", r"^event$", "SlurmJobTrigger's event (Slurm job state)"),
     Rule(
         "airflow",
-        r"/(incident/approver|nodes/tasks)\.py$",
+        r"/(incident/approval|tasks/node_return)\.py$",
         r"^(response|approval|skipped|who)$",
         "HITL reply and Airflow's skip XCom",
     ),
-    Rule("airflow", r"/nodes/tasks\.py$", r"^selected$", "node_return's params as selected"),
+    Rule("airflow", r"/tasks/node_return\.py$", r"^selected$", "node_return's params as selected"),
     Rule("airflow", r"/runspec\.py$", r"^values$", "RunSpec built from DAG params"),
     Rule("rest", r"/airflow_rest\.py$", None, "the Airflow REST client: its replies and its own get()"),
     Rule("rest", r"/drill\.py$", r"^ti$", "Airflow REST replies (task instances)"),

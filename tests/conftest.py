@@ -133,7 +133,7 @@ def fleet_records_isolated(request: pytest.FixtureRequest) -> Iterator[None]:
     if "s3_store_env" not in request.fixturenames:
         yield
         return
-    from training.s3_store import S3Store
+    from training.store.s3 import S3Store
 
     request.getfixturevalue("s3_store_env")
     s3 = request.getfixturevalue("local_stack").s3

@@ -26,8 +26,8 @@ from longrun import entrypoint
 from longrun.cli import main as longrun_main
 from longrun.monitor import lifecycle
 
-from training import schema
 from training.faults import Fault, parse_fault
+from training.records import schema
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent

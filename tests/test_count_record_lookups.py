@@ -26,7 +26,7 @@ _spec.loader.exec_module(counter)
         ("plugins/longrun/ui/app.py", '    @app.get("/nodes", response_class=HTMLResponse)', "route"),
         ("plugins/longrun/slurm/parse.py", 'state = d.get("JobState")', "slurm"),
         ("training/records/job.py", 'ranks = obj.get("ranks")', "typed layer"),
-        ("training/s3_store.py", 'code = err.get("Code")', "boto"),
+        ("training/store/s3.py", 'code = err.get("Code")', "boto"),
         # one record lookup on a line makes the line a record lookup
         ("plugins/longrun/x.py", 'x = os.environ.get("A") or inc.extra.get("verdict")', "record"),
         # a file's rule does not hide a record read in it elsewhere: the receiver decides

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers.fleet_records import fleet_records_set_aside
 
-from training.store import LocalDirStore
+from training.store.local import LocalDirStore
 
 
 def test_fleet_records_are_empty_inside_and_restored_after(tmp_path) -> None:

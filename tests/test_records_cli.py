@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training import schema
-from training.store import LocalDirStore, put_json
+from training.records import schema
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 
 def _longrun(store_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

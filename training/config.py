@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.schema import CHECKS, check_run_name
+from training.records.schema import CHECKS, check_run_name
 
 VERDICT_ACTIONS = ("exit", "record")
 
@@ -171,7 +171,7 @@ class GuardConfig:
     collective_timeout_s: float = 300.0
     """Timeout of collectives (a hung rank makes the others fail after this)."""
     await_directive_s: float = 0.0
-    """A warm standby (training.standby): wait this long for the directive of this attempt before loading
+    """A warm standby (training.spares.standby): wait this long for the directive of this attempt before loading
     anything, and resume from its checkpoint (0: start at once)."""
 
     def __post_init__(self) -> None:

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training import schema
 from training.records import loads as load_record
+from training.records import schema
 
 PROG = "longrun entrypoint check"
 WORLD = 3

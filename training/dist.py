@@ -81,7 +81,7 @@ def init_process_group(placement: Placement, *, timeout_s: float, claim_device: 
     """Start the default process group and return the backend used. MASTER_ADDR defaults to 127.0.0.1
     (the job script sets it on a real cluster), MASTER_PORT to one derived from the Slurm job id.
 
-    `claim_device=False` (a warm standby, training.standby): where CUDA is present, the group is
+    `claim_device=False` (a warm standby, training.spares.standby): where CUDA is present, the group is
     "cpu:gloo,cuda:nccl" and no device is touched yet: the standby starts beside the alerting step, whose
     processes still hold the GPUs (exclusive-process mode refuses a second context). Its CPU objects
     (the node names, the directive's answer) go through gloo; `use_rank_device` after the directive, and

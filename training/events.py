@@ -9,7 +9,7 @@ for up to `CHECKS_CLOSE_DEADLINE_S`.
 
 An alert is different: it is written and fsynced locally, then put in the store (retried), before the
 caller does anything else, because the orchestrator acts on it after this process is gone. It carries
-the Slurm job id and is signed with the job's key (`training.signing`): the orchestrator acts only on
+the Slurm job id and is signed with the job's key (`training.records.signing`): the orchestrator acts only on
 an alert whose signature, run, job and suspect nodes all check out.
 
 Every rank writes its own check records (checks/<first>-<last>-r<rank>.jsonl): the pre-incident pick
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training import schema, signing
-from training.checkpoint_upload import with_retries
-from training.store import ObjectStore, StoreError, put_json
+from training.checkpoint.upload import with_retries
+from training.records import schema, signing
+from training.store.interface import ObjectStore, StoreError, put_json
 
 log = logging.getLogger("training.events")
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.schema import FAULT_KINDS, NODE_NAME
+from training.records.schema import FAULT_KINDS, NODE_NAME
 
 log = logging.getLogger("training.faults")
 

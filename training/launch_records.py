@@ -8,8 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from training import schema, signing
-from training.records import Progress
+from training.records import schema, signing
+from training.records.job import Progress
 
 #: Exported by the job script (longrun.launch): when this launch started, epoch seconds.
 LAUNCH_T0_ENV = "LONGRUN_LAUNCH_T0"

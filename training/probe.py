@@ -30,7 +30,7 @@ import xxhash
 from training.config import ModelConfig
 from training.data import micro_batch
 from training.faults import node_is_sick, perturb_linear_outputs
-from training.fingerprint import fingerprint_tensor, hex64
+from training.fingerprint.host import fingerprint_tensor, hex64
 from training.model import build_model
 
 PROBE_SEED = 20261129

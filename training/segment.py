@@ -149,7 +149,7 @@ class FaultFired:
     run: str
     """Run name."""
     fault: str
-    """Fault kind (training.schema.FAULT_KINDS)."""
+    """Fault kind (training.records.schema.FAULT_KINDS)."""
     step: int
     """Step at which it fired."""
     rank: int

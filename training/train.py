@@ -24,7 +24,6 @@ import os
 import sys
 from pathlib import Path
 
-from training import schema
 from training.config import (
     ENV_AWAIT_DIRECTIVE_S,
     ENV_CHECKPOINT_EVERY,
@@ -45,6 +44,7 @@ from training.config import (
     model_preset,
 )
 from training.faults import Fault, FaultSpecError, faults_from
+from training.records import schema
 
 log = logging.getLogger("training.train")
 
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--await-directive-s",
         type=float,
         default=env_float(env, ENV_AWAIT_DIRECTIVE_S, 0.0),
-        help="warm standby of a kept job's next attempt: wait this long for its directive (training.standby)",
+        help="warm standby of a kept job's next attempt: wait this long for its directive (training.spares.standby)",
     )
     return p
 
@@ -152,7 +152,7 @@ def train(cfg: TrainConfig, faults: tuple[Fault, ...]) -> int:
     """The reference trainer on the public API: its model, AdamW, synthetic data, next-token loss."""
     import torch
 
-    from training.api import Guard
+    from training.api.guard import Guard
     from training.data import SyntheticBatches
     from training.model import build_model, lm_loss
 
@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     # Pin the knobs the bits depend on before torch does any work.
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    from training.api import SetupError
-    from training.standby import NotDirected
+    from training.api.guard import SetupError
+    from training.spares.standby import NotDirected
 
     rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
     logging.basicConfig(

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from training import schema
-from training.checks import CheckResult
+from training.checks.base import CheckResult
 from training.events import EventWriter
+from training.records import schema
 
 log = logging.getLogger("training.verdict")
 

@@ -35,7 +35,7 @@ from model_figures import build, checks_section, snapshot_section, step_fn  # no
 def nvrx_section(out: Path, *, dry_run: bool) -> None:
     import subprocess
 
-    from training.nvrx import capabilities, parse_version
+    from training.nvrx.adapter import capabilities, parse_version
 
     caps = capabilities()
     v = parse_version(caps.version) if caps.installed else (0, 0, 0)

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 from figures import emit, timer
 
-from training import fingerprint_device as dfp
-from training.fingerprint import fingerprint_tensor as xxh3
+from training.fingerprint import device as dfp
+from training.fingerprint.host import fingerprint_tensor as xxh3
 
 
 def equality_inputs() -> dict[str, tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]]:

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from training.nvrx import NvrxMonitor
-from training.schema import EXIT_SDC_VERDICT
+from training.nvrx.adapter import NvrxMonitor
+from training.records.schema import EXIT_SDC_VERDICT
 
 
 def main() -> int:

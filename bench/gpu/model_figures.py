@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from figures import emit, timer
 
-from training import fingerprint_device as dfp
+from training.fingerprint import device as dfp
 
 
 def model_config(size: str) -> Any:
@@ -63,9 +63,10 @@ def step_fn(cfg: Any, model: Any, optim: Any, dev: torch.device) -> Callable[[],
 def snapshot_section(
     dev: torch.device, model: Any, optim: Any, step: Callable[[], None], *, writer: str, saves: int
 ) -> None:
-    from training.checkpoint_load import load_checkpoint
-    from training.checkpointing import CheckpointSaver, SaverSettings
-    from training.store import LocalDirStore
+    from training.checkpoint.load import load_checkpoint
+    from training.checkpoint.saver import CheckpointSaver
+    from training.checkpoint.settings import SaverSettings
+    from training.store.local import LocalDirStore
 
     state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     state_bytes += sum(
@@ -143,7 +144,7 @@ def checks_section(dev: torch.device, cfg: Any, model: Any, optim: Any, step: Ca
             _, _, combined = dfp.fingerprint_state_device(model.state_dict())
             combined.item()  # the 8 bytes that cross to the host (world size 1: no all-gather here)
         else:
-            from training.fingerprint import combine, fingerprint_state
+            from training.fingerprint.host import combine, fingerprint_state
 
             combine(fingerprint_state(model.state_dict()))
 

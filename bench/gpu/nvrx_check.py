@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "plugins")]
 
-from training import nvrx  # noqa: E402
+from training.nvrx import adapter as nvrx  # noqa: E402
 
 
 def emit(check: str, ok: bool | None, **kw: Any) -> dict[str, Any]:
@@ -70,8 +70,8 @@ def launcher() -> list[str]:
 
 
 def launch_flags(hb_timeout_s: float) -> tuple[list[str], dict[str, str]]:
-    """longrun's own ft_launcher flags and worker environment (longrun.launch.NvrxLaunch), short timeouts."""
-    from longrun.launch import NvrxLaunch
+    """longrun's own ft_launcher flags and worker environment (longrun.nvrx_launch.NvrxLaunch), short timeouts."""
+    from longrun.nvrx_launch import NvrxLaunch
 
     nl = NvrxLaunch(
         initial_heartbeat_timeout_s=120.0,

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.api import Guard, GuardConfig
+from training.api.guard import Guard
+from training.config import GuardConfig
 
 N_CLASSES = 4
 N_FEATURES = 16

@@ -3,7 +3,7 @@
 At submit the orchestrator creates a key for the job (`issue`), keeps it on the orchestrator side of the
 store (`ops/alert-keys/`, which a job's identity can neither read nor write) and hands it to the job out
 of band: in the sbatch process's environment, named in `--export` (`submit_env`), never in the batch
-script, a log line or a record. The job signs every alert with it (`training.signing`).
+script, a log line or a record. The job signs every alert with it (`training.records.signing`).
 
 `verify_alert` is the gate in front of every destructive step (freeze = cancel, drain, relaunch = roll
 back) and of the monitor's hand-over. An alert is acted on only when all of these hold:
@@ -27,12 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from longrun.slurm.client import JobState, SlurmClient
+from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import JobNotFoundError
+from longrun.slurm.models import JobState
 from longrun.slurm.spec import JobTag
-from training import schema, signing
+from training.records import schema, signing
 from training.records.fields import need, opt_float, opt_int, opt_str, stamped
-from training.store import NotFound, ObjectStore, PreconditionFailed, StoreError, put_json
+from training.store.interface import NotFound, ObjectStore, PreconditionFailed, StoreError, put_json
 
 KEY_FOLDER = "ops/alert-keys/"
 #: DAGs whose jobs carry longrun's tag for a run (the first launch and every relaunch).
@@ -133,8 +134,8 @@ def bind(store: ObjectStore, *, run: str, tag: str, job_id: int) -> None:
 
 def submit_env(store: ObjectStore, *, run: str, tag: str, env: Mapping[str, str]) -> dict[str, str]:
     """The secret part of a job's environment, for the sbatch process only: the job's alert key and the
-    store credentials of the job identity (`longrun.store_sides.job_store_env`)."""
-    from longrun.store_sides import job_store_env
+    store credentials of the job identity (`longrun.store_access.job_store_env`)."""
+    from longrun.store_access import job_store_env
 
     store_env = job_store_env(env)
     out = {k: store_env[k] for k in SECRET_STORE_ENV if store_env.get(k)}

@@ -11,7 +11,7 @@ SUBCOMMANDS = {
     "checkpoints": "longrun.checkpoints.cli",
     "audit": "longrun.audit.cli",
     "records": "longrun.records",
-    "nodes": "longrun.nodes.cli",
+    "nodes": "longrun.health.cli",
     "incidents": "longrun.incident.cli",
 }
 # Job-side subcommands: modules of package `training` (no Airflow, no `longrun` import), so a user's machine

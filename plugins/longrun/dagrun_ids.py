@@ -3,7 +3,7 @@ the drill, the tests and the runbooks that find them. Pure: no Airflow here."""
 
 from __future__ import annotations
 
-from longrun.incident.record import incident_id_for
+from training.records.schema import incident_id_for
 
 
 def incident_run_id(alert_key: str) -> str:

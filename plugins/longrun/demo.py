@@ -21,10 +21,11 @@ import time
 
 from longrun.airflow_rest import AirflowApiError
 from longrun.drill import DRILL_CONF, DrillError, Rest, prepare, return_to_service, run_drill
-from longrun.slurm.client import make_client
+from longrun.slurm.factory import make_client
 from longrun.stack import Stack
-from training import schema
-from training.store import NotFound, get_json, store_from_env
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import NotFound, get_json
 
 
 def say(line: str) -> None:

@@ -15,12 +15,12 @@ from typing import Any
 
 from longrun.airflow_rest import TRANSIENT_ERRORS, AirflowRest
 from longrun.dagrun_ids import attempt_run_id, incident_run_id
-from longrun.incident.ratelimit import DRAIN_POLICY_VARIABLE
+from longrun.health.ratelimit import DRAIN_POLICY_VARIABLE
 from longrun.runview import RunView
 from longrun.slurm.client import SlurmClient
-from training import schema
-from training.records import Incident, IncidentStatus
-from training.store import ObjectStore
+from training.records import schema
+from training.records.orchestrator import Incident, IncidentStatus
+from training.store.interface import ObjectStore
 
 Say = Callable[[str], None]
 

@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 
 from longrun.runspec import RunSpec
-from longrun.slurm.client import NodeState
+from longrun.slurm.models import NodeState
 
 _RESUME_STEP = re.compile(r"step-(\d{1,12})/?$")
 

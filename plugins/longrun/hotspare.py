@@ -1,13 +1,13 @@
 """The batch script of a run with hot spares: the job holds `nodes + spare_nodes` and a supervisor
-(training.supervisor) runs each training step on `nodes` of them.
+(training.spares.supervisor) runs each training step on `nodes` of them.
 
 One step is what a plain launch does (srun -> one NVRx ft_launcher per node -> the trainer, then exit 93
 if the step wrote an SDC alert), on the step's own nodes (LONGRUN_STEP_NODES), with a rendezvous of
 its own (id and port per attempt), the drill (LONGRUN_FAULTS) only on attempt 0, and LONGRUN_RESUME_FROM
 from the directive, which the supervisor sets (a standby gets LONGRUN_AWAIT_DIRECTIVE_S instead, from the
-supervisor's LONGRUN_STANDBY_WAIT_S); the step is named after its attempt (training.directive.ATTEMPT_STEP_PREFIX). Once the step's alert is in
+supervisor's LONGRUN_STANDBY_WAIT_S); the step is named after its attempt (training.spares.directive.ATTEMPT_STEP_PREFIX). Once the step's alert is in
 the store the supervisor starts the next step as a warm standby on the predicted nodes (`--overlap`:
-the alerting step may still be ending there; its trainer waits for the directive: training.standby).
+the alerting step may still be ending there; its trainer waits for the directive: training.spares.standby).
 After exit 93 it waits (bounded: LONGRUN_DIRECTIVE_WAIT_S, default `DIRECTIVE_WAIT_S`; with
 LONGRUN_STANDBY_AT=verdict the standby starts only after the step's end; both from the job spec's `env`,
 since sbatch passes only an allow-list of the submitter's environment) for `sdc_incident`'s directive
@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 from longrun import entrypoint as ep
 from training import ports
 from training.config import ENV_AWAIT_DIRECTIVE_S, ENV_FAULTS, ENV_RESUME_FROM
-from training.directive import ATTEMPT_STEP_PREFIX
+from training.spares.directive import ATTEMPT_STEP_PREFIX
 
 if TYPE_CHECKING:
-    from longrun.launch import NvrxLaunch
+    from longrun.nvrx_launch import NvrxLaunch
     from longrun.runspec import RunSpec
 
 #: Longest wait for a directive after an SDC verdict: attribution, the drain and the pick must fit in it
-#: (the diagnosis runs beside them, as a step of this job: longrun.incident.inalloc); after it the job
+#: (the diagnosis runs beside them, as a step of this job: longrun.incident.hot_spare); after it the job
 #: ends with 93 and the full relaunch takes over.
 DIRECTIVE_WAIT_S = 300
 #: Attempt a of job j rendezvous on base + (j + a * span // 2) mod span (training.ports, the one rule):
@@ -81,7 +81,7 @@ def step_script(
         *ep.export_lines(run.job_env(run_dir=run_dir)),
         *([fault] if fault else []),
         f'if [ -z "${{{ENV_RESUME_FROM}:-}}" ]; then unset {ENV_RESUME_FROM}; fi',
-        # a warm standby: the entrypoint waits for this attempt's directive (training.standby) and resumes
+        # a warm standby: the entrypoint waits for this attempt's directive (training.spares.standby) and resumes
         # from it, never from LONGRUN_RESUME_FROM; it starts while the previous attempt's step may still be
         # ending on the same nodes, so its step overlaps that one
         "OVERLAP=()",
@@ -119,7 +119,7 @@ def supervised_command(
         f"mkdir -p {q(run_dir)}",
         f'echo "longrun: job $SLURM_JOB_ID holds $SLURM_JOB_NODELIST: {run.nodes} training + '
         f'{run.spare_nodes} spare node(s)"',
-        f"exec {q(python)} -m training.supervisor --run-name {q(run.run_name)} --width {run.nodes}"
+        f"exec {q(python)} -m training.spares.supervisor --run-name {q(run.run_name)} --width {run.nodes}"
         f' --spares {run.spare_nodes} --wait-s "${{LONGRUN_DIRECTIVE_WAIT_S:-{DIRECTIVE_WAIT_S}}}"'
         f' --standby-at "${{LONGRUN_STANDBY_AT:-alert}}"{resume}'
         f" --step {q(step)}",

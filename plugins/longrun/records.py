@@ -13,8 +13,9 @@ import json
 import sys
 
 from longrun.runview import FAMILIES, list_runs
-from training import schema
-from training.store import NotFound, StoreError, store_from_env
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import NotFound, StoreError
 
 # record family -> its folder (or file) under the run: the read model's layout
 KINDS = FAMILIES

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 BASE_URL_ENV = "LONGRUN_RUNBOOK_BASE_URL"
 
-#: kind -> runbook path. Keys for the in-loop checks are training.schema.CHECKS names.
+#: kind -> runbook path. Keys for the in-loop checks are training.records.schema.CHECKS names.
 RUNBOOKS: dict[str, str] = {
     # alerts raised by the three in-loop checks (alert record field `check`)
     "finite": "runbooks/finite-check-alert.md",

@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from training import schema
+from training.records import schema
 from training.records.fields import need, opt_float, opt_str, stamped
-from training.schema import SchemaError
-from training.store import NotFound, ObjectStore, PreconditionFailed, put_json
+from training.records.schema import SchemaError
+from training.store.interface import NotFound, ObjectStore, PreconditionFailed, put_json
 
 KIND = "run_claim"
 CLAIM_PATH = "claim.json"

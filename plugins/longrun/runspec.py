@@ -26,7 +26,7 @@ from training.config import (
     ENV_STEPS,
     ENV_VOTE_EVERY,
 )
-from training.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS, NODE_NAME, check_run_name
+from training.records.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS, NODE_NAME, check_run_name
 
 _CKPT_REF = re.compile(r"^[A-Za-z0-9._/-]{1,512}$")
 
@@ -52,7 +52,7 @@ class Drill:
     """A fault to inject on purpose, to rehearse an incident."""
 
     kind: str
-    """One of training.schema.FAULT_KINDS."""
+    """One of training.records.schema.FAULT_KINDS."""
     step: int
     """The step at which the fault starts."""
     target: str

@@ -5,7 +5,7 @@ checkpoints and the state of each (saved, validated, invalid, promoted, suspect)
 incidents and the attempts (segments). The UI, `longrun records`, the audit and the drill read through it.
 
 Reads only. The store is one `ObjectStore`; with two sides configured it is the `SidedStore` that routes
-each key to the job's or the orchestrator's bucket (`training.store_sides`), so one key layout serves both.
+each key to the job's or the orchestrator's bucket (`training.store.sides`), so one key layout serves both.
 A record that does not read is listed in `problems` and skipped, so one bad object never hides the rest;
 a store that cannot be listed is a problem too, not an exception.
 """
@@ -19,20 +19,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from longrun.votes import Vote, vote
-from training import schema, segment
-from training.records import (
-    Alert,
-    CheckRecord,
-    Incident,
-    Manifest,
-    Progress,
-    Promotion,
-    Record,
-    Report,
-    SuspectMark,
-    Validation,
-)
-from training.store import NotFound, ObjectStore, StoreError
+from training import segment
+from training.records import schema
+from training.records.alert import Alert
+from training.records.base import Record
+from training.records.job import CheckRecord, Manifest, Progress, Report
+from training.records.orchestrator import Incident, Promotion, SuspectMark, Validation
+from training.store.interface import NotFound, ObjectStore, StoreError
 
 R = TypeVar("R", bound=Record)
 

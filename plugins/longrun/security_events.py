@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from training import schema
+from training.records import schema
 from training.records.fields import need, opt_dict, opt_float, opt_str, stamped
-from training.schema import SchemaError
-from training.store import ObjectStore, StoreError, put_json
+from training.records.schema import SchemaError
+from training.store.interface import ObjectStore, StoreError, put_json
 
 log = logging.getLogger("longrun.security")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from training.records import CheckRecord
+from training.records.job import CheckRecord
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

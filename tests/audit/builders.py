@@ -1,12 +1,12 @@
-"""Build a store of model checkpoints and their records for audit tests, through training.schema."""
+"""Build a store of model checkpoints and their records for audit tests, through training.records.schema."""
 
 from __future__ import annotations
 
 import hashlib
 from typing import Any
 
-from training import schema
-from training.store import ObjectStore, put_json
+from training.records import schema
+from training.store.interface import ObjectStore, put_json
 
 T0 = 1_780_000_000.0  # a fixed clock: record times are explicit so save/validate/promote order is clear
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from airflow.dag_processing.dagbag import DagBag
 
-from training import schema
-from training.store import LocalDirStore
+from training.records import schema
+from training.store.local import LocalDirStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from audit.builders import healthy_run  # noqa: E402

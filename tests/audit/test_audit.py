@@ -9,13 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from longrun.audit import AuditConfig, AuditFailed, audit_id_from, run_audit
+from longrun.audit.config import AuditConfig, audit_id_from
 from longrun.audit.expectations import PROPERTIES
 from longrun.audit.rehash import sample_rows
+from longrun.audit.run import AuditFailed, run_audit
 from longrun.audit.table import build_table
 
-from training import schema
-from training.store import LocalDirStore, get_json
+from training.records import schema
+from training.store.interface import get_json
+from training.store.local import LocalDirStore
 
 from .builders import (
     T0,
@@ -67,7 +69,7 @@ def test_audit_reads_real_saved_model_checkpoints(tmp_path: Path) -> None:
     from longrun.checkpoints.promote import mark_suspect, promote
     from longrun.checkpoints.validate import validate
 
-    from training import checkpointing
+    from training.checkpoint import saver as checkpointing
 
     store = LocalDirStore(tmp_path / "store")
     model = torch.nn.Linear(8, 4)

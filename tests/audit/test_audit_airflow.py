@@ -11,9 +11,10 @@ import uuid
 
 import pytest
 from helpers.airflow_api import AirflowApi
-from longrun.audit import audit_id_from
+from longrun.audit.config import audit_id_from
 
-from training.store import get_json, store_from_env
+from training.store.factory import store_from_env
+from training.store.interface import get_json
 
 from .builders import healthy_run
 

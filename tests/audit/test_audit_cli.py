@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training import schema
-from training.store import LocalDirStore
+from training.records import schema
+from training.store.local import LocalDirStore
 
 from .builders import healthy_run
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from longrun.audit import AuditConfig, AuditFailed, run_audit
+from longrun.audit.config import AuditConfig
+from longrun.audit.run import AuditFailed, run_audit
 
-from training import schema
-from training.store import get_json, store_from_env
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import get_json
 
 from .builders import healthy_run, run_with_incident
 

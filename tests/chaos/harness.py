@@ -22,8 +22,8 @@ from longrun.dagrun_ids import attempt_run_id, incident_run_id
 from longrun.slurm.client import SlurmClient
 from longrun.stack import Stack, procs
 
-from training import schema
-from training.store import ObjectStore
+from training.records import schema
+from training.store.interface import ObjectStore
 
 AIRFLOW_DAEMONS = ("scheduler", "triggerer", "dag-processor")
 COMPONENTS = (*AIRFLOW_DAEMONS, "task", "slurmctld", "slurmd", "s3")

@@ -21,10 +21,10 @@ from helpers.cleanup import fail_active_runs, restore_cluster
 from helpers.held_launch import follow_runbook
 from longrun.dagrun_ids import incident_run_id
 from longrun.drill import DRILL_CONF, Rest, prepare, return_to_service, run_drill
-from longrun.incident import ratelimit
-from longrun.slurm.client import make_client
+from longrun.health import ratelimit
+from longrun.slurm.factory import make_client
 
-from training.store import store_from_env
+from training.store.factory import store_from_env
 
 from .harness import Breaker, Where, wait_for_step
 

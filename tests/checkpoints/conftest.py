@@ -16,9 +16,11 @@ import pytest
 import torch
 from ckpt_helpers import Saver, tiny_state
 
-from training.checkpointing import CheckpointSaver, SaverSettings
-from training.s3_store import S3Store
-from training.store import LocalDirStore, ObjectStore
+from training.checkpoint.saver import CheckpointSaver
+from training.checkpoint.settings import SaverSettings
+from training.store.interface import ObjectStore
+from training.store.local import LocalDirStore
+from training.store.s3 import S3Store
 
 STORE_KINDS = ["local", pytest.param("s3", marks=pytest.mark.s3)]
 

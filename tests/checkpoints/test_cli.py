@@ -13,8 +13,10 @@ import pytest
 from ckpt_helpers import Saver
 from longrun.checkpoints.cli import main
 
-from training import schema
-from training.store import LocalDirStore, ObjectStore, store_from_env
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import ObjectStore
+from training.store.local import LocalDirStore
 
 
 @pytest.fixture

@@ -11,15 +11,15 @@ import pytest
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
-from training.checkpoint_upload import with_retries
-from training.s3_store import S3Store
-from training.store import (
+from training.checkpoint.upload import with_retries
+from training.store.interface import (
     NotFound,
     PreconditionFailed,
     StoreAuthError,
     StoreConfigError,
     StoreUnavailable,
 )
+from training.store.s3 import S3Store
 
 
 def _client_error(code: str, status: int) -> ClientError:

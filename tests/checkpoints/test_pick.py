@@ -12,8 +12,8 @@ from longrun.checkpoints.pick import last_known_good, pick_pre_incident, plan_pi
 from longrun.checkpoints.promote import mark_suspect, promote
 from longrun.checkpoints.validate import validate
 
-from training import schema
-from training.store import ObjectStore
+from training.records import schema
+from training.store.interface import ObjectStore
 
 
 def _rec(

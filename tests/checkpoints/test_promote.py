@@ -17,8 +17,8 @@ from longrun.checkpoints.promote import (
 )
 from longrun.checkpoints.validate import validate
 
-from training import schema
-from training.store import ObjectStore
+from training.records import schema
+from training.store.interface import ObjectStore
 
 
 def _ready(store: ObjectStore, run: str, save: Saver, steps: list[int]) -> None:

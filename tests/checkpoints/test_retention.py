@@ -9,8 +9,8 @@ from longrun.checkpoints.promote import promote
 from longrun.checkpoints.retention import apply_retention, plan_retention
 from longrun.checkpoints.validate import validate
 
-from training import schema
-from training.store import ObjectStore, put_json
+from training.records import schema
+from training.store.interface import ObjectStore, put_json
 
 
 def _setup(store: ObjectStore, run: str, save: Saver) -> None:

@@ -10,8 +10,10 @@ from longrun import runview
 from longrun.checkpoints import catalog
 from longrun.runview import RunView
 
-from training import schema, segment
-from training.store import LocalDirStore, put_json
+from training import segment
+from training.records import schema
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 RUN = "rv1"
 T = 1764430000.0

@@ -19,16 +19,16 @@ from ckpt_helpers import Saver, tiny_state
 from longrun.checkpoints import catalog
 from longrun.checkpoints.validate import validate
 
-from training import schema
-from training.checkpointing import (
-    CheckpointError,
-    CheckpointSaver,
-    SaverSettings,
-    load_checkpoint,
-)
-from training.fingerprint import fingerprint_state
-from training.s3_store import S3Store
-from training.store import LocalDirStore, ObjectStore, store_spec
+from training.checkpoint.load import load_checkpoint
+from training.checkpoint.manifest import CheckpointError
+from training.checkpoint.saver import CheckpointSaver
+from training.checkpoint.settings import SaverSettings
+from training.fingerprint.host import fingerprint_state
+from training.records import schema
+from training.store.factory import store_spec
+from training.store.interface import ObjectStore
+from training.store.local import LocalDirStore
+from training.store.s3 import S3Store
 
 
 def _fast(writer: str = "thread", **kw: float) -> SaverSettings:
@@ -102,7 +102,7 @@ def test_save_returns_before_the_write(tmp_path: Path, monkeypatch: pytest.Monke
     returned, so a save() that wrote in the caller (or waited for the write) would find it still shut."""
     import threading
 
-    from training import checkpointing
+    from training.checkpoint import saver as checkpointing
 
     real_write = checkpointing.write_payload
     gate = threading.Event()
@@ -185,8 +185,8 @@ _CHILD = textwrap.dedent(
     """
     import json, sys
     import torch
-    from training.checkpointing import CheckpointSaver, SaverSettings
-    from training.store import store_from_spec
+    from training.checkpoint.saver import CheckpointSaver, SaverSettings
+    from training.store.factory import store_from_spec
 
     def main():
         spec, run, run_dir = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]

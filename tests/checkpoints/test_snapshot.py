@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from training.snapshot import SnapshotPool, nbytes
+from training.checkpoint.snapshot import SnapshotPool, nbytes
 
 
 def test_a_snapshot_shares_nothing_with_the_live_state() -> None:

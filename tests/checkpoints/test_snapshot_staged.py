@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training import snapshot as snapshot_mod
-from training.snapshot import SnapshotPool, fence
+from training.checkpoint import snapshot as snapshot_mod
+from training.checkpoint.snapshot import SnapshotPool, fence
 
 
 def staged_pool(max_spare_bytes: int = 1 << 20) -> SnapshotPool:

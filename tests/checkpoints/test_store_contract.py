@@ -8,17 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from training.s3_store import S3Store
-from training.store import (
+from training.store.factory import store_from_spec, store_spec
+from training.store.interface import (
     NotFound,
     ObjectStore,
     PreconditionFailed,
     StoreConfigError,
     get_json,
     put_json,
-    store_from_spec,
-    store_spec,
 )
+from training.store.s3 import S3Store
 
 
 def test_put_get_head_roundtrip(store: ObjectStore, run: str) -> None:
@@ -135,7 +134,7 @@ def test_spec_rebuilds_an_equivalent_store(store: ObjectStore, run: str) -> None
 
 
 def test_local_store_rehashes_an_object_changed_behind_its_back(tmp_path: Path) -> None:
-    from training.store import LocalDirStore
+    from training.store.local import LocalDirStore
 
     store = LocalDirStore(tmp_path)
     before = store.put_bytes("runs/x/f", b"aaaa")
@@ -148,7 +147,7 @@ def test_local_store_rehashes_an_object_changed_behind_its_back(tmp_path: Path) 
 
 
 def test_local_store_hides_unfinished_writes(tmp_path: Path) -> None:
-    from training.store import LocalDirStore
+    from training.store.local import LocalDirStore
 
     store = LocalDirStore(tmp_path)
     (tmp_path / "runs/x").mkdir(parents=True)

@@ -13,9 +13,9 @@ from ckpt_helpers import Saver, tiny_state
 from longrun.checkpoints import catalog
 from longrun.checkpoints.validate import check_payload, validate
 
-from training import schema
-from training.fingerprint import fingerprint_state
-from training.store import ObjectStore, put_json
+from training.fingerprint.host import fingerprint_state
+from training.records import schema
+from training.store.interface import ObjectStore, put_json
 
 
 def _key(run: str, step: int, name: str) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from helpers.cleanup import fail_active_runs, restore_cluster
 from longrun.airflow_rest import AirflowRest
-from longrun.slurm.client import make_client
+from longrun.slurm.factory import make_client
 
 FAILED = pytest.StashKey[set]()
 """The phases (setup, call, teardown) of a test that failed."""

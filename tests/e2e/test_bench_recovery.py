@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from helpers.marks import END_TO_END
 from longrun.drill import Rest, prepare
-from longrun.slurm.client import make_client
+from longrun.slurm.factory import make_client
 
-from training.store import store_from_env
+from training.store.factory import store_from_env
 
 pytestmark = [
     *END_TO_END,

@@ -40,18 +40,19 @@ from helpers.marks import END_TO_END
 from longrun.airflow_rest import AirflowApiError
 from longrun.dagrun_ids import incident_run_id
 from longrun.drill import DRILL_CONF, DrillError, DrillResult, Rest, prepare, return_to_service, run_drill
+from longrun.health import history as h
+from longrun.health.cli import main as nodes_main
+from longrun.health.policy import POLICY_VARIABLE
 from longrun.monitor import lifecycle
-from longrun.nodes import history as h
-from longrun.nodes.cli import main as nodes_main
-from longrun.nodes.policy import POLICY_VARIABLE
 from longrun.runview import RunView
-from longrun.slurm.client import SlurmClient, make_client
+from longrun.slurm.client import SlurmClient
+from longrun.slurm.factory import make_client
 from longrun.slurm.spec import JobTag
 from longrun.stack.layout import NODES
 from longrun.stack.slurm_conf import slurm_paths
 
 from training.faults import sick_marker
-from training.store import store_from_env
+from training.store.factory import store_from_env
 
 pytestmark = END_TO_END
 
@@ -303,7 +304,7 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
     first, again = result.segments[0], result.segments[-1]
     assert first["job_id"] == again["job_id"] == str(relaunch.job_id), "the job id changed"
     assert node in first["nodes"] and node not in again["nodes"]
-    # the diagnosis ran inside the job's allocation (longrun.incident.inalloc), not in a MAINT reservation,
+    # the diagnosis ran inside the job's allocation (longrun.incident.hot_spare), not in a MAINT reservation,
     # and convicted the sick node (its fault persists: the probe's fingerprint differs from the reference's)
     diag = inc.diagnosis
     assert diag.where == "in_job", diag
@@ -331,9 +332,9 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
 def test_rerunning_the_incident_changes_nothing(rest, clean):
     """Clear the whole sdc_incident run of the sick-node drill (as after a scheduler crash): it runs again
     and never drains twice, never submits twice, never loses or doubles the incident record."""
-    from longrun.incident import ratelimit
+    from longrun.health import ratelimit
 
-    from training.store import get_json
+    from training.store.interface import get_json
 
     store = store_from_env()
     run = name("sick-node")

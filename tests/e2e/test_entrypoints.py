@@ -26,10 +26,10 @@ from helpers.cleanup import restore_cluster
 from helpers.marks import END_TO_END
 from longrun.drill import DrillResult, Rest, prepare, run_drill
 from longrun.monitor import lifecycle
-from longrun.slurm.client import make_client
+from longrun.slurm.factory import make_client
 
 from training.faults import sick_marker
-from training.store import store_from_env
+from training.store.factory import store_from_env
 
 pytestmark = END_TO_END
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from longrun.airflow_rest import AirflowApiError, AirflowRest
 from longrun.slurm.client import SlurmClient
 
-from training import schema
+from training.records import schema
 
 LONGRUN_DAGS = ("training_run", "sdc_incident", "node_return")
 ACTIVE_RUN_STATES = ("queued", "running")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from training.store import ObjectStore
+from training.store.interface import ObjectStore
 
 FLEET_PREFIXES = ("nodes/", "ops/drain-ledger.json")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.store import LocalDirStore
+from training.store.local import LocalDirStore
 
 
 def use_local_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalDirStore:

@@ -18,12 +18,13 @@ from typing import Any
 
 from longrun import alert_auth
 from longrun.launch import JOB_EXPORT
-from longrun.slurm.client import JobStatus, SlurmClient
+from longrun.slurm.client import SlurmClient
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
-from longrun.store_sides import job_store_env
+from longrun.store_access import job_store_env
 
-from training import schema
-from training.store import ObjectStore
+from training.records import schema
+from training.store.interface import ObjectStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ class SignedJob:
 def _alert_code(run: str, run_dir: Path, suspect: str) -> str:
     return (
         "from pathlib import Path;from training import schema;from training.events import EventWriter;"
-        "from training.store import store_from_env;"
+        "from training.store.factory import store_from_env;"
         f"w=EventWriter(run={run!r},run_dir=Path({str(run_dir)!r}),store=store_from_env(),rank=0,"
         "flush_every=1,progress_interval_s=1.0);"
         f"w.alert(schema.record('alert',run={run!r},step=7,check='recompute',suspect_ranks=[1],"
@@ -152,6 +153,6 @@ def keyed_job(
 
 def sign_as_job(alert: Mapping[str, Any], *, job_id: int, key: bytes) -> dict[str, Any]:
     """`alert` as the job's EventWriter writes it: with its job id, signed with its key."""
-    from training import signing
+    from training.records import signing
 
     return signing.sign({**alert, "job_id": job_id}, key)

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from longrun.slurm import ops
-from longrun.slurm.client import SlurmClient, make_client
+from longrun.slurm.client import SlurmClient
+from longrun.slurm.factory import make_client
 
 
 @contextmanager

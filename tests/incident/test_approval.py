@@ -11,7 +11,7 @@ from longrun.incident import attribution
 from longrun.incident.approval import safe_text
 from markdown_it import MarkdownIt
 
-from training import schema
+from training.records import schema
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 HOSTILE = "n2](http://evil.example/x) <img src=x onerror=alert(1)> **APPROVE NOW** `rm -rf`\x1b[2J"

@@ -6,7 +6,7 @@ import pytest
 from longrun.incident import runbooks
 from longrun.incident.attribution import AMBIGUOUS, NODE, AttributionOutcome, attribute
 
-from training import schema
+from training.records import schema
 
 
 def alert(**over):

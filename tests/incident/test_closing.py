@@ -11,8 +11,8 @@ from helpers.local_store import use_local_store
 from longrun.cli import main as longrun_main
 from longrun.incident import closing, record
 
-from training import schema
-from training.store import put_json
+from training.records import schema
+from training.store.interface import put_json
 
 RUN = "close-1"
 KEY = f"runs/{RUN}/alerts/00000015-weight_vote-r001-1.json"
@@ -44,7 +44,7 @@ def progress(store, step: int, t: float) -> None:
 
 
 def test_relaunched_and_healthy_for_n_steps_closes(store):
-    iid = record.incident_id_for(KEY)
+    iid = schema.incident_id_for(KEY)
     progress(store, 25, time.time() + 1)
     assert closing.close_healthy(store, RUN, healthy_steps=20) == []  # 15 steps past the resume point
     progress(store, 30, time.time() + 2)
@@ -69,7 +69,7 @@ def test_an_alert_after_the_relaunch_keeps_it_open(store):
 
 
 def test_operator_closes_with_a_reason(store, capsys):
-    iid = record.incident_id_for(KEY)
+    iid = schema.incident_id_for(KEY)
     assert longrun_main(["incidents", "list", "--run", RUN]) == 0
     assert f"{iid}  open" in capsys.readouterr().out
     with pytest.raises(ValueError, match="reason"):
@@ -108,9 +108,9 @@ def test_the_audit_honours_the_closing_threshold(store, monkeypatch):
     """checkpoint_audit's task closes with its Param `healthy_steps`, else the Variable
     `longrun_healthy_steps` (read by Airflow's SDK from its environment-variable backend here), else 20."""
     from airflow.sdk.exceptions import AirflowFailException
-    from longrun.audit.task import audit_task, closing_threshold
+    from longrun.tasks.checkpoint_audit import audit_task, closing_threshold
 
-    iid = record.incident_id_for(KEY)
+    iid = schema.incident_id_for(KEY)
     monkeypatch.delenv("AIRFLOW_VAR_LONGRUN_HEALTHY_STEPS", raising=False)
     assert closing_threshold({}) == closing.HEALTHY_STEPS == 20
     progress(store, 25, time.time() + 1)  # 15 steps past the resume point

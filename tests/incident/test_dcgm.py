@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from longrun.incident import dcgm
+from longrun.health import dcgm
 
 DATA = Path(__file__).parent / "data"
 
@@ -155,7 +155,7 @@ def test_describe_reads_a_verdict_as_an_incident_record_keeps_it():
     "odd", [{"passed": "yes", "level": 3}, {"level": 3}, {"passed": 1, "failures": "fail"}, []]
 )
 def test_a_verdict_that_does_not_say_passed_true_never_reads_as_passed(odd):
-    from longrun.incident import node_check
+    from longrun.health import node_check
 
     assert "FAILED" in dcgm.describe(odd)
     assert node_check.combine({"verdict": "pass"}, odd) == "fail"

@@ -20,16 +20,17 @@ import pytest
 from helpers.signed_job import sign_as_job
 from helpers.tracked_client import tracked_client
 from longrun import alert_auth
-from longrun.incident import dcgm, inalloc, injob, record, runbooks, steps
+from longrun.health import dcgm, probe_reference
+from longrun.health.ratelimit import DrainPolicy
+from longrun.incident import hot_spare, record, runbooks, runner, step_drain, steps
 from longrun.incident.events import Event
-from longrun.incident.ratelimit import DrainPolicy
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
 
-from training import schema
 from training.faults import sick_marker
-from training.store import LocalDirStore
+from training.records import schema
+from training.store.local import LocalDirStore
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -44,7 +45,7 @@ def client(slurm_cluster) -> Iterator:
     assert not [r for r in c.reservations() if r.startswith("longrun_")]
 
 
-def kept_incident(tmp_path, client, store, *, run: str, tamper: bool = False) -> steps.Incident:
+def kept_incident(tmp_path, client, store, *, run: str, tamper: bool = False) -> runner.Incident:
     """A running longrun job of `run` on NODES (2 training + 1 spare) and a signed alert naming SUSPECT."""
     tag = JobTag(dag_id="training_run", run_id=f"test__{run}", task_id="submit").render()
     spec = JobSpec(
@@ -65,7 +66,7 @@ def kept_incident(tmp_path, client, store, *, run: str, tamper: bool = False) ->
     if tamper:  # the job (hostile) points the orchestrator at another node after signing
         signed = {**signed, "suspect_nodes": ["n2"]}
     params = {"run_name": run, "nodes": 2, "spare_nodes": 1, "gpus_per_node": 0, "incident_mode": "act"}
-    inc = steps.Incident(
+    inc = runner.Incident(
         run=run, alert_key=f"runs/{run}/alerts/00000017-recompute-r000-1.json", alert=signed,
         job_id=job_id, run_params=params, dag_run_id="test",
     )  # fmt: skip
@@ -80,9 +81,9 @@ def test_a_sick_node_is_convicted_inside_the_job_and_released(tmp_path, client):
     marker.parent.mkdir(parents=True)
     marker.write_text("drill")
     inc = kept_incident(tmp_path, client, store, run="inj1")
-    assert injob.freeze_kept(store, client, inc) is not None  # the job stays
-    steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
-    out = inalloc.diagnose_in_job(
+    assert hot_spare.freeze_kept(store, client, inc) is not None  # the job stays
+    step_drain.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
+    out = hot_spare.diagnose_in_job(
         store, client, inc, node=SUSPECT, partition="debug", state_dir=str(state_dir), python=sys.executable
     )
     assert out is not None and out["verdict"] == "fail", out
@@ -101,7 +102,7 @@ def test_a_sick_node_is_convicted_inside_the_job_and_released(tmp_path, client):
     assert node.drain_flag and node.reason == "longrun:diag-fail:inj1:17"
     assert not client.reservations()  # no MAINT reservation on this path
     # a rerun returns the recorded verdict and runs nothing
-    assert inalloc.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug") == out
+    assert hot_spare.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug") == out
     print(f"\nIN-JOB DIAGNOSIS: node_check step {out['duration_s']} s; reference + node_check + drain "
           f"{out['total_s']} s; then released")  # fmt: skip
 
@@ -109,12 +110,12 @@ def test_a_sick_node_is_convicted_inside_the_job_and_released(tmp_path, client):
 def test_no_verdict_from_the_step_falls_back_after_releasing_the_node(tmp_path, client):
     store = LocalDirStore(tmp_path / "store")
     inc = kept_incident(tmp_path, client, store, run="inj2")
-    steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
+    step_drain.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
     ref = {"node": "n1", "verdict": "no-reference", "fingerprint": "0123456789abcdef", "torch": "2.0",
            "cpu_capability": "DEFAULT", "threads": 1}  # fmt: skip
-    steps.remember_reference(store, "debug", ref)  # a usable cached reference: no reference step
+    probe_reference.remember_reference(store, "debug", ref)  # a usable cached reference: no reference step
     # a step that cannot run the diagnostic (no interpreter there): no verdict, so no conviction
-    out = inalloc.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug", python="/bin/false")
+    out = hot_spare.diagnose_in_job(store, client, inc, node=SUSPECT, partition="debug", python="/bin/false")
     assert out is None
     rec = inc.rec(store)
     skipped = rec.event(Event.DIAGNOSIS_IN_JOB_SKIPPED)
@@ -132,8 +133,8 @@ def test_a_forged_alert_probes_and_releases_nothing(tmp_path, client):
     store = LocalDirStore(tmp_path / "store")
     inc = kept_incident(tmp_path, client, store, run="inj3", tamper=True)
     client.drain("n2", "longrun:sdc:inj3:17")  # as if drained already: the gate is the only guard left
-    with pytest.raises(steps.IncidentStop, match="not acted on"):
-        inalloc.diagnose_in_job(store, client, inc, node="n2", partition="debug", python=sys.executable)
+    with pytest.raises(runner.IncidentStop, match="not acted on"):
+        hot_spare.diagnose_in_job(store, client, inc, node="n2", partition="debug", python=sys.executable)
     assert client.job(inc.job_id).nodes == NODES
     assert client.node("n2").reason == "longrun:sdc:inj3:17"
     rec = inc.rec(store)
@@ -170,8 +171,8 @@ def test_dcgmi_on_the_step_path_decides_the_verdict(tmp_path, client, monkeypatc
     store = LocalDirStore(tmp_path / "store")
     run = f"dcgm{verdict}"
     inc = kept_incident(tmp_path, client, store, run=run)
-    steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
-    out = inalloc.diagnose_in_job(
+    step_drain.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
+    out = hot_spare.diagnose_in_job(
         store, client, inc, node=SUSPECT, partition="debug", state_dir=str(tmp_path / "no-faults"),
         python=sys.executable,
     )  # fmt: skip

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
-from longrun.incident import exclusive, record, steps, tasks
+from longrun.incident import exclusive, record, runner, steps
+from longrun.tasks import sdc_incident
 
-from training import schema
-from training.schema import SchemaError
-from training.store import LocalDirStore, ObjectStore, put_json, store_from_env
+from training.records import schema
+from training.records.schema import SchemaError
+from training.store.factory import store_from_env
+from training.store.interface import ObjectStore, put_json
+from training.store.local import LocalDirStore
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -34,9 +37,9 @@ def _alert(run: str, step: int) -> dict:
     )
 
 
-def _incident(run: str, step: int, job_id: int, rank: int = 0) -> steps.Incident:
+def _incident(run: str, step: int, job_id: int, rank: int = 0) -> runner.Incident:
     key = schema.store_key(run, schema.alert_path(step, "recompute", f"r{rank:03d}-{1700000000 + step}"))
-    return steps.Incident(
+    return runner.Incident(
         run=run, alert_key=key, alert=_alert(run, step), job_id=job_id, run_params={"run_name": run}
     )
 
@@ -51,7 +54,7 @@ def test_a_second_alert_of_the_same_job_joins_the_first_incident(store: ObjectSt
     assert exclusive.enter(store, run=run, incident_id=first.incident_id, job_id=5).action == "act"
     steps.open_record(store, first)
     with pytest.raises(AirflowSkipException, match=f"joins incident {first.incident_id}"):
-        tasks.take_turn(store, second)
+        sdc_incident.take_turn(store, second)
     rec = record.load(store, run=run, incident_id=first.incident_id)
     assert [j["alert_key"] for j in rec["joined"]] == [second.alert_key]
     assert exclusive.joined_to(store, run=run, incident_id=second.incident_id) == first.incident_id
@@ -87,7 +90,7 @@ def test_of_two_incidents_racing_exactly_one_acts(store: ObjectStore) -> None:
     got: dict[str, str] = {}
     start = threading.Barrier(2)
 
-    def go(inc: steps.Incident) -> None:
+    def go(inc: runner.Incident) -> None:
         start.wait(timeout=30)
         got[inc.incident_id] = exclusive.enter(store, run=run, incident_id=inc.incident_id, job_id=5).action
 
@@ -149,7 +152,7 @@ def test_a_lock_without_job_id_is_refused_naming_it() -> None:
         exclusive.IncidentLock.from_json(obj)
 
 
-def _holder_with_record(store: ObjectStore, body: bytes) -> tuple[str, steps.Incident, steps.Incident]:
+def _holder_with_record(store: ObjectStore, body: bytes) -> tuple[str, runner.Incident, runner.Incident]:
     """A run whose lock is held (for job 5) by an incident whose record is `body`, and a newcomer of job 5."""
     run = _run()
     first, second = _incident(run, 17, job_id=5), _incident(run, 17, job_id=5, rank=2)
@@ -158,7 +161,7 @@ def _holder_with_record(store: ObjectStore, body: bytes) -> tuple[str, steps.Inc
     return run, first, second
 
 
-def _relaunched_but_malformed(run: str, inc: steps.Incident) -> bytes:
+def _relaunched_but_malformed(run: str, inc: runner.Incident) -> bytes:
     """A holder record whose status says final (relaunched) but whose timeline does not read: the shared
     schema check passes it, the typed Incident refuses it."""
     rec = schema.record(
@@ -198,9 +201,9 @@ def test_waiting_on_an_unreadable_holder_stops_naming_its_key_and_the_runbook(
 ) -> None:
     run, first, _ = _holder_with_record(store, b"[]")
     later = _incident(run, 30, job_id=6)
-    monkeypatch.setattr(tasks, "TURN_WAIT_S", -1.0)  # give up at the first look
-    with pytest.raises(steps.IncidentStop) as stop:
-        tasks.take_turn(store, later)
+    monkeypatch.setattr(sdc_incident, "TURN_WAIT_S", -1.0)  # give up at the first look
+    with pytest.raises(runner.IncidentStop) as stop:
+        sdc_incident.take_turn(store, later)
     msg = str(stop.value)
     assert "does not read" in msg and record.record_key(run, first.incident_id) in msg
     assert "runbooks/relaunch-failed.md" in msg

@@ -13,10 +13,11 @@ import logging
 from typing import Any
 
 import pytest
-from longrun.incident import keep_drained, ratelimit
-from longrun.incident.ratelimit import LEDGER_KEY, reserve_drain
+from longrun.health import ratelimit
+from longrun.health.ratelimit import LEDGER_KEY, reserve_drain
+from longrun.incident import keep_drained
 
-from training.store import LocalDirStore
+from training.store.local import LocalDirStore
 
 INC = "00000017-recompute-r000-1700000017"
 NOW = 1_800_000_000.0

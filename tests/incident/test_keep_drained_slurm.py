@@ -15,12 +15,14 @@ import sys
 import time
 
 import pytest
-from longrun.incident import diagnose, keep_drained, record, runbooks, steps
-from longrun.incident.ratelimit import DrainPolicy, entries, reserve_drain
-from longrun.slurm.client import JobStatus, make_client
+from longrun.health import diagnose
+from longrun.health.ratelimit import DrainPolicy, entries, reserve_drain
+from longrun.incident import keep_drained, record, runbooks, runner, step_diagnose, step_drain, steps
+from longrun.slurm.factory import make_client
+from longrun.slurm.models import JobStatus
 
-from training import schema
-from training.store import LocalDirStore
+from training.records import schema
+from training.store.local import LocalDirStore
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -48,7 +50,7 @@ def client(slurm_cluster):
             c._run(["scontrol", "update", f"NodeName={n.name}", "State=RESUME"])  # type: ignore[attr-defined]
 
 
-def _incident(node: str, run: str, step: int = 17) -> steps.Incident:
+def _incident(node: str, run: str, step: int = 17) -> runner.Incident:
     alert = schema.record(
         "alert",
         run=run,
@@ -58,7 +60,7 @@ def _incident(node: str, run: str, step: int = 17) -> steps.Incident:
         suspect_nodes=[node],
         evidence={"world": {"nodes": ["n1", node, "n3"]}},
     )
-    return steps.Incident(
+    return runner.Incident(
         run=run,
         alert_key=f"runs/{run}/alerts/{step:08d}-recompute-r000-1.json",
         alert=alert,
@@ -68,7 +70,7 @@ def _incident(node: str, run: str, step: int = 17) -> steps.Incident:
     )
 
 
-def _drain(store, client, inc: steps.Incident, node: str) -> None:
+def _drain(store, client, inc: runner.Incident, node: str) -> None:
     """What the drain step does once the alert is authenticated (its gate needs a signed alert from a real
     job, which tests/security covers): a ledger slot, longrun's drain, the record's `drained` event."""
     steps.open_record(store, inc)
@@ -80,7 +82,7 @@ def _drain(store, client, inc: steps.Incident, node: str) -> None:
     inc.event(store, "drained", fields={"drain": drain}, node=node, reason=out.reason)
 
 
-def _die_inside_the_reservation(store, client, inc: steps.Incident, node: str) -> str:
+def _die_inside_the_reservation(store, client, inc: runner.Incident, node: str) -> str:
     """What the diagnose task does before its diagnostic job, then nothing: the worker died."""
     _drain(store, client, inc, node)
     name = keep_drained.reservation_name(keep_drained.DIAG, inc.incident_id, node)
@@ -92,7 +94,7 @@ def _die_inside_the_reservation(store, client, inc: steps.Incident, node: str) -
     return name
 
 
-def _events(store, inc: steps.Incident) -> list[str]:
+def _events(store, inc: runner.Incident) -> list[str]:
     return [e["event"] for e in record.load(store, run=inc.run, incident_id=inc.incident_id)["timeline"]]
 
 
@@ -109,7 +111,7 @@ def test_diagnose_retry_redrains_removes_the_leftover_and_diagnoses(tmp_path, cl
     inc = _incident("n2", "kd1")
     leftover = _die_inside_the_reservation(store, client, inc, "n2")
 
-    out = steps.run_diagnosis(
+    out = step_diagnose.run_diagnosis(
         store,
         client,
         inc,
@@ -163,13 +165,13 @@ def test_next_step_redrains_and_cancels_a_diagnostic_that_outlived_its_task(
             assert time.monotonic() < deadline, "the orphan diagnostic never started"
             time.sleep(0.3)
 
-        out = steps.restore_drain(store, client, inc)
+        out = step_drain.restore_drain(store, client, inc)
         assert out == {"removed_reservations": [leftover], "redrained": ["n3"], "nodes": ["n3"]}
         assert client.node("n3").reason == "longrun:sdc:kd2:5"
         assert leftover not in client.reservations()
         orphan.wait(timeout=60)  # srun ends with its cancelled job
         # A second call finds nothing to do and writes nothing.
-        assert steps.restore_drain(store, client, inc) == {
+        assert step_drain.restore_drain(store, client, inc) == {
             "removed_reservations": [],
             "redrained": [],
             "nodes": ["n3"],
@@ -186,8 +188,8 @@ def test_a_node_taken_over_by_someone_else_is_left_alone(tmp_path, client) -> No
     inc = _incident("n2", "kd4")
     _drain(store, client, inc, "n2")
     client._run(["scontrol", "update", "NodeName=n2", "State=DRAIN", f"Reason={FOREIGN}"])  # type: ignore[attr-defined]
-    with pytest.raises(steps.IncidentStop, match="someone else"):
-        steps.restore_drain(store, client, inc)
+    with pytest.raises(runner.IncidentStop, match="someone else"):
+        step_drain.restore_drain(store, client, inc)
     assert client.node("n2").reason == FOREIGN
     assert "foreign_drain" in _events(store, inc)
     rec = record.load(store, run=inc.run, incident_id=inc.incident_id)
@@ -202,5 +204,5 @@ def test_a_grant_without_its_drained_event_is_drained_by_the_next_step(tmp_path,
     steps.open_record(store, inc)
     reserve_drain(store, incident_id=inc.incident_id, node="n4", run=inc.run)
     assert not client.node("n4").drain_flag
-    out = steps.restore_drain(store, client, inc)
+    out = step_drain.restore_drain(store, client, inc)
     assert out["redrained"] == ["n4"] and client.node("n4").reason == "longrun:sdc:kd5:3"

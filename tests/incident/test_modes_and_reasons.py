@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from longrun.incident import diagnose, modes, node_check
-from longrun.slurm.client import NodeState
+from longrun.health import diagnose, node_check
+from longrun.incident import modes
 from longrun.slurm.errors import InvalidSpecError
+from longrun.slurm.models import NodeState
 
 
 def test_modes():
@@ -29,7 +30,7 @@ def test_reasons_carry_the_prefix_and_round_trip():
 
 def test_node_check_argv_is_validated():
     argv = diagnose.node_check_argv(node="n2", expect="ab12", dcgm_level=3, probe_timeout_s=60, python="py")
-    assert argv == ("py", "-m", "longrun.incident.node_check", "--node", "n2", "--expect", "ab12",
+    assert argv == ("py", "-m", "longrun.health.node_check", "--node", "n2", "--expect", "ab12",
                     "--dcgm-level", "3", "--probe-timeout", "60")  # fmt: skip
     with pytest.raises(ValueError, match="expect="):
         diagnose.node_check_argv(node="n2", expect="zz;", dcgm_level=3, probe_timeout_s=60)

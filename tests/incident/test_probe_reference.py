@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from longrun.incident import diagnose, node_check
-from longrun.incident.probe_reference import (
+from longrun.health import diagnose, node_check
+from longrun.health.probe_reference import (
     cached_reference,
     checked_reference,
     comparable,
@@ -20,7 +20,7 @@ from longrun.incident.probe_reference import (
 )
 
 from training.records.diagnosis import ProbeResult
-from training.store import LocalDirStore
+from training.store.local import LocalDirStore
 
 KEY = "ops/probe-reference/p.json"
 GOOD = {"node": "n1", "verdict": "no-reference", "fingerprint": "0123456789abcdef", "torch": "2.5.1",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from longrun.incident.ratelimit import DrainPolicy, DrainRefused, entries, reserve_drain
+from longrun.health.ratelimit import DrainPolicy, DrainRefused, entries, reserve_drain
 
-from training.store import LocalDirStore
+from training.store.local import LocalDirStore
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ LEDGER_WRITTEN = (
 def test_a_ledger_written_before_reads_and_a_new_drain_keeps_its_entries_byte_for_byte(store):
     import json
 
-    from longrun.incident.ratelimit import LEDGER_KEY, DrainEntry
+    from longrun.health.ratelimit import LEDGER_KEY, DrainEntry
 
     old = json.loads(LEDGER_WRITTEN)
     assert [DrainEntry.from_json(e).to_json() for e in old["entries"]] == old["entries"]
@@ -110,9 +110,9 @@ def test_a_ledger_written_before_reads_and_a_new_drain_keeps_its_entries_byte_fo
     ],
 )
 def test_a_malformed_ledger_entry_is_refused_naming_the_field(change, field):
-    from longrun.incident.ratelimit import DrainEntry
+    from longrun.health.ratelimit import DrainEntry
 
-    from training.schema import SchemaError
+    from training.records.schema import SchemaError
 
     good = {"incident_id": "i1", "node": "n2", "run": "r", "time": 1000.5, "override": False}
     with pytest.raises(SchemaError, match=field):

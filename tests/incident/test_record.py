@@ -6,8 +6,8 @@ import pytest
 from longrun.incident import record, runbooks
 from longrun.incident.events import Event
 
-from training import schema
-from training.store import LocalDirStore
+from training.records import schema
+from training.store.local import LocalDirStore
 
 ALERT_KEY = "runs/r1/alerts/00000017-recompute-r000-1764430000.json"
 
@@ -32,9 +32,9 @@ def alert():
 
 
 def test_incident_id_is_the_alert_stem():
-    assert record.incident_id_for(ALERT_KEY) == "00000017-recompute-r000-1764430000"
+    assert schema.incident_id_for(ALERT_KEY) == "00000017-recompute-r000-1764430000"
     with pytest.raises(ValueError, match="alert_key"):
-        record.incident_id_for("runs/r1/alerts/")
+        schema.incident_id_for("runs/r1/alerts/")
 
 
 def test_open_twice_gives_the_same_record(store, alert):

@@ -23,15 +23,15 @@ from collections.abc import Iterator
 import pytest
 from helpers.signed_job import keyed_job, sign_as_job
 from helpers.tracked_client import tracked_client
-from longrun.incident import runbooks, steps
-from longrun.incident.ratelimit import DrainPolicy
+from longrun.health.ratelimit import DrainPolicy
+from longrun.incident import runbooks, runner, step_diagnose, step_drain, steps
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
 
-from training import schema
 from training.faults import sick_marker
-from training.store import LocalDirStore
+from training.records import schema
+from training.store.local import LocalDirStore
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -49,7 +49,7 @@ def client(slurm_cluster) -> Iterator:
             c.delete_reservation(r)
 
 
-def incident(tmp_path, client, store, *, run: str) -> steps.Incident:
+def incident(tmp_path, client, store, *, run: str) -> runner.Incident:
     """An incident about a signed alert of a (finished) longrun job of `run` naming SUSPECT, drained."""
     nodes = (SUSPECT, *OTHERS[:2])
     job_id, key = keyed_job(client, store, run=run, nodelist=nodes, workdir=tmp_path, partition="debug")
@@ -57,14 +57,14 @@ def incident(tmp_path, client, store, *, run: str) -> steps.Incident:
         "alert", run=run, step=17, check="recompute", suspect_ranks=[1], suspect_nodes=[SUSPECT],
         evidence={"world": {"nodes": list(nodes)}},
     )  # fmt: skip
-    inc = steps.Incident(
+    inc = runner.Incident(
         run=run, alert_key=f"runs/{run}/alerts/00000017-recompute-r000-1.json",
         alert=sign_as_job(alert, job_id=job_id, key=key), job_id=job_id,
         run_params={"run_name": run, "nodes": 3, "gpus_per_node": 0, "incident_mode": "act"},
         dag_run_id=f"test_{run}",
     )  # fmt: skip
     steps.open_record(store, inc)
-    steps.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
+    step_drain.drain(store, client, inc, node=SUSPECT, policy=DrainPolicy(max_drains=5))
     return inc
 
 
@@ -90,7 +90,7 @@ def sick(tmp_path) -> str:
 
 
 def diagnose(store, client, inc, state_dir):
-    return steps.run_diagnosis(
+    return step_diagnose.run_diagnosis(
         store, client, inc, node=SUSPECT, run_nodes=OTHERS[:2], state_dir=state_dir, python=sys.executable,
         partition="debug",
     )  # fmt: skip
@@ -119,7 +119,7 @@ def test_no_reference_and_no_node_stops_loudly_and_a_forged_cache_gives_no_pass(
     state_dir = sick(tmp_path)
     inc = incident(tmp_path, client, store, run="rs2")
     hold_others(tmp_path, client, tag="not-this-incident")  # someone else's job holds every healthy node
-    with pytest.raises(steps.IncidentStop, match="no healthy idle node") as e:
+    with pytest.raises(runner.IncidentStop, match="no healthy idle node") as e:
         diagnose(store, client, inc, state_dir)
     assert runbooks.DIAGNOSTIC_FAILED in str(e.value)
     assert client.node(SUSPECT).reason == "longrun:sdc:rs2:17"

@@ -15,10 +15,11 @@ from longrun.incident import record, runbooks, steps
 from longrun.incident.events import Event
 from longrun.incident.runner import Incident, IncidentStop, Outcome, run, write
 
-from training import schema
-from training.records import Incident as IncidentRecord
-from training.records import IncidentStatus
-from training.store import LocalDirStore, ObjectStore
+from training.records import schema
+from training.records.orchestrator import Incident as IncidentRecord
+from training.records.orchestrator import IncidentStatus
+from training.store.interface import ObjectStore
+from training.store.local import LocalDirStore
 
 RUN = "runner-r1"
 

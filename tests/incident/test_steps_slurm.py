@@ -8,13 +8,13 @@ import sys
 
 import pytest
 from helpers.signed_job import keyed_job, sign_as_job
-from longrun.incident import record, steps
-from longrun.incident.ratelimit import DrainPolicy, entries
-from longrun.slurm.client import make_client
+from longrun.health.ratelimit import DrainPolicy, entries
+from longrun.incident import record, runner, step_diagnose, step_drain, steps
+from longrun.slurm.factory import make_client
 
-from training import schema
 from training.faults import sick_marker
-from training.store import LocalDirStore
+from training.records import schema
+from training.store.local import LocalDirStore
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -44,7 +44,7 @@ def incident(tmp_path, client, store, node="n2", run="it1", step=17, nodes=("n1"
         suspect_nodes=[node],
         evidence={"world": {"nodes": list(nodes)}},
     )
-    return steps.Incident(
+    return runner.Incident(
         run=run,
         alert_key=f"runs/{run}/alerts/{step:08d}-recompute-r000-1.json",
         alert=sign_as_job(alert, job_id=job_id, key=key),
@@ -58,8 +58,8 @@ def test_drain_once_and_leave_foreign_drains(tmp_path, client):
     store = LocalDirStore(tmp_path / "store")
     inc = incident(tmp_path, client, store)
     steps.open_record(store, inc)
-    first = steps.drain(store, client, inc, node="n2", policy=DrainPolicy(max_drains=5))
-    again = steps.drain(store, client, inc, node="n2", policy=DrainPolicy(max_drains=5))
+    first = step_drain.drain(store, client, inc, node="n2", policy=DrainPolicy(max_drains=5))
+    again = step_drain.drain(store, client, inc, node="n2", policy=DrainPolicy(max_drains=5))
     assert first["drained_now"] and again["rerun"]
     assert client.node("n2").reason == "longrun:sdc:it1:17"
     assert len(entries(store)) == 1
@@ -69,8 +69,8 @@ def test_drain_once_and_leave_foreign_drains(tmp_path, client):
     other = incident(tmp_path, client, store, node="n3", run="it2", step=5, nodes=("n1", "n3", "n4"))
     client._run(["scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=admin: fan"])  # type: ignore[attr-defined]
     steps.open_record(store, other)
-    with pytest.raises(steps.IncidentStop, match="someone else"):
-        steps.drain(store, client, other, node="n3", policy=DrainPolicy(max_drains=5))
+    with pytest.raises(runner.IncidentStop, match="someone else"):
+        step_drain.drain(store, client, other, node="n3", policy=DrainPolicy(max_drains=5))
     assert client.node("n3").reason == "admin: fan"
     assert len(entries(store)) == 1  # someone else's drain uses no slot
 
@@ -83,8 +83,8 @@ def test_diagnosis_convicts_a_sick_node(tmp_path, client):
     marker.write_text("drill")
     inc = incident(tmp_path, client, store)
     steps.open_record(store, inc)
-    steps.drain(store, client, inc, node="n2", policy=DrainPolicy(max_drains=5))
-    out = steps.run_diagnosis(
+    step_drain.drain(store, client, inc, node="n2", policy=DrainPolicy(max_drains=5))
+    out = step_diagnose.run_diagnosis(
         store, client, inc, node="n2", run_nodes=("n1", "n3"), state_dir=str(state_dir), python=sys.executable
     )
     assert out["verdict"] == "fail", out["summary"]
@@ -92,11 +92,13 @@ def test_diagnosis_convicts_a_sick_node(tmp_path, client):
     assert client.node("n2").reason == "longrun:diag-fail:it1:17"
     assert client.reservations() == []
     # A rerun returns the recorded diagnosis and runs nothing.
-    assert steps.run_diagnosis(store, client, inc, node="n2", state_dir=str(state_dir)) == out
+    assert step_diagnose.run_diagnosis(store, client, inc, node="n2", state_dir=str(state_dir)) == out
     # A healthy node passes against the cached reference.
     ok = incident(tmp_path, client, store, node="n3", run="it3", step=9, nodes=("n1", "n3", "n4"))
     steps.open_record(store, ok)
-    steps.drain(store, client, ok, node="n3", policy=DrainPolicy(max_drains=5))
-    out = steps.run_diagnosis(store, client, ok, node="n3", state_dir=str(state_dir), python=sys.executable)
+    step_drain.drain(store, client, ok, node="n3", policy=DrainPolicy(max_drains=5))
+    out = step_diagnose.run_diagnosis(
+        store, client, ok, node="n3", state_dir=str(state_dir), python=sys.executable
+    )
     assert out["verdict"] == "pass", out["summary"]
     assert client.node("n3").reason == "longrun:diag-pass:it3:9"

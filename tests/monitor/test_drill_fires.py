@@ -11,17 +11,19 @@ import subprocess
 
 import pytest
 from longrun import drillcheck
-from longrun.incident import injob, recovery
-from longrun.monitor import lifecycle
+from longrun.incident import hot_spare, recovery
+from longrun.monitor import lifecycle, segments
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus, make_client
+from longrun.slurm.factory import make_client
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobTag
 
-from training import schema
-from training.directive import Directive
-from training.records import Incident as IncidentRecord
+from training.records import schema
+from training.records.orchestrator import Incident as IncidentRecord
 from training.segment import FaultFired, Segment
-from training.store import LocalDirStore, get_json, put_json
+from training.spares.directive import Directive
+from training.store.interface import get_json, put_json
+from training.store.local import LocalDirStore
 
 FOREIGN = "test:drill-preflight"  # not longrun's prefix: an operator's drain
 
@@ -116,7 +118,7 @@ def test_a_drill_that_never_fired_fails_the_run_naming_the_drill(tmp_path):
     store = LocalDirStore(tmp_path / "store")
     drill = {"kind": "sick-node", "step": 5, "target": "n4"}
     _trainer_report(store, "nf")
-    with pytest.raises(recovery.DrillNotFired, match="drill sick-node:5:n4 never fired"):
+    with pytest.raises(segments.DrillNotFired, match="drill sick-node:5:n4 never fired"):
         lifecycle.finish(store, {"job_id": 7}, params("nf", drill))
     report = get_json(store, schema.store_key("nf", schema.REPORT_PATH))
     assert report["orchestrator"]["drill"]["fired"] is False
@@ -197,7 +199,7 @@ def test_recovery_is_measured_from_the_records(tmp_path):
     assert rec2 == rec
     # a relaunch that started over at step 0 is caught
     _put(store, run, dataclasses.replace(segs[1], start_step=0, resumed_from=None, first_step=1))
-    bad = recovery.measure(IncidentRecord.from_json(incident), recovery.segments(store, run), [])
+    bad = recovery.measure(IncidentRecord.from_json(incident), segments.segments(store, run), [])
     assert bad["resumed_as_picked"] is False and bad["lost_steps"] == 17
 
 
@@ -246,14 +248,14 @@ def test_a_restart_that_trained_nothing_does_not_hide_the_lost_steps():
     incident = _relaunched(run, t, relaunch={"job_id": 12}, timeline=[{"event": "opened", "time": t + 2}])
     got = recovery.measure(IncidentRecord.from_json(incident), segs, [])
     assert (got["relaunch_segment"], got["resumed_as_picked"], got["lost_steps"]) == ("12.0-r0", True, 10)
-    table = recovery.segment_table(segs)
+    table = segments.segment_table(segs)
     assert [row["lost_steps_before"] for row in table] == [None, 20, 10]
     # nothing trained before: nothing to lose, and no error
-    assert recovery.segment_table(segs[1:])[1]["lost_steps_before"] is None
+    assert segments.segment_table(segs[1:])[1]["lost_steps_before"] is None
 
 
 def test_the_directed_attempt_is_a_new_job_step():
-    """injob.attempt_segment: an NVRx restart of step 0 that starts after the directive is not the attempt
+    """hot_spare.attempt_segment: an NVRx restart of step 0 that starts after the directive is not the attempt
     the directive asked for; the attempt's own step is."""
     t = 1000.0
     d = Directive(run="rc", job_id="11", attempt=1, nodes=("n1", "n3", "n4"), resume_from="runs/rc/checkpoints/step-00000010/",
@@ -266,8 +268,8 @@ def test_the_directed_attempt_is_a_new_job_step():
     other_job = _segment(
         segment_id="12.0-r0", job_id="12", start_step=10, resumed_from=None, started_at=t + 80
     )
-    assert injob.attempt_segment([r0, late_restart, other_job], d) is None
-    assert injob.attempt_segment([r0, late_restart, other_job, attempt], d) == attempt
+    assert hot_spare.attempt_segment([r0, late_restart, other_job], d) is None
+    assert hot_spare.attempt_segment([r0, late_restart, other_job, attempt], d) == attempt
 
 
 def test_resume_step_reads_checkpoint_references():

@@ -13,8 +13,8 @@ from longrun.monitor import watch
 from longrun.monitor.event import Carry, MonitorEvent
 from longrun.monitor.operator import RunMonitorOperator
 
-from training.schema import SchemaError
-from training.store import LocalDirStore
+from training.records.schema import SchemaError
+from training.store.local import LocalDirStore
 
 SEEN = (
     '{"run": "r1", "job_id": 42, "steps": [10], "alerts": [], "stale_after_s": 600.0, "since": 1767225600.5}'

@@ -17,12 +17,16 @@ from longrun.monitor.event import Carry
 from longrun.monitor.operator import CHECKPOINTS_ALIAS, RunMonitorOperator
 from longrun.monitor.trigger import RunMonitorTrigger, event_json
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus, SlurmClient, make_client
+from longrun.slurm.client import SlurmClient
+from longrun.slurm.factory import make_client
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec
 
-from training import schema
-from training.checkpointing import CheckpointSaver, SaverSettings
-from training.store import LocalDirStore, ObjectStore
+from training.checkpoint.saver import CheckpointSaver
+from training.checkpoint.settings import SaverSettings
+from training.records import schema
+from training.store.interface import ObjectStore
+from training.store.local import LocalDirStore
 
 pytestmark = [pytest.mark.slurm]
 RUN = "inline1"

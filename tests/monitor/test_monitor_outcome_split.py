@@ -10,7 +10,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from longrun.monitor.handover import HandOverOperator
 from longrun.monitor.operator import ALERTED, COMPLETED
-from longrun.monitor.tasks import finish_task
+from longrun.tasks.training_run import finish_task
 
 
 class _TI:

@@ -11,8 +11,9 @@ from pathlib import Path
 from longrun.incident import record
 from longrun.monitor import watch
 
-from training import schema
-from training.store import LocalDirStore, put_json
+from training.records import schema
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 RUN = "retry-alerts"
 

@@ -32,7 +32,7 @@ from helpers.airflow_api import TERMINAL_RUN_STATES, AirflowApi
 from longrun.checkpoints import catalog
 from longrun.monitor import watch
 
-from training.store import store_from_env
+from training.store.factory import store_from_env
 
 pytestmark = [
     pytest.mark.chaos,

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from longrun.monitor import watch
 from longrun.monitor.trigger import RunMonitorTrigger
-from longrun.slurm.client import JobState, JobStatus
+from longrun.slurm.models import JobState, JobStatus
 
-from training import schema
-from training.store import LocalDirStore, put_json
+from training.records import schema
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 
 def test_seen_round_trip_and_handled():

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from longrun import runclaim
 
-from training import schema
-from training.store import LocalDirStore, ObjectStore, put_json, store_from_env
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import ObjectStore, put_json
+from training.store.local import LocalDirStore
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])

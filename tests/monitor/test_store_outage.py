@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 from longrun.monitor import watch
 from longrun.monitor.trigger import RunMonitorTrigger
-from longrun.slurm.client import make_client
+from longrun.slurm.factory import make_client
 from longrun.slurm.spec import JobSpec
 
-from training import schema
-from training.store import StoreUnavailable, put_json, store_from_env
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import StoreUnavailable, put_json
 
 pytestmark = [pytest.mark.slurm, pytest.mark.s3, pytest.mark.slow]
 

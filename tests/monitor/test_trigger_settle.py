@@ -17,7 +17,7 @@ from longrun.monitor import trigger as trigger_mod
 from longrun.monitor import watch
 from longrun.monitor.event import MonitorEvent
 from longrun.monitor.trigger import CHECKPOINT_SETTLE_S, HELD, RunMonitorTrigger
-from longrun.slurm.client import JobStatus
+from longrun.slurm.models import JobStatus
 
 T0 = 1000.0  # the fake clock's reading when the trigger starts
 SEEN = watch.seen_to_dict(watch.Seen(run="r1", job_id=42, steps=(10,), since=1.0))

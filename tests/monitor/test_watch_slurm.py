@@ -11,13 +11,15 @@ import time
 import pytest
 from longrun.monitor import watch
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus, make_client
+from longrun.slurm.factory import make_client
+from longrun.slurm.models import JobStatus
 from longrun.slurm.outcomes import held_after_failed_launch
 from longrun.slurm.spec import JobSpec
 from longrun.stack.slurm_conf import slurm_paths
 
-from training import schema
-from training.store import LocalDirStore, put_json
+from training.records import schema
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 pytestmark = [pytest.mark.slurm]
 

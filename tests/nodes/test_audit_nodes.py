@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from longrun.audit import AuditConfig, AuditFailed, run_audit
+from longrun.audit.config import AuditConfig
+from longrun.audit.run import AuditFailed, run_audit
 from longrun.audit.table import build_table
-from longrun.nodes import history as h
+from longrun.health import history as h
 
-from training.store import LocalDirStore
+from training.store.local import LocalDirStore
 
 
 @pytest.fixture

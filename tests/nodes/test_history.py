@@ -6,11 +6,11 @@ import json
 
 import pytest
 from longrun.cli import main as longrun_main
-from longrun.nodes import history as h
-from longrun.nodes.policy import NodePolicy, standing
+from longrun.health import history as h
+from longrun.health.policy import NodePolicy, standing
 
-from training.schema import SchemaError
-from training.store import LocalDirStore
+from training.records.schema import SchemaError
+from training.store.local import LocalDirStore
 
 DAY = 86400.0
 
@@ -184,7 +184,7 @@ def test_the_return_probe_suite_follows_the_last_suspicion_as_recorded():
 
 
 def test_a_timeline_line_shows_the_probe_fingerprints_a_diagnosed_event_keeps():
-    from longrun.nodes.cli import timeline_line
+    from longrun.health.cli import timeline_line
 
     def diagnosed(evidence: dict) -> h.NodeEvent:
         return h.NodeEvent(

@@ -9,7 +9,7 @@ import json
 import pytest
 from longrun.nodes.outcome import NodeProbe, NodeReturn
 
-from training.schema import SchemaError
+from training.records.schema import SchemaError
 
 #: As probe_task / returning.probe wrote them before the records had a type.
 PROBES = [
@@ -85,7 +85,7 @@ def test_a_malformed_return_is_refused_naming_the_field(change: dict, field: str
 
 
 def test_the_writers_write_what_they_wrote_before() -> None:
-    """The tasks build these with keyword arguments (returning.probe/resume, tasks.probe_task): the JSON
+    """The tasks build these with keyword arguments (returning.probe/resume, longrun.tasks.node_return.probe_task): the JSON
     is the one they wrote as plain dicts, key order included."""
     rounds = ({"round": 1, "verdict": "pass", "summary": "ok", "reason": None},)
     written = [

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 import requests
 from helpers.airflow_api import AirflowApi, AirflowApiError, trigger_retrying
+from longrun.health import history as h
 from longrun.monitor import lifecycle
-from longrun.nodes import history as h
-from longrun.slurm.client import make_client
+from longrun.slurm.factory import make_client
 
 from training.faults import sick_marker
-from training.store import store_from_env
+from training.store.factory import store_from_env
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slurm, pytest.mark.slow]
 

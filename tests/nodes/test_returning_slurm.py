@@ -5,12 +5,12 @@ foreign drain or a repeat offender."""
 from __future__ import annotations
 
 import pytest
-from longrun.nodes import history as h
+from longrun.health import history as h
+from longrun.health.policy import NodePolicy
 from longrun.nodes import returning
-from longrun.nodes.policy import NodePolicy
-from longrun.slurm.client import make_client
+from longrun.slurm.factory import make_client
 
-from training.store import LocalDirStore
+from training.store.local import LocalDirStore
 
 pytestmark = [pytest.mark.slurm]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 from helpers.local_store import use_local_store
-from longrun.nodes import history as h
-from longrun.nodes.tasks import rejection, summary_task
+from longrun.health import history as h
+from longrun.tasks.node_return import rejection, summary_task
 
 SELECTED = {"nodes": ["n3"], "refused": {}, "mode": "approve", "repeats": 1, "requested": ["n3"]}
 PROBED = [{"node": "n3", "clean": True, "rounds": [{"round": 1, "verdict": "pass"}]}]

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from longrun.launch import NvrxLaunch, job_spec_for_run, run_dir_for
+from longrun.launch import job_spec_for_run, run_dir_for
+from longrun.nvrx_launch import NvrxLaunch
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
 from longrun.slurm.cli_backend import CliSlurmClient
-from longrun.slurm.client import ACTIVE, JobState
+from longrun.slurm.models import ACTIVE, JobState
 from longrun.slurm.outcomes import Outcome, classify
 from longrun.slurm.spec import JobTag
 

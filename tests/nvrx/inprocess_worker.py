@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from training.nvrx_inprocess import Attempt, InprocessSettings, run
+from training.nvrx.inprocess import Attempt, InprocessSettings, run
 
 STEPS, CKPT_EVERY, FAULT_STEP = 12, 5, 7
 

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from training import launch_records, nvrx, schema
+from training import launch_records
 from training.events import write_durably
-from training.store import LocalDirStore, put_json
+from training.nvrx import adapter as nvrx
+from training.records import schema
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 
 def test_version_parsing() -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from helpers.stack_fixtures import TEST_PORT_BASES
 from longrun.hotspare import attempt_port_expr, step_script
-from longrun.launch import NvrxLaunch, job_spec_for_run
+from longrun.launch import job_spec_for_run
+from longrun.nvrx_launch import NvrxLaunch
 from longrun.runspec import RunSpec
 from longrun.slurm.spec import JobTag
 from longrun.stack.layout import DB_KINDS, DEFAULT_PORT_BASE, SLOT_WIDTH, Layout

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from longrun.runspec import Drill, RunSpec
-from longrun.slurm.client import JobStatus
+from longrun.slurm.models import JobStatus
 from longrun.slurm.outcomes import Kind
 
-from training.schema import EXIT_SDC_VERDICT
+from training.records.schema import EXIT_SDC_VERDICT
 
 _spec = importlib.util.spec_from_file_location(
     "bench_nvrx", Path(__file__).resolve().parents[2] / "bench" / "bench_nvrx.py"

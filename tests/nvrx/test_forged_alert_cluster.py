@@ -16,12 +16,13 @@ import pytest
 from longrun.launch import job_spec_for_run, run_dir_for
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
-from longrun.slurm.client import ACTIVE, JobStatus
+from longrun.slurm.models import ACTIVE, JobStatus
 from longrun.slurm.spec import JobTag
 
-from training import schema, signing
 from training.events import write_durably
-from training.store import LocalDirStore, put_json
+from training.records import schema, signing
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -17,18 +17,19 @@ import time
 from pathlib import Path
 
 import pytest
-from longrun.incident import injob
+from longrun.incident import hot_spare
 from longrun.incident.jobstep import batch_host, job_steps
 from longrun.launch import job_spec_for_run, run_dir_for
 from longrun.runspec import Drill, RunSpec
 from longrun.slurm import ops
-from longrun.slurm.client import ACTIVE, JobStatus
+from longrun.slurm.models import ACTIVE, JobStatus
 from longrun.slurm.spec import JobTag
 
-from training import schema
-from training.directive import Directive
+from training.records import schema
 from training.segment import Segment, ordered
-from training.store import LocalDirStore, get_json, put_json
+from training.spares.directive import Directive
+from training.store.interface import get_json, put_json
+from training.store.local import LocalDirStore
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -84,7 +85,7 @@ def _direct_and_finish(launcher, run: str, job_id: int, *, nodes: tuple[str, ...
     store = LocalDirStore(launcher.env["LONGRUN_STORE_DIR"])
     # the standby started at the alert, beside the alerting step (named for its attempt): as sdc_incident
     # does, the directive waits until that step has ended
-    assert injob.earlier_steps(launcher.client, job_id, 1, timeout_s=120) == []
+    assert hot_spare.earlier_steps(launcher.client, job_id, 1, timeout_s=120) == []
     d = Directive(run=run, job_id=str(job_id), attempt=1, nodes=nodes,
                   resume_from=schema.store_key(run, schema.checkpoint_dir(PICK)), incident_id="test",
                   exclude=(exclude,), issued_at=time.time())  # fmt: skip
@@ -197,8 +198,10 @@ def test_the_job_holds_its_spares(launcher):
     tag = JobTag(dag_id="t", run_id="r", task_id="x")
     spec = job_spec_for_run(run, tag=tag, run_dir_root=str(launcher.root), env={}, python=sys.executable)
     assert spec.nodes == 4
-    assert any("-m training.supervisor" in line and "--width 3 --spares 1" in line for line in spec.command)
+    assert any(
+        "-m training.spares.supervisor" in line and "--width 3 --spares 1" in line for line in spec.command
+    )
     plain = job_spec_for_run(dataclasses.replace(run, spare_nodes=0), tag=tag, run_dir_root=str(launcher.root),
                              env={}, python=sys.executable)  # fmt: skip
-    assert plain.nodes == 3 and not any("training.supervisor" in line for line in plain.command)
+    assert plain.nodes == 3 and not any("training.spares.supervisor" in line for line in plain.command)
     assert run_dir_for(run, str(launcher.root)).endswith("hs-spec")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from training.nvrx_inprocess import InprocessSettings
+from training.nvrx.inprocess import InprocessSettings
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from longrun import entrypoint as ep
 from longrun.hotspare import step_script
-from longrun.launch import JOB_EXPORT, NvrxLaunch, job_spec_for_run, run_dir_for
+from longrun.launch import JOB_EXPORT, job_spec_for_run, run_dir_for
+from longrun.nvrx_launch import NvrxLaunch
 from longrun.runspec import Drill, RunSpec
 from longrun.slurm.errors import InvalidSpecError
 from longrun.slurm.render import render_sbatch
@@ -319,7 +320,7 @@ def test_the_hot_spare_step_sets_the_environment_per_attempt(
                   drill=Drill(kind="nan", step=12, target="n2"), entrypoint="module:my_pkg.train_ddp",
                   entrypoint_args=HOSTILE_ARGS)  # fmt: skip
     spec = job_spec_for_run(run, tag=TAG, run_dir_root=str(tmp_path), env={}, python=str(bindir / "python"))
-    [line] = [ln for ln in spec.command if "-m training.supervisor" in ln]
+    [line] = [ln for ln in spec.command if "-m training.spares.supervisor" in ln]
     words = shlex.split(line)  # what bash hands the supervisor
     step = words[words.index("--step") + 1]
     assert step == step_script(run, run_dir=f"{tmp_path}/hs", python=str(bindir / "python"),

@@ -289,7 +289,7 @@ def test_every_runbooks_entry_exists_and_every_runbook_is_mapped() -> None:
 
 
 def test_alert_checks_have_runbooks() -> None:
-    from training.schema import CHECKS
+    from training.records.schema import CHECKS
 
     for check in CHECKS:
         assert runbook_path(check).startswith("runbooks/")
@@ -353,7 +353,7 @@ def test_runbooks_read_records_with_longrun_records() -> None:
 def test_store_commands_run_against_a_store(argv: tuple[str, ...], tmp_path: Path) -> None:
     """Each store command runs over a local store holding one record of every kind, placeholders filled in,
     and prints a record or a key."""
-    from training.store import LocalDirStore
+    from training.store.local import LocalDirStore
 
     store = LocalDirStore(tmp_path)
     for key, data in SEEDED.items():

@@ -9,10 +9,11 @@ import json
 import pytest
 from longrun import alert_auth
 from longrun.alert_auth import AlertKey
-from longrun.slurm.client import JobState, JobStatus
+from longrun.slurm.models import JobState, JobStatus
 
-from training.schema import SchemaError
-from training.store import LocalDirStore, put_json
+from training.records.schema import SchemaError
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 KEY_HEX = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 TAG = "longrun:training_run:manual__2026-01-01:r1"

@@ -14,9 +14,9 @@ from longrun.slurm.errors import InvalidSpecError
 from longrun.slurm.render import render_sbatch
 from longrun.slurm.spec import JobSpec, JobTag
 
-from training import schema
-from training.schema import SchemaError
-from training.store import LocalDirStore
+from training.records import schema
+from training.records.schema import SchemaError
+from training.store.local import LocalDirStore
 
 
 @pytest.mark.parametrize("key", ["extra_env", "max_restarts", "seed", "time_limit_min", "typo"])

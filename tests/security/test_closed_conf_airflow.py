@@ -15,11 +15,11 @@ import pytest
 from helpers.airflow_api import AirflowApi
 from longrun import security_events
 from longrun.slurm.cli_backend import CliSlurmClient
-from longrun.slurm.client import JobStatus
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec
 
-from training import schema
-from training.store import store_from_env
+from training.records import schema
+from training.store.factory import store_from_env
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slurm, pytest.mark.s3, pytest.mark.slow]
 

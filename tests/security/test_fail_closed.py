@@ -20,17 +20,18 @@ from typing import cast
 
 import pytest
 from longrun import alert_auth, security_events
-from longrun.incident import approver, modes
+from longrun.incident import approval, modes
 from longrun.incident.runner import Incident, IncidentStop, authenticate
-from longrun.slurm.client import JobState, JobStatus, SlurmClient
+from longrun.slurm.client import SlurmClient
+from longrun.slurm.models import JobState, JobStatus
 from longrun.slurm.spec import JobTag
 from longrun.stack.layout import Layout
 from longrun.stack.procs import write_private
 from longrun.stack.slurm_conf import render_prolog, slurm_paths
 
-from training import schema, signing
-from training.store import LocalDirStore
-from training.store_sides import SidedStore
+from training.records import schema, signing
+from training.store.local import LocalDirStore
+from training.store.sides import SidedStore
 
 RUN = "r1"
 TAG = JobTag(dag_id="training_run", run_id="manual__2026-01-01", task_id="launch").render()
@@ -124,17 +125,17 @@ def test_every_incident_task_refuses_act_on_a_one_sided_store(tmp_path) -> None:
     """Through the task layer (`incident_from`, which every sdc_incident task calls): non-retryable."""
     pytest.importorskip("airflow")
     from airflow.sdk.exceptions import AirflowFailException
-    from longrun.incident import tasks
+    from longrun.tasks import sdc_incident
 
     alert = _alert(4711, b"k" * 32)
     params = {"run_name": RUN, "alert_key": f"runs/{RUN}/alerts/a.json", "alert": alert, "job_id": 4711}
     one_sided = LocalDirStore(tmp_path / "one")
     with pytest.raises(AirflowFailException, match="refused, nothing acted on: incident_mode=act"):
-        tasks.incident_from({**params, "run_params": {"run_name": RUN}}, "t", one_sided)
+        sdc_incident.incident_from({**params, "run_params": {"run_name": RUN}}, "t", one_sided)
     observe = {**params, "run_params": {"run_name": RUN, "incident_mode": "observe"}}
-    assert tasks.incident_from(observe, "t", one_sided).mode == "observe"
+    assert sdc_incident.incident_from(observe, "t", one_sided).mode == "observe"
     two = SidedStore(job=LocalDirStore(tmp_path / "j"), orchestrator=LocalDirStore(tmp_path / "o"))
-    assert tasks.incident_from({**params, "run_params": {"run_name": RUN}}, "t", two).mode == "act"
+    assert sdc_incident.incident_from({**params, "run_params": {"run_name": RUN}}, "t", two).mode == "act"
 
 
 # ---- 3. the self-approval check with an unknown triggering user ------------------------------------
@@ -148,7 +149,7 @@ def test_an_unknown_triggering_user_lets_nobody_lift_the_limit(triggered_by) -> 
         "params_input": {},
         "responded_by_user": {"id": "olga", "name": "olga"},
     }
-    d = approver.decide(response=response, triggered_by=triggered_by, approvers=["olga"])
+    d = approval.decide(response=response, triggered_by=triggered_by, approvers=["olga"])
     assert not d.allowed
     assert "did not record who triggered the run" in d.why
 

@@ -8,7 +8,7 @@ started a standby on a forged suspect, and an object under `alerts/` that is not
 monitor with a non-retryable error.
 
 Now every reader in the job counts only alerts signed with this job's key (`LONGRUN_ALERT_KEY`) that
-name this run and this job (`training.signing.alert_not_mine`), and the monitor records a security event
+name this run and this job (`training.records.signing.alert_not_mine`), and the monitor records a security event
 for an unreadable or non-alert object and keeps watching. Pure Python: a local store, no Slurm.
 """
 
@@ -22,12 +22,14 @@ from typing import Any
 
 import pytest
 
-from training import nvrx, schema, signing
 from training.events import write_durably
 from training.launch_records import LAUNCH_T0_ENV
-from training.nvrx_restart import verdict_already_given
-from training.standby import AlertWatch
-from training.store import LocalDirStore, put_json
+from training.nvrx import adapter as nvrx
+from training.nvrx.restart import verdict_already_given
+from training.records import schema, signing
+from training.spares.standby import AlertWatch
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 RUN, JOB = "r", 4242
 KEY = signing.new_key()
@@ -206,7 +208,7 @@ def test_the_monitor_passes_over_junk_under_alerts_and_records_security_events(
 ) -> None:
     from longrun import security_events
     from longrun.monitor import watch
-    from longrun.slurm.client import JobState, JobStatus
+    from longrun.slurm.models import JobState, JobStatus
 
     store = LocalDirStore(tmp_path / "store")
     junk = {

@@ -9,10 +9,11 @@ import json
 
 import pytest
 from longrun import security_events
-from longrun.incident import approver
-from longrun.incident.ratelimit import LEDGER_KEY, DrainPolicy, DrainRefused, entries, reserve_drain
+from longrun.health.ratelimit import LEDGER_KEY, DrainPolicy, DrainRefused, entries, reserve_drain
+from longrun.incident import approval
 
-from training.store import LocalDirStore, get_json, put_json
+from training.store.interface import get_json, put_json
+from training.store.local import LocalDirStore
 
 NOW = 1_800_000_000.0
 YEAR = 365 * 24 * 3600.0
@@ -107,19 +108,19 @@ OPS = {"id": "ops-1", "name": "olga"}
 def test_only_another_listed_operator_lifts_the_limit(
     response, triggered_by, approvers, allowed, why
 ) -> None:
-    d = approver.decide(response=response, triggered_by=triggered_by, approvers=approvers)
+    d = approval.decide(response=response, triggered_by=triggered_by, approvers=approvers)
     assert d.allowed is allowed and why in d.why
 
 
 def test_the_triggering_user_approving_keeps_both_limits(store) -> None:
     """End to end through the ledger: the decision is what reaches `operator_override`."""
     reserve_drain(store, incident_id="i1", node="n1", run="r", now=NOW)
-    self_approved = approver.decide(response=_approval(ALICE), triggered_by="alice", approvers=["alice"])
+    self_approved = approval.decide(response=_approval(ALICE), triggered_by="alice", approvers=["alice"])
     with pytest.raises(DrainRefused, match="needs an operator"):
         reserve_drain(
             store, incident_id="i1", node="n2", run="r", now=NOW + 1, operator_override=self_approved.allowed
         )
-    other = approver.decide(response=_approval(OPS), triggered_by="alice", approvers=["olga"])
+    other = approval.decide(response=_approval(OPS), triggered_by="alice", approvers=["olga"])
     grant = reserve_drain(
         store, incident_id="i1", node="n2", run="r", now=NOW + 2, operator_override=other.allowed
     )

@@ -19,16 +19,17 @@ from collections.abc import Iterator
 import pytest
 from helpers.signed_job import SignedJob, submit_signed_job
 from longrun import alert_auth, security_events
-from longrun.incident import steps
-from longrun.incident.ratelimit import DrainPolicy, entries
+from longrun.health.ratelimit import DrainPolicy, entries
+from longrun.incident import runner, step_drain, step_relaunch, steps
 from longrun.slurm.cli_backend import CliSlurmClient
-from longrun.slurm.client import JobStatus
 from longrun.slurm.errors import InvalidSpecError
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec
-from longrun.store_sides import job_store_env
+from longrun.store_access import job_store_env
 
-from training import schema, signing
-from training.store import put_json, store_from_env
+from training.records import schema, signing
+from training.store.factory import store_from_env
+from training.store.interface import put_json
 
 pytestmark = [pytest.mark.slurm, pytest.mark.s3, pytest.mark.slow]
 
@@ -86,7 +87,7 @@ def world(slurm_cluster, s3_store_env, tmp_path_factory) -> Iterator[dict]:
 
 def _incident(w: dict, alert: dict, key: str, *, job_id: int | None = None, run: str | None = None):
     run = run or w["run"]
-    return steps.Incident(
+    return runner.Incident(
         run=run,
         alert_key=key,
         alert=alert,
@@ -103,16 +104,16 @@ def _forge(w: dict, alert: dict, name: str) -> str:
     return key
 
 
-def _assert_nothing_acted(w: dict, inc: steps.Incident, reason: str, node: str) -> None:
+def _assert_nothing_acted(w: dict, inc: runner.Incident, reason: str, node: str) -> None:
     client = w["client"]
     before = len(entries(w["orch"]))
     steps.open_record(w["orch"], inc)  # bypass the open task's gate: each destructive step gates itself
-    with pytest.raises(steps.IncidentStop, match=reason):
+    with pytest.raises(runner.IncidentStop, match=reason):
         steps.freeze(w["orch"], client, inc, grace_s=0.1)
-    with pytest.raises(steps.IncidentStop, match=reason):
-        steps.drain(w["orch"], client, inc, node=node, policy=DrainPolicy(max_drains=10))
-    with pytest.raises(steps.IncidentStop, match=reason):
-        steps.relaunch(w["orch"], client, inc, node=node, checkpoint={}, make_job=_never)
+    with pytest.raises(runner.IncidentStop, match=reason):
+        step_drain.drain(w["orch"], client, inc, node=node, policy=DrainPolicy(max_drains=10))
+    with pytest.raises(runner.IncidentStop, match=reason):
+        step_relaunch.relaunch(w["orch"], client, inc, node=node, checkpoint={}, make_job=_never)
     assert client.job(w["job"].job_id).status is JobStatus.RUNNING, "the job was cancelled"
     assert not client.node(node).drain_flag, f"{node} was drained"
     assert len(entries(w["orch"])) == before, "a drain-ledger slot was used"
@@ -213,7 +214,7 @@ def test_sdc_incident_by_hand_with_another_jobs_id_cancels_nothing(world) -> Non
     job: SignedJob = world["job"]
     inc = _incident(world, job.alert, job.alert_key, job_id=other)
     steps.open_record(world["orch"], inc)
-    with pytest.raises(steps.IncidentStop, match="not_our_job"):
+    with pytest.raises(runner.IncidentStop, match="not_our_job"):
         steps.freeze(world["orch"], client, inc, grace_s=0.1)
     state = client.job(other)
     assert state.status in (JobStatus.RUNNING, JobStatus.PENDING), (
@@ -221,8 +222,8 @@ def test_sdc_incident_by_hand_with_another_jobs_id_cancels_nothing(world) -> Non
     )
     # A genuine alert replayed against this run's name but another run: refused too.
     other_run = _incident(world, job.alert, job.alert_key, run=f"{world['run']}-b")
-    with pytest.raises(steps.IncidentStop, match="not_our_job"):
-        steps.authenticate(world["orch"], client, other_run)
+    with pytest.raises(runner.IncidentStop, match="not_our_job"):
+        runner.authenticate(world["orch"], client, other_run)
     assert client.job(job.job_id).status is JobStatus.RUNNING
 
 
@@ -240,8 +241,8 @@ def test_a_relaunch_the_drain_did_not_precede_is_skipped_and_touches_nothing(wor
     job: SignedJob = world["job"]
     inc = _incident(world, job.alert, job.alert_key)
     steps.open_record(world["orch"], inc)
-    with pytest.raises(steps.IncidentSkip, match="n2 was not drained"):
-        steps.relaunch(world["orch"], world["client"], inc, node="n2", checkpoint={}, make_job=_never)
+    with pytest.raises(runner.IncidentSkip, match="n2 was not drained"):
+        step_relaunch.relaunch(world["orch"], world["client"], inc, node="n2", checkpoint={}, make_job=_never)
     assert world["client"].job(job.job_id).status is JobStatus.RUNNING, "the job was ended"
     assert not world["client"].node("n2").drain_flag
     assert "relaunch_submitted" not in [e.event for e in inc.rec(world["orch"]).timeline]
@@ -273,13 +274,13 @@ def test_the_allocation_seen_when_the_incident_opened_still_counts_once_slurm_lo
     job: SignedJob = world["job"]
     orch, client = world["orch"], world["client"]
     inc = _incident(world, job.alert, job.alert_key)
-    verdict = steps.authenticate(orch, client, inc, node="n2")  # as the open task does
+    verdict = runner.authenticate(orch, client, inc, node="n2")  # as the open task does
     steps.open_record(orch, inc, allocation=verdict.allocation)
     assert set(verdict.allocation) == {"n1", "n2"}
     lost = _NodesLost(client, job.job_id)
     before = alert_auth.verify_alert(orch, lost, run=inc.run, job_id=job.job_id, alert=job.alert)
     assert (before.ok, before.reason) == (False, "node_outside_allocation"), before
-    assert steps.authenticate(orch, lost, inc, node="n2").ok  # the recorded nodes count
+    assert runner.authenticate(orch, lost, inc, node="n2").ok  # the recorded nodes count
     known = ("n1", "n2")
     outside = {**job.alert, "suspect_nodes": ["n3"]}
     outside = signing.sign(outside, alert_auth.job_key(orch, client.job(job.job_id), inc.run))
@@ -299,9 +300,9 @@ def test_the_genuine_alert_is_acted_on(world) -> None:
     it ends the module's job)."""
     job: SignedJob = world["job"]
     inc = _incident(world, job.alert, job.alert_key)
-    steps.authenticate(world["orch"], world["client"], inc, node="n2")
+    runner.authenticate(world["orch"], world["client"], inc, node="n2")
     steps.open_record(world["orch"], inc)
-    out = steps.drain(world["orch"], world["client"], inc, node="n2", policy=DrainPolicy(max_drains=10))
+    out = step_drain.drain(world["orch"], world["client"], inc, node="n2", policy=DrainPolicy(max_drains=10))
     assert out["node"] == "n2" and world["client"].node("n2").drain_flag
     steps.freeze(world["orch"], world["client"], inc, grace_s=0.1, timeout_s=60)
     assert world["client"].job(job.job_id).is_terminal

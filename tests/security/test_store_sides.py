@@ -13,14 +13,16 @@ import uuid
 import pytest
 from longrun import records
 from longrun.checkpoints.pick import pick_pre_incident
+from longrun.health.ratelimit import LEDGER_KEY, entries, reserve_drain
 from longrun.incident import record
-from longrun.incident.ratelimit import LEDGER_KEY, entries, reserve_drain
-from longrun.store_sides import job_store_env
+from longrun.store_access import job_store_env
 from longrun.ui.data import load_run_health
 
-from training import schema
-from training.store import LocalDirStore, NotFound, StoreAuthError, get_json, put_json, store_from_env
-from training.store_sides import JOB, ORCHESTRATOR, SidedStore, side_of
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import NotFound, StoreAuthError, get_json, put_json
+from training.store.local import LocalDirStore
+from training.store.sides import JOB, ORCHESTRATOR, SidedStore, side_of
 
 
 def _alert(run: str, step: int = 7) -> dict:
@@ -123,7 +125,7 @@ def test_job_writes_its_run_and_reads_its_directives_orchestrator_reads_both(sid
 @pytest.mark.s3
 def test_job_identity_uploads_a_multipart_checkpoint(sides, tmp_path, s3_store_env, monkeypatch) -> None:
     """Large checkpoints go up in parts: the job identity's Write covers multipart uploads too."""
-    from training.s3_store import S3Store
+    from training.store.s3 import S3Store
 
     _orch, job, run = sides
     env = job_store_env(dict(s3_store_env))
@@ -257,7 +259,7 @@ def test_job_store_env_never_hands_out_the_orchestrator_keys() -> None:
 
 def test_a_sided_store_travels_to_another_process_as_a_spec(tmp_path) -> None:
     """The checkpoint writer rebuilds the store in its own process from `store_spec`."""
-    from training.store import store_from_spec, store_spec
+    from training.store.factory import store_from_spec, store_spec
 
     store = store_from_env(
         {"LONGRUN_STORE_DIR": str(tmp_path / "j"), "LONGRUN_ORCH_STORE_DIR": str(tmp_path / "o")}

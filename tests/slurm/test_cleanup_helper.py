@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers.cleanup import restore_cluster
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus
+from longrun.slurm.models import JobStatus
 
 pytestmark = pytest.mark.slurm
 

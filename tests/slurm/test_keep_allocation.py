@@ -11,7 +11,8 @@ import time
 
 import pytest
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus, make_client
+from longrun.slurm.factory import make_client
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec
 
 pytestmark = [pytest.mark.slurm]

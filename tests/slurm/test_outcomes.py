@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from longrun.slurm.client import JobState, JobStatus
+from longrun.slurm.models import JobState, JobStatus
 from longrun.slurm.outcomes import SDC_EXIT_CODE, TABLE, Kind, classify, held_after_failed_launch
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from longrun.slurm import parse
-from longrun.slurm.client import JobStatus
+from longrun.slurm.models import JobStatus
 
 
 @pytest.mark.parametrize(
@@ -277,3 +277,32 @@ def test_captured_22_05_outputs():
             and source["n3"].reason == "admin maintenance"
         )
         assert not source["n4"].drain_flag and source["n4"].reason is None
+
+
+def test_job_steps_from_squeue_steps():
+    """`squeue -h --steps -o "%i %j"`: a name may hold spaces or be empty."""
+    text = "1234.batch batch\n1234.extern extern\n1234.0 longrun-attempt-0\n1234.1 a b\n1234.2\n\n"
+    steps = parse.job_steps_from_squeue(text)
+    assert steps == [
+        ("1234.batch", "batch"),
+        ("1234.extern", "extern"),
+        ("1234.0", "longrun-attempt-0"),
+        ("1234.1", "a b"),
+        ("1234.2", ""),
+    ]
+    assert steps[2].step_id == "1234.0" and steps[2].name == "longrun-attempt-0"
+    assert parse.job_steps_from_squeue("") == []
+
+
+@pytest.mark.parametrize(
+    ("line", "want"),
+    [
+        ("JobId=7 JobName=x BatchFlag=1 BatchHost=n3 NumNodes=2", "n3"),
+        ("JobId=7 JobName=x BatchHost=(null) NumNodes=2", None),
+        ("JobId=7 JobName=x BatchHost= NumNodes=2", None),
+        ("JobId=7 JobName=x NumNodes=2", None),
+        ("", None),
+    ],
+)
+def test_batch_host_from_scontrol(line, want):
+    assert parse.batch_host_from_scontrol(line) == want

@@ -13,8 +13,8 @@ import pytest
 from longrun.provider import get_provider_info
 from longrun.slurm import pyslurm_loader
 from longrun.slurm.cli_backend import CliSlurmClient
-from longrun.slurm.client import make_client
 from longrun.slurm.errors import BackendUnavailableError
+from longrun.slurm.factory import make_client
 from longrun.slurm.pyslurm_backend import PyslurmClient
 from longrun.slurm.pyslurm_loader import same_release
 

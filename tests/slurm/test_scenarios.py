@@ -8,8 +8,8 @@ import time
 
 import pytest
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus
 from longrun.slurm.errors import ForeignDrainError, SlurmCommandError
+from longrun.slurm.models import JobStatus
 from longrun.slurm.outcomes import Kind, classify
 
 pytestmark = pytest.mark.slurm

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus, make_client
+from longrun.slurm.factory import make_client
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec
 
-from training.directive import Directive
-from training.schema import store_key
-from training.store import LocalDirStore, put_json
+from training.records.schema import store_key
+from training.spares.directive import Directive
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 pytestmark = [pytest.mark.slurm]
 
@@ -40,7 +42,7 @@ def _job(tmp: Path, partition: str, wait_s: float) -> JobSpec:
         f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then touch {out}/verdict; exit 93; fi'
     )
     command = (
-        f"{shlex.quote(sys.executable)} -m training.supervisor --run-name sv --width 2 --spares 1"
+        f"{shlex.quote(sys.executable)} -m training.spares.supervisor --run-name sv --width 2 --spares 1"
         f" --wait-s {wait_s:g} --poll-s 0.2 --step {shlex.quote(step)}"
     )
     return JobSpec(

@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 
-from training import events, schema
-from training.store import LocalDirStore, ObjectInfo, StoreUnavailable, store_from_env
+from training import events
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import ObjectInfo, StoreUnavailable
+from training.store.local import LocalDirStore
 
 
 class Outage(LocalDirStore):

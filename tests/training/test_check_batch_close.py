@@ -17,8 +17,10 @@ import pytest
 from longrun.checkpoints import catalog
 from longrun.checkpoints.pick import last_known_good
 
-from training import events, schema
-from training.store import LocalDirStore, ObjectInfo, StoreUnavailable
+from training import events
+from training.records import schema
+from training.store.interface import ObjectInfo, StoreUnavailable
+from training.store.local import LocalDirStore
 
 RUN = "close-outage"
 WORLD = 3

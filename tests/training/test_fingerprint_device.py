@@ -12,7 +12,7 @@ import struct
 import pytest
 import torch
 
-from training import fingerprint_device as fd
+from training.fingerprint import device as fd
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int8,
           torch.uint8, torch.bool]  # fmt: skip
@@ -184,7 +184,7 @@ def test_a_custom_row_sum_kernel_must_give_the_same_integers() -> None:
 
 
 def test_where_it_lives_is_xxh3_on_cpu() -> None:
-    from training.fingerprint import fingerprint_tensor as xxh3
+    from training.fingerprint.host import fingerprint_tensor as xxh3
 
     t = torch.randn(100)
     assert fd.fingerprint_where_it_lives(t) == xxh3(t)

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("transformers", reason="the Hugging Face example needs the optional 'hf' extra")
 pytest.importorskip("tokenizers", reason="the Hugging Face example needs the optional 'hf' extra")
 
-from training.schema import EXIT_SDC_VERDICT  # noqa: E402
+from training.records.schema import EXIT_SDC_VERDICT  # noqa: E402
 
 MODULE = "training.examples.hf_gpt2"
 NODES = "n1,n2,n3"

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from training import schema
-from training.records import Incident
+from training.records import schema
 from training.records.diagnosis import Diagnosis, NodeCheck, ProbeResult
 from training.records.incident import Attribution, Closing, Drain, Recovery, Relaunch, RestartCheckpoint
+from training.records.orchestrator import Incident
 
 T = 1764430000.5
 
@@ -52,7 +52,7 @@ DIAGNOSIS_JSON = """{
  "verdict": "fail"
 }"""
 
-# The in-job path (inalloc) adds where it ran and the job; node_check printed nothing here, so its
+# The in-job path (hot_spare) adds where it ran and the job; node_check printed nothing here, so its
 # details are the error shape with the output's tails; a DCGM result is kept as DCGM wrote it.
 IN_JOB = {
     "node": "n3",

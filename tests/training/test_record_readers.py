@@ -7,7 +7,7 @@ import json
 import pytest
 
 from training.records.fields import opt_float, opt_objects
-from training.schema import SchemaError
+from training.records.schema import SchemaError
 
 
 def test_opt_objects_reads_a_list_of_objects_as_written() -> None:
@@ -103,7 +103,7 @@ def test_a_part_names_its_record_in_errors_by_a_class_attribute() -> None:
 
 
 def test_a_run_report_reads_its_orchestrator_section_as_written_and_an_old_or_odd_one_as_empty() -> None:
-    from training.records import Report
+    from training.records.job import Report
 
     base = {
         "schema_version": 1,
@@ -128,7 +128,7 @@ def test_a_run_report_reads_its_orchestrator_section_as_written_and_an_old_or_od
 
 
 def test_a_timeline_entry_shown_reads_as_from_json_and_one_that_does_not_read_keeps_its_fields() -> None:
-    from training.records import TimelineEvent
+    from training.records.orchestrator import TimelineEvent
 
     entry = {"event": "drained", "time": 1767225600, "node": "n2"}
     assert TimelineEvent.shown(entry) == TimelineEvent.from_json(entry)
@@ -141,7 +141,7 @@ def test_a_timeline_entry_shown_reads_as_from_json_and_one_that_does_not_read_ke
 
 
 def test_a_manifest_file_entry_reads_as_written_and_an_odd_one_as_empty() -> None:
-    from training.records import FileEntry
+    from training.records.job import FileEntry
 
     entry = {"name": "model.pt", "sha256": "ab" * 32, "size": 1024}  # as the saver writes it
     assert FileEntry.shown(entry) == FileEntry(name="model.pt", sha256="ab" * 32, size=1024)
@@ -154,7 +154,7 @@ def test_a_manifest_file_entry_reads_as_written_and_an_odd_one_as_empty() -> Non
 def test_the_audit_names_a_file_by_its_key_else_its_name_else_nothing() -> None:
     from longrun.audit.table import _file_key
 
-    from training import schema
+    from training.records import schema
 
     assert _file_key("r", 4, {"key": "runs/r/x/model.pt", "name": "n"}) == "runs/r/x/model.pt"
     assert (

@@ -3,20 +3,23 @@ newer writer added, and refuses a bad record with an error that names the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import pytest
 
-from training import records, schema
-from training.records import (
-    Alert,
+from training import records
+from training.records import schema
+from training.records.alert import Alert, World
+from training.records.job import Manifest
+from training.records.orchestrator import (
     Incident,
     IncidentStatus,
-    Manifest,
+    Pick,
+    Promotion,
     SuspectMark,
     TimelineEvent,
-    World,
 )
 
 T = 1764430000.5
@@ -91,13 +94,13 @@ def _newer() -> dict[str, tuple[Any, tuple[str, ...]]]:
     """One record of each newer kind (a dataclass of its own), as its writer builds it, and the fields
     its reader requires."""
     from longrun.alert_auth import AlertKey
+    from longrun.health.history import NodeEvent
     from longrun.incident.exclusive import IncidentLock
-    from longrun.nodes.history import NodeEvent
     from longrun.runclaim import RunClaim
     from longrun.security_events import SecurityEvent
 
-    from training.directive import Directive
     from training.segment import FaultFired, Segment
+    from training.spares.directive import Directive
 
     return {
         "segment": (
@@ -265,7 +268,7 @@ def test_the_registry_does_not_pull_in_the_orchestrator() -> None:
     import sys
 
     code = (
-        "import sys, training.records as r, training.segment, training.directive\n"
+        "import sys, training.records as r, training.segment, training.spares.directive\n"
         "assert 'node_event' in r.KINDS and 'x' not in r.KINDS and r.KINDS['segment'].__name__ == 'Segment'\n"
         "print(sorted(m for m in sys.modules if m == 'longrun' or m.startswith(('longrun.', 'airflow', 'torch'))))\n"
     )
@@ -353,3 +356,56 @@ def test_an_alert_names_the_nodes_its_evidence_lists(evidence: dict, want: tuple
 )
 def test_an_alert_copy_reads_its_world_size_tolerantly(obj: Any, want: int | None) -> None:
     assert records.AlertRef.from_json(obj).world_size == want
+
+
+def test_a_pick_as_pick_pre_incident_writes_it_reads_back(tmp_path: Any) -> None:
+    """The stored contract of a pick is what `pick_pre_incident` writes: `last_known_good` is `{check:
+    step}`, a step null for a check that never passed on every rank (then `bound`, `step` and `key` are
+    null too). The typed reader takes that record and gives its JSON back."""
+    from longrun.checkpoints.pick import pick_pre_incident
+
+    from training.store.local import LocalDirStore
+
+    store = LocalDirStore(tmp_path)
+    passes = [(c, s, r) for c in ("recompute", "weight_vote") for s in (10, 20) for r in (0, 1)]
+    lines = [
+        schema.record(
+            "check", run="r1", step=s, check=c, verdict="pass", rank=r, duration_s=0.01, world_size=2
+        )
+        for c, s, r in passes
+        if not (c == "weight_vote" and r == 1)  # the vote never passed on every rank
+    ]
+    batch = "".join(json.dumps(x, sort_keys=True) + "\n" for x in lines)
+    store.put_bytes(schema.store_key("r1", schema.check_batch_path(1, 20, 0)), batch.encode())
+    step, _why = pick_pre_incident(store, "r1", {"check": "recompute", "step": 25, "suspect_nodes": ["n2"]})
+    assert step is None
+    [info] = store.list(schema.store_key("r1", "picks/"))
+    stored = json.loads(store.get_bytes(info.key))
+    pick = records.parse("pick", stored)
+    assert isinstance(pick, Pick)
+    assert pick.last_known_good == {"recompute": 20, "weight_vote": None}
+    assert pick.step is None and pick.bound is None and pick.key is None
+    assert pick.to_json() == stored  # the nulls it read stay, as written
+    with pytest.raises(ValueError, match="last_known_good"):
+        records.parse("pick", {**stored, "last_known_good": 20})
+    with pytest.raises(ValueError, match="last_known_good"):
+        records.parse("pick", {**stored, "last_known_good": {"recompute": "20"}})
+
+
+def test_a_record_read_writes_back_what_it_read_and_one_built_what_its_writer_writes() -> None:
+    """An optional field read as null (or empty) is written back as read, an absent one stays absent; a
+    record built in code leaves its unset optional fields out; a value set since the read wins."""
+    first = {**WRITTEN["promotion"], "previous_step": None}
+    assert records.parse("promotion", first).to_json() == first
+    assert records.parse("promotion", WRITTEN["promotion"]).to_json() == WRITTEN["promotion"]
+    absent = {k: v for k, v in WRITTEN["promotion"].items() if k != "previous_step"}
+    assert records.parse("promotion", absent).to_json() == absent
+    explicit_none = {**WRITTEN["suspect"], "incident_id": None, "steps": []}
+    mark = SuspectMark.from_json(explicit_none)
+    assert mark.to_json() == explicit_none and mark.steps == ()
+    built = Promotion(run="r1", step=10, manifest_key="runs/r1/x", time=T, seq=1)
+    assert "previous_step" not in built.to_json() and "by" not in built.to_json()
+    moved = dataclasses.replace(Promotion.from_json(first), previous_step=4)
+    assert moved.to_json()["previous_step"] == 4
+    loss = {**WRITTEN["check"], "loss": None}
+    assert records.parse("check", loss).to_json() == loss

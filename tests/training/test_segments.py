@@ -112,8 +112,8 @@ def test_a_replayed_fault_keeps_the_first_injection_before_the_alert():
     (an NVRx in-job restart of the same step) must not hide the first one."""
     from longrun.incident.recovery import measure
 
-    from training.records import Incident as IncidentRecord
     from training.records.incident import RestartCheckpoint
+    from training.records.orchestrator import Incident as IncidentRecord
 
     first = FaultFired(run="r", fault="nan", step=3, rank=1, node="n2", time=10.0, spec="nan:3:1")
     replay = FaultFired(run="r", fault="nan", step=3, rank=1, node="n2", time=30.0, spec="nan:3:1")

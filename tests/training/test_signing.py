@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from training import schema, signing
 from training.events import EventWriter
+from training.records import schema, signing
 
 
 def _alert() -> dict:

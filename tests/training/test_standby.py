@@ -1,4 +1,4 @@
-"""The warm standby (training.standby): it trains only from a directive that names exactly its nodes.
+"""The warm standby (training.spares.standby): it trains only from a directive that names exactly its nodes.
 
 The first tests are one process (no process group: rank 0 answers itself); the last ones are real
 trainers, two gloo ranks, waiting for a directive the test writes into a real local store.
@@ -13,18 +13,14 @@ import time
 
 import pytest
 
-from training import schema
-from training.directive import Directive
 from training.dist import process_group_backend
 from training.launch_records import LAUNCH_T0_ENV, newest_checkpoint_since
-from training.nvrx_restart import in_job_resume_ref
-from training.standby import (
-    AlertWatch,
-    _launch_starts_at_directive,
-    await_directive,
-    predicted_nodes,
-)
-from training.store import LocalDirStore, put_json
+from training.nvrx.restart import in_job_resume_ref
+from training.records import schema
+from training.spares.directive import Directive
+from training.spares.standby import AlertWatch, _launch_starts_at_directive, await_directive, predicted_nodes
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 CKPT = "runs/sb/checkpoints/step-00000004/"
 

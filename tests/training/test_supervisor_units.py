@@ -9,10 +9,11 @@ import threading
 import time
 from pathlib import Path
 
-from training.directive import Directive
-from training.schema import EXIT_SDC_VERDICT, store_key
-from training.store import LocalDirStore, put_json
-from training.supervisor import Supervisor
+from training.records.schema import EXIT_SDC_VERDICT, store_key
+from training.spares.directive import Directive
+from training.spares.supervisor import Supervisor
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 
 def _sup(tmp_path, held, *, step, include=(), wait_s=5.0) -> Supervisor:
@@ -50,9 +51,10 @@ def test_the_wait_is_bounded_and_a_directive_is_followed(tmp_path, capsys):
 # --- the warm standby: a fake step (no torch, no Slurm) that behaves like the trainer on its directive ---
 FAKE_STEP = """
 import os, sys, time
-from training.schema import store_key
-from training.standby import await_directive
-from training.store import LocalDirStore, put_json
+from training.records.schema import store_key
+from training.spares.standby import await_directive
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 
 store = LocalDirStore(os.environ["LONGRUN_STORE_DIR"])
 attempt, nodes = int(os.environ["LONGRUN_ATTEMPT"]), os.environ["LONGRUN_STEP_NODES"]

@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import REPO, base_env
 
-from training.schema import EXIT_SDC_VERDICT
+from training.records.schema import EXIT_SDC_VERDICT
 
 AUDIT = ["--steps", "12", "--recompute-every", "5", "--vote-every", "5"]
 

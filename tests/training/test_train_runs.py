@@ -11,8 +11,9 @@ import uuid
 import pytest
 from conftest import REPO, base_env, free_port
 
-from training import schema
-from training.store import get_json, store_from_env
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import get_json
 
 
 @pytest.mark.parametrize(("seed", "recompute", "vote"), [(1, 1, 1), (2, 3, 2), (3, 4, 0)])

@@ -7,17 +7,25 @@ import json
 import pytest
 import torch
 
-from training import schema
-from training.checks import majority
+from training.checks.base import majority
 from training.checks.recompute import derangement_offset
 from training.config import CheckConfig, ModelConfig, TrainConfig, model_preset
 from training.data import micro_batch
 from training.dist import placement_from_env
 from training.events import EventWriter
 from training.faults import Fault, FaultSpecError, Injector, faults_from, parse_fault, perturb_linear_outputs
-from training.fingerprint import combine, fingerprint_state, fingerprint_tensor, from_int64, hex64, to_int64
+from training.fingerprint.host import (
+    combine,
+    fingerprint_state,
+    fingerprint_tensor,
+    from_int64,
+    hex64,
+    to_int64,
+)
 from training.model import build_model
-from training.store import LocalDirStore, get_json
+from training.records import schema
+from training.store.interface import get_json
+from training.store.local import LocalDirStore
 
 TINY = model_preset("tiny")
 

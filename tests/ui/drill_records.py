@@ -11,8 +11,8 @@ import json
 
 from longrun.incident import record as incident_record
 
-from training import schema
-from training.store import ObjectStore, put_json
+from training.records import schema
+from training.store.interface import ObjectStore, put_json
 
 T0 = 1_764_430_000.0
 NODES = ["n1", "n2", "n3"]

@@ -8,11 +8,11 @@ import asyncio
 import httpx
 import pytest
 from fastapi import FastAPI
-from longrun.slurm.client import NodeState
+from longrun.slurm.models import NodeState
 from longrun.ui import plots
 from longrun.ui.app import create_app
 
-from training.store import LocalDirStore
+from training.store.local import LocalDirStore
 from ui.drill_records import fill_drill
 
 

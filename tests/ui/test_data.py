@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import pytest
 from longrun import runview
-from longrun.slurm.client import NodeState
+from longrun.runview import list_runs
+from longrun.slurm.models import NodeState
 from longrun.ui import data
-from longrun.ui.model import CheckEvent, VotePoint
+from longrun.ui.model import CheckEvent
+from longrun.votes import Vote as VotePoint
 
-from training import schema
-from training.records import CheckRecord
-from training.store import LocalDirStore, put_json
+from training.records import schema
+from training.records.job import CheckRecord
+from training.store.interface import put_json
+from training.store.local import LocalDirStore
 from ui.drill_records import ALERT_STEP, T0, fill_drill, loss_at
 
 
@@ -163,12 +166,12 @@ def test_bad_records_are_listed_and_skipped(store):
 
 
 def test_empty_run_and_listing(store):
-    assert data.list_runs(store) == []
+    assert list_runs(store) == []
     h = data.load_run_health(store, "nothing-yet")
     assert (h.step, h.checks, h.checkpoints, h.incidents, h.loss_series) == (None, (), (), (), ())
     fill_drill(store, "a-run")
     fill_drill(store, "b-run")
-    assert data.list_runs(store) == ["a-run", "b-run"]
+    assert list_runs(store) == ["a-run", "b-run"]
 
 
 def test_bad_run_name_is_refused(store):

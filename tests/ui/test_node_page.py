@@ -10,11 +10,11 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.routing import APIRoute
 from helpers.local_store import use_local_store
 from longrun.cli import main as longrun_main
-from longrun.nodes import history as h
-from longrun.slurm.client import NodeState
+from longrun.health import history as h
+from longrun.slurm.models import NodeState
 from longrun.ui.app import NODES_DAG_ID, create_app
 
-from training.store import LocalDirStore
+from training.store.local import LocalDirStore
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from longrun.ui import data, page
 
-from training.store import LocalDirStore
+from training.store.local import LocalDirStore
 from ui.drill_records import T0, fill_drill
 
 
@@ -35,10 +35,10 @@ def test_status_follows_the_run(store):
 
 
 def test_node_colours():
-    assert page._node_class("idle+DRAIN") == "bad"
-    assert page._node_class("down+NOT_RESPONDING") == "bad"
-    assert page._node_class("mixed+MAINTENANCE+RESERVED") == "warn"
-    assert page._node_class("allocated") == "ok"
+    assert page.node_class("idle+DRAIN") == "bad"
+    assert page.node_class("down+NOT_RESPONDING") == "bad"
+    assert page.node_class("mixed+MAINTENANCE+RESERVED") == "warn"
+    assert page.node_class("allocated") == "ok"
 
 
 def test_record_text_is_escaped(store):

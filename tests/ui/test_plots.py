@@ -8,8 +8,8 @@ import io
 import pytest
 from longrun.ui import data, plots
 
-from training import schema
-from training.store import LocalDirStore
+from training.records import schema
+from training.store.local import LocalDirStore
 from ui.drill_records import fill_drill
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

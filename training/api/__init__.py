@@ -12,7 +12,7 @@ Imports no Airflow and nothing of the orchestrator (`longrun`).
 
 from training.api.guard import Guard, SetupError, StepOutcome
 from training.api.state import StateError, Stateful
-from training.checks import CheckResult
+from training.checks.base import CheckResult
 from training.config import CheckConfig, GuardConfig
 from training.faults import Fault, parse_fault
 

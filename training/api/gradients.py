@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from training.faults import Injector
-from training.fingerprint import fingerprint_sequence
-from training.fingerprint_device import fingerprint_where_it_lives
+from training.fingerprint.device import fingerprint_where_it_lives
+from training.fingerprint.host import fingerprint_sequence
 
 PACKABLE = (torch.float32, torch.float64)
 

@@ -44,7 +44,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training import schema
 from training.api.gradients import LocalGradients
 from training.api.peers import LossFn, PeerBatches, to_device
 from training.api.records import RunRecords, code_version
@@ -57,17 +56,20 @@ from training.api.state import (
     rank_state,
     restore_rank_state,
 )
-from training.checks import CheckResult, StepContext, build_checks
+from training.checks import build_checks
+from training.checks.base import CheckResult, StepContext
 from training.config import GuardConfig
 from training.dist import device as default_device
 from training.dist import gather_strings, init_process_group, placement_from_env, shutdown, use_rank_device
 from training.events import EventWriter
 from training.faults import Fault, Injector, fault_state_dir, faults_from
-from training.nvrx import NvrxMonitor
-from training.nvrx_restart import first_incarnation_only, in_job_resume_ref, verdict_already_given
+from training.nvrx.adapter import NvrxMonitor
+from training.nvrx.restart import first_incarnation_only, in_job_resume_ref, verdict_already_given
+from training.records import schema
 from training.segment import Segment, segment_id
-from training.standby import directed
-from training.store import ObjectStore, StoreError, store_from_env
+from training.spares.standby import directed
+from training.store.factory import store_from_env
+from training.store.interface import ObjectStore, StoreError
 from training.verdict import publish_verdict
 
 log = logging.getLogger("training.api")
@@ -266,7 +268,7 @@ class Guard:
         )
 
     def _resume(self, ref: str) -> None:
-        from training.checkpointing import load_checkpoint
+        from training.checkpoint.load import load_checkpoint
 
         try:
             ckpt = load_checkpoint(ref, store=self.store)

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from training.fingerprint import fingerprint_sequence
-from training.fingerprint_device import fingerprint_where_it_lives
+from training.fingerprint.device import fingerprint_where_it_lives
+from training.fingerprint.host import fingerprint_sequence
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 

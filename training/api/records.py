@@ -13,11 +13,11 @@ from typing import Any
 
 from torch import nn
 
-from training import schema
-from training.checks import CheckResult
+from training.checks.base import CheckResult
 from training.events import EventWriter
 from training.faults import Fault
-from training.fingerprint import combine, fingerprint_state
+from training.fingerprint.host import combine, fingerprint_state
+from training.records import schema
 from training.segment import FaultFired, Segment
 
 log = logging.getLogger("training.api")

@@ -2,7 +2,7 @@
 
 Every rank takes part in a save (its per-rank state is gathered to rank 0: training.api.state); rank 0
 snapshots the weights, the optimizer, the scheduler and the gathered state, and its saver writes and
-uploads them off the training step (training.checkpointing).
+uploads them off the training step (training.checkpoint.saver).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from training.api.records import code_version
-from training.checks import CheckResult
+from training.checks.base import CheckResult
 from training.events import EventWriter
-from training.fingerprint import combine, fingerprint_state
-from training.store import ObjectStore
+from training.fingerprint.host import combine, fingerprint_state
+from training.store.interface import ObjectStore
 
 
 class Saves:
@@ -31,7 +31,7 @@ class Saves:
         self.world, self.nodes, self.seed = world, nodes, seed
         self.saver: Any = None
         if enabled:
-            from training.checkpointing import CheckpointSaver
+            from training.checkpoint.saver import CheckpointSaver
 
             self.saver = CheckpointSaver(run=run, run_dir=run_dir, store=store)
 

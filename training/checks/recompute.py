@@ -22,7 +22,7 @@ from typing import Any
 
 from training.checks.base import CheckBase, CheckResult, StepContext, bits_loss, loss_bits, majority
 from training.dist import all_gather_int64
-from training.fingerprint import from_int64, hex64, to_int64
+from training.fingerprint.host import from_int64, hex64, to_int64
 
 
 def derangement_offset(nodes: list[str]) -> tuple[int, bool]:

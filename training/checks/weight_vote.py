@@ -4,7 +4,7 @@ majority is the suspect. Runs every `every` steps and always right before a chec
 corrupted replica is never frozen into a checkpoint.
 
 The fingerprint follows the weights' device (`algorithm_for`): xxh3-64 on CPU, where it is the faster
-one, and the device-side dfp64 (training.fingerprint_device) on CUDA, so only 8 bytes per replica leave
+one, and the device-side dfp64 (training.fingerprint.device) on CUDA, so only 8 bytes per replica leave
 the GPU instead of every weight. On CPU the per-tensor xxh3 fingerprints of a passing vote go into the
 checkpoint manifest (the validator recomputes them from the stored tensors); on CUDA the saver computes
 the manifest's xxh3 from its host snapshot, off the training step.
@@ -16,10 +16,10 @@ import time
 
 import torch
 
-from training import fingerprint_device as dfp
 from training.checks.base import CheckBase, CheckResult, StepContext, majority
 from training.dist import all_gather_int64
-from training.fingerprint import combine, fingerprint_state, from_int64, hex64, to_int64
+from training.fingerprint import device as dfp
+from training.fingerprint.host import combine, fingerprint_state, from_int64, hex64, to_int64
 
 XXH3 = "xxh3-64"
 ALGORITHMS = (XXH3, dfp.ALGORITHM)

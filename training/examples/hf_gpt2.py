@@ -48,7 +48,8 @@ except ImportError as e:  # pragma: no cover - depends on the install
         f"pip install -e '.[hf]' ({e})"
     ) from e
 
-from training.api import Guard, GuardConfig, SetupError
+from training.api.guard import Guard, SetupError
+from training.config import GuardConfig
 
 log = logging.getLogger("training.examples.hf_gpt2")
 

@@ -5,9 +5,9 @@ ValueError naming the field) and `to_json`. Pure Python: no torch, no Airflow, n
     alert.world.world_size, alert.suspect_nodes
 
 `parse(kind, obj)` builds the record of a kind named at run time; `loads(kind, data)` decodes JSON bytes
-first. The key layout is in `training.schema`; the read model of a whole run is `longrun.runview`.
+first. The key layout is in `training.records.schema`; the read model of a whole run is `longrun.runview`.
 
-`KINDS` names every record kind the store holds. The kinds of `training.schema`'s table share one base
+`KINDS` names every record kind the store holds. The kinds of `training.records.schema`'s table share one base
 (`Record`); the newer kinds are dataclasses of their own with the same `from_json`/`to_json` contract
 (`RecordType`), registered here as they are, by where they live: their modules use this package's readers,
 and three of them belong to the orchestrator (package `longrun`, which the job must not import), so
@@ -23,15 +23,7 @@ from typing import Any
 
 from training.records.alert import Alert, AlertRef, World
 from training.records.base import Record, RecordType
-from training.records.job import (
-    CheckRecord,
-    FileEntry,
-    Manifest,
-    Progress,
-    Report,
-    ReportOrchestrator,
-    Save,
-)
+from training.records.job import CheckRecord, FileEntry, Manifest, Progress, Report, ReportOrchestrator, Save
 from training.records.orchestrator import (
     Incident,
     IncidentStatus,
@@ -41,9 +33,9 @@ from training.records.orchestrator import (
     TimelineEvent,
     Validation,
 )
-from training.schema import SchemaError
+from training.records.schema import SchemaError
 
-#: The kinds of `training.schema`'s table: kind -> its record class.
+#: The kinds of `training.records.schema`'s table: kind -> its record class.
 SCHEMA_KINDS: dict[str, type[Record]] = {
     cls.KIND: cls
     for cls in (
@@ -65,8 +57,8 @@ SCHEMA_KINDS: dict[str, type[Record]] = {
 _NEWER_KINDS: dict[str, str] = {
     "segment": "training.segment:Segment",
     "fault": "training.segment:FaultFired",
-    "directive": "training.directive:Directive",
-    "node_event": "longrun.nodes.history:NodeEvent",
+    "directive": "training.spares.directive:Directive",
+    "node_event": "longrun.health.history:NodeEvent",
     "run_claim": "longrun.runclaim:RunClaim",
     "security_event": "longrun.security_events:SecurityEvent",
     "alert_key": "longrun.alert_auth:AlertKey",

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from training import schema
+from training.records import schema
 from training.records.base import Record
 from training.records.fields import ints, opt_bool, opt_int, strs
-from training.schema import SchemaError
+from training.records.schema import SchemaError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +105,7 @@ class Alert(Record):
     exit_code: int | None = None
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     OPTIONAL = {"update_applied": opt_bool, "exit_code": opt_int}
 

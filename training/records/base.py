@@ -2,25 +2,31 @@
 kept on the way through.
 
 A record class is a frozen dataclass with a `KIND`. `from_json` checks the object against the kind's
-required fields (`training.schema.validate`, one table for every reader) and the types of the optional
+required fields (`training.records.schema.validate`, one table for every reader) and the types of the optional
 fields the class declares, then builds the instance; a field it does not declare is kept in `extra`, so a
 record read and written again loses nothing a newer writer added. `to_json` gives the JSON object back,
-stamped with `schema_version` and `kind`. Every error is a `SchemaError` (a ValueError) naming the field.
+stamped with `schema_version` and `kind`: a record read from JSON writes back exactly what it read (an
+optional field present as null or empty stays so, an absent one stays absent), and a record built in code
+leaves its unset optional fields out. Every error is a `SchemaError` (a ValueError) naming the field.
 The readers of one field (`opt_int`, `need`, `stamped`...) are in `training.records.fields`.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, Self
 
-from training import schema
+from training.records import schema
 from training.records.fields import Reader, opt_obj
-from training.schema import SchemaError
+from training.records.schema import SchemaError
 
 _STAMP = ("schema_version", "kind")
+_OWN = frozenset({"schema_version", "extra", "as_read"})
+"""The dataclass fields `to_json` does not write among the declared ones: the version (written in the
+stamp), `extra` (written after them) and `as_read` (what it holds is written in its field's place)."""
 
 
 class RecordType(Protocol):
@@ -35,11 +41,20 @@ class RecordType(Protocol):
 
 
 class Record:
-    """Mixin of the record dataclasses: `KIND`, `from_json`, `to_json`, `extra`.
+    """Mixin of the record dataclasses: `KIND`, `from_json`, `to_json`, `extra`, `as_read`.
 
     A class declares its required fields (those of `schema._REQUIRED`, taken as validated and as written:
     a number keeps its type), its optional ones in `OPTIONAL` (field -> reader), and converts the rest in
-    `_convert`."""
+    `_convert`; besides `schema_version` and `extra` it declares `as_read` (`Mapping[str, Any]`, default
+    empty), where `from_json` keeps the optional fields the object held that read as empty.
+
+    Why `as_read`: `to_json` leaves out an optional field whose value is empty (None, an empty tuple,
+    mapping or part), which is what the writers that build records in code write. A stored record can
+    hold such a field anyway (`"loss": null` for a NaN loss, `"previous_step": null` on a first pointer,
+    `"steps": []`), and code that reads a record and writes it again (the promotion history copies the
+    pointer's `to_json()`) must not change it: the same contract as `Part`'s `nulls`. `to_json` writes a
+    field of `as_read` back, as it was written, while the field's value is still empty; a value set
+    since (`dataclasses.replace`) is written as any other."""
 
     KIND: ClassVar[str]
     OPTIONAL: ClassVar[Mapping[str, Reader]] = {}
@@ -64,19 +79,26 @@ class Record:
         args.update(cls._convert(obj))
         args["schema_version"] = obj["schema_version"]
         args["extra"] = {k: v for k, v in obj.items() if k not in declared and k not in _STAMP}
+        optional = declared - schema._REQUIRED[cls.KIND].keys() - _OWN
+        # A field the class does not read stays at its default, which is empty.
+        args["as_read"] = {k: obj[k] for k in optional if k in obj and _empty(args.get(k))}
         return cls(**args)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object: the stamp, the declared fields (tuples as lists, nested records as objects),
-        then the extra fields."""
+        then the extra fields. An empty optional field is left out unless the record was read with it
+        (`as_read`): then it is written as it was read."""
         out: dict[str, Any] = {"schema_version": self.schema_version, "kind": self.KIND}  # type: ignore[attr-defined]
         required = schema._REQUIRED[self.KIND]
+        as_read: Mapping[str, Any] = self.as_read  # type: ignore[attr-defined]
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            if f.name in ("schema_version", "extra"):
+            if f.name in _OWN:
                 continue
             value = getattr(self, f.name)
             if _empty(value) and f.name not in required:
-                continue  # an optional field the writer did not set stays absent, as before
+                if f.name in as_read:
+                    out[f.name] = copy.deepcopy(as_read[f.name])  # the caller may change `out`
+                continue
             out[f.name] = _plain(value)
         for k, v in self.extra.items():  # type: ignore[attr-defined]
             out.setdefault(k, v)

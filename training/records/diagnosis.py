@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from training.records.fields import opt_bool, opt_float, opt_int, opt_str
-from training.records.parts import PART, Part, opt_job_id, opt_obj
+from training.records.base import Part
+from training.records.fields import opt_bool, opt_float, opt_int, opt_obj, opt_str
+from training.records.parts import PART, opt_job_id
 
 
 @PART
@@ -88,7 +89,7 @@ class NodeCheck(Part):
     verdict: str | None = None
     probe: Probe | None = None
     dcgm: Mapping[str, Any] | None = None
-    """DCGM's verdict as incident/dcgm.py writes it (read by `dcgm.describe`)."""
+    """DCGM's verdict as longrun.health.dcgm writes it (read by `dcgm.describe`)."""
     stdout_tail: str | None = None
     stderr_tail: str | None = None
     nulls: frozenset[str] = frozenset()
@@ -168,9 +169,9 @@ class DcgmFailed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DcgmSummary:
-    """What a reader that must not fail takes from DCGM's verdict as incident/dcgm.py writes it
+    """What a reader that must not fail takes from DCGM's verdict as longrun.health.dcgm writes it
     (`DcgmVerdict.to_dict`, node_check's `dcgm`, `NodeCheck.dcgm`): the values as written, for people.
-    The whole verdict is incident/dcgm.py's `DcgmVerdict`."""
+    The whole verdict is longrun.health.dcgm's `DcgmVerdict`."""
 
     passed: bool = False
     """True only when the verdict says `"passed": true`: anything else never passes a node."""

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from training.schema import SchemaError
+from training.records.schema import SchemaError
 
 
 def _is_number(v: Any) -> bool:

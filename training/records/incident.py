@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
-from training.records.fields import opt_bool, opt_float, opt_int, opt_str, opt_strs
-from training.records.parts import PART, Part, opt_ints, opt_job_id, opt_obj
+from training.records.base import Part
+from training.records.fields import opt_bool, opt_float, opt_int, opt_obj, opt_str, opt_strs
+from training.records.parts import PART, opt_ints, opt_job_id
 
 
 @PART

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from training import schema
+from training.records import schema
 from training.records.alert import World
 from training.records.base import Record, now
 from training.records.fields import ints, opt_bool, opt_dict, opt_float, opt_int, opt_str, strs
-from training.schema import SchemaError
+from training.records.schema import SchemaError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,6 +35,7 @@ class CheckRecord(Record):
     evidence: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     OPTIONAL = {"loss": opt_float, "world_size": opt_int, "evidence": opt_dict}
 
@@ -73,6 +74,7 @@ class Progress(Record):
     restart_count: int | None = None
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     OPTIONAL = {"total_steps": opt_int, "world_size": opt_int, "restart_count": opt_int}
 
@@ -97,6 +99,7 @@ class Manifest(Record):
     world: World
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -153,6 +156,7 @@ class Save(Record):
     duration_s: float | None = None
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     OPTIONAL = {
         "job_id": opt_str,
@@ -175,6 +179,7 @@ class Report(Record):
     total_steps: int | None = None
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     OPTIONAL = {"total_steps": opt_int}
 
@@ -191,7 +196,7 @@ class ReportOrchestrator:
 
     promoted_steps: tuple[Any, ...] = ()
     segments: tuple[Any, ...] = ()
-    """One object per incarnation of the trainer, in order (recovery.segment_table)."""
+    """One object per incarnation of the trainer, in order (longrun.monitor.segments.segment_table)."""
 
     @classmethod
     def from_json(cls, obj: Any) -> Self:

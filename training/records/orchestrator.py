@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self
 
-from training import schema
+from training.records import schema
 from training.records.alert import AlertRef
 from training.records.base import Record
 from training.records.diagnosis import Diagnosis, ProbeResult
 from training.records.fields import ints, opt_float, opt_int, opt_str, strs
 from training.records.incident import Attribution, Closing, Drain, Recovery, Relaunch, RestartCheckpoint
-from training.schema import SchemaError
+from training.records.schema import SchemaError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +32,7 @@ class Validation(Record):
     """The ETag of the manifest this validation read (promotion requires it to be the current one)."""
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     OPTIONAL = {"manifest_key": opt_str, "manifest_etag": opt_str}
 
@@ -55,8 +56,23 @@ class Promotion(Record):
     """Who promoted (`longrun`, a monitor's `training_run.monitor:<run id>`, `mark_suspect`)."""
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     OPTIONAL = {"previous_step": opt_int, "by": opt_str}
+
+
+def _steps_by_check(kind: str, obj: Mapping[str, Any], field: str) -> dict[str, int | None] | None:
+    """An optional object of steps by check name, each an integer or null (absent or null: None)."""
+    v = obj.get(field)
+    if v is None:
+        return None
+    if not isinstance(v, Mapping) or not all(
+        s is None or (isinstance(s, int) and not isinstance(s, bool)) for s in v.values()
+    ):
+        raise SchemaError(
+            f"{kind} record field {field!r} = {v!r:.80} is not an object of steps by check (integers or null)"
+        )
+    return dict(v)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,13 +87,17 @@ class Pick(Record):
     time: float
     bound: int | None = None
     """The last step every check able to see this fault had passed on every rank."""
-    last_known_good: int | None = None
+    last_known_good: Mapping[str, int | None] | None = None
+    """Per check able to see this fault, its last known-good step (`{check: step}`, as
+    `pick_pre_incident` writes it): the newest step before the alert at which it passed on every rank,
+    null when it never did. `bound` is the smallest of them (null when one is)."""
     key: str | None = None
     """Store key prefix of the chosen checkpoint."""
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
-    OPTIONAL = {"bound": opt_int, "last_known_good": opt_int, "key": opt_str}
+    OPTIONAL = {"bound": opt_int, "last_known_good": _steps_by_check, "key": opt_str}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +114,7 @@ class SuspectMark(Record):
     incident_id: str | None = None
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     OPTIONAL = {"incident_id": opt_str}
 
@@ -206,6 +227,7 @@ class Incident(Record):
     """How the incident closed (status `closed`; empty: not closed)."""
     schema_version: int = schema.SCHEMA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
+    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     # Written after the other fields (each by a later step), as they were when they were extra fields.
     OPTIONAL = {

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from longrun.audit.config import AuditConfig, audit_id_from
 from longrun.audit.run import AuditFailed, run_audit
-from training.store import ObjectStore, StoreError, store_from_env
+from training.store.factory import store_from_env
+from training.store.interface import ObjectStore, StoreError
 
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 

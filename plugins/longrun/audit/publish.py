@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from training.store import ObjectStore, put_json
-from training.store_sides import SidedStore
+from training.store.interface import ObjectStore, put_json
+from training.store.sides import SidedStore
 
 
 def object_url(store: ObjectStore, key: str) -> str:

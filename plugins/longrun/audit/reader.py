@@ -1,4 +1,4 @@
-"""The store records the audit reads: which keys, each parsed and validated against training.schema."""
+"""The store records the audit reads: which keys, each parsed and validated against training.records.schema."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from training import schema
-from training.store import ObjectInfo, ObjectStore
+from training.records import schema
+from training.store.interface import ObjectInfo, ObjectStore
 
-# Relative (to runs/<run>/) key patterns of the records the audit reads; see training.schema's layout.
+# Relative (to runs/<run>/) key patterns of the records the audit reads; see training.records.schema's layout.
 _KINDS = (
     ("manifest", re.compile(r"^checkpoints/step-\d{8}/manifest\.json$")),
     ("validation", re.compile(r"^validations/[^/]+\.json$")),

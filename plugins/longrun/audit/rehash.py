@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from training.store import NotFound, ObjectStore, StoreError, sha256_file
+from training.store.interface import NotFound, ObjectStore, StoreError, sha256_file
 
 
 def sample_rows(table: pd.DataFrame, sample_size: int, seed: int) -> list[int]:

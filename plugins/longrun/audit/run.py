@@ -14,7 +14,7 @@ from longrun.audit.publish import object_url, publish
 from longrun.audit.rehash import rehash_sample
 from longrun.audit.table import build_table
 from longrun.runbooks import runbook_url
-from training.store import ObjectStore
+from training.store.interface import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ check. Pure pandas: no Great Expectations here, so the table can be inspected an
 
 Row kinds: `manifest` (one per model checkpoint), `file` (one per payload file a manifest lists),
 `validation`, `promotion` (the history and the current pointer), `suspect`, `incident`. A record that does
-not parse against training.schema is still a row, with `parsable` False and the reason in `error`: a
+not parse against training.records.schema is still a row, with `parsable` False and the reason in `error`: a
 broken manifest is a finding, not a crash.
 """
 
@@ -17,9 +17,10 @@ from typing import Any
 import pandas as pd
 
 from longrun.audit.reader import read_records
-from training import schema
-from training.records import FileEntry
-from training.store import ObjectStore
+from longrun.health.history import PREFIX, NodeEvent
+from training.records import schema
+from training.records.job import FileEntry
+from training.store.interface import ObjectStore
 
 #: The table's columns in order; every row has every column (None/NaN where it does not apply).
 COLUMNS = (
@@ -217,8 +218,6 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
 def node_event_rows(store: ObjectStore) -> list[dict[str, Any]]:
     """One `node_event` row per node-history record (nodes/<node>/...): it must parse as a NodeEvent and
     lie under its own node's folder; otherwise `parsable` is False with the reason."""
-    from longrun.nodes.history import PREFIX, NodeEvent
-
     rows = []
     for info in store.list(PREFIX):
         folder = info.key[len(PREFIX) :].split("/", 1)[0]

@@ -13,19 +13,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from training import schema
-from training.manifest import CheckpointError, read_manifest
-from training.records import (
-    Alert,
-    CheckRecord,
-    Incident,
-    Manifest,
-    Promotion,
-    Record,
-    SuspectMark,
-    Validation,
-)
-from training.store import NotFound, ObjectStore
+from training.checkpoint.manifest import CheckpointError, read_manifest
+from training.records import schema
+from training.records.alert import Alert
+from training.records.base import Record
+from training.records.job import CheckRecord, Manifest
+from training.records.orchestrator import Incident, Promotion, SuspectMark, Validation
+from training.store.interface import NotFound, ObjectStore
 
 _STEP_DIR = re.compile(r"checkpoints/step-(\d{8})/([^/]+)$")
 R = TypeVar("R", bound=Record)

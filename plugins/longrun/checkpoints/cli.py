@@ -14,14 +14,14 @@ import sys
 import warnings
 from typing import Any
 
-from training import schema
-from training.store import (
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import (
     ObjectStore,
     StoreAuthError,
     StoreConfigError,
     StoreError,
     StoreUnavailable,
-    store_from_env,
 )
 
 EXIT_OK, EXIT_NO, EXIT_ERROR = 0, 1, 2

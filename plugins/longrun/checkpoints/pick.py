@@ -20,9 +20,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from longrun.checkpoints import catalog
-from training import schema
-from training.records import AlertRef, CheckRecord
-from training.store import ObjectStore, put_json
+from training.records import schema
+from training.records.alert import AlertRef
+from training.records.job import CheckRecord
+from training.store.interface import ObjectStore, put_json
 
 
 def _alert_fields(alert: Mapping[str, Any]) -> tuple[str, int]:

@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from longrun.checkpoints import catalog
-from training import schema
-from training.manifest import CheckpointError, read_manifest
-from training.records import Manifest, Promotion, SuspectMark, Validation
-from training.store import ObjectStore, PreconditionFailed, put_json
+from training.checkpoint.manifest import CheckpointError, read_manifest
+from training.records import schema
+from training.records.job import Manifest
+from training.records.orchestrator import Promotion, SuspectMark, Validation
+from training.store.interface import ObjectStore, PreconditionFailed, put_json
 
 POINTER_ATTEMPTS = 8
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from longrun.checkpoints import catalog
 from longrun.checkpoints.pick import plan_pick
-from training import schema
-from training.records import AlertRef
+from training.records import schema
+from training.records.alert import AlertRef
 from training.records.incident import RestartCheckpoint
-from training.store import ObjectStore
+from training.store.interface import ObjectStore
 
 #: Incident statuses after which an incident needs no checkpoint kept for it.
 CLOSED_STATUSES = ("closed", "resolved", "rejected")

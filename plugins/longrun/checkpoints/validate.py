@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from training import schema
-from training.fingerprint import combine, fingerprint_state
-from training.manifest import MODEL_FILE, CheckpointError, read_manifest
-from training.store import NotFound, ObjectStore, put_json, sha256_file
+from training.checkpoint.manifest import MODEL_FILE, CheckpointError, read_manifest
+from training.fingerprint.host import combine, fingerprint_state
+from training.records import schema
+from training.store.interface import NotFound, ObjectStore, put_json, sha256_file
 
 
 def _tensors(obj: Any, path: str = "") -> Iterator[tuple[str, torch.Tensor]]:

@@ -15,8 +15,10 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from longrun.slurm import ops
-from longrun.slurm.client import CommandResult, JobState, NodeState, SlurmClient, make_client
+from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import JobFailedError, JobRetryableError, SdcVerdictError, SlurmError
+from longrun.slurm.factory import make_client
+from longrun.slurm.models import CommandResult, JobState, NodeState
 from longrun.slurm.outcomes import Kind, Outcome, classify
 from longrun.slurm.spec import JobSpec
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from longrun.incident import runbooks
-from training.records import Alert
+from training.records.alert import Alert
 
 NODE = "node"
 AMBIGUOUS = "ambiguous"
@@ -64,7 +64,7 @@ class AttributionOutcome:
 
 
 def attribute(alert: Mapping[str, Any] | Alert) -> AttributionOutcome:
-    """Attribute an alert record (training.schema kind `alert`) to one node, or call it ambiguous.
+    """Attribute an alert record (training.records.schema kind `alert`) to one node, or call it ambiguous.
     A record that does not read as an alert raises SchemaError (a ValueError) naming the field."""
     a = alert if isinstance(alert, Alert) else Alert.from_json(alert)
     check, step, evidence = a.check, a.step, a.evidence

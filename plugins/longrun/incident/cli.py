@@ -16,10 +16,11 @@ import sys
 from longrun.checkpoints import catalog
 from longrun.checkpoints.retention import CLOSED_STATUSES
 from longrun.incident import closing
-from training import schema
-from training.records import Alert
-from training.records import Incident as IncidentRecord
-from training.store import NotFound, StoreError, store_from_env
+from training.records import schema
+from training.records.alert import Alert
+from training.records.orchestrator import Incident as IncidentRecord
+from training.store.factory import store_from_env
+from training.store.interface import NotFound, StoreError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -18,10 +18,12 @@ from typing import Any
 
 from longrun.incident import record
 from longrun.incident.events import Event
-from training import schema
-from training.records import AlertRef, IncidentStatus, Progress
-from training.records import Incident as IncidentRecord
-from training.store import NotFound, ObjectStore
+from training.records import schema
+from training.records.alert import AlertRef
+from training.records.job import Progress
+from training.records.orchestrator import Incident as IncidentRecord
+from training.records.orchestrator import IncidentStatus
+from training.store.interface import NotFound, ObjectStore
 
 CLOSED = IncidentStatus.CLOSED
 #: Steps past the resume point, without an alert, after which a relaunched incident closes (the default;

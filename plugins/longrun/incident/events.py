@@ -50,10 +50,10 @@ class Event(StrEnum):
     RELAUNCH_FAILED = "relaunch_failed"
     RELAUNCHED_RUNNING = "relaunched_running"
     WOULD_RELAUNCH = "would_relaunch"
-    # relaunch inside the kept job (incident/injob.py)
+    # relaunch inside the kept job (incident/hot_spare.py)
     NO_SPARE_LEFT = "no_spare_left"
     RELEASED = "released"
-    """The suspect left the kept job's allocation (incident/inalloc.py); it stays drained."""
+    """The suspect left the kept job's allocation (incident/hot_spare.py); it stays drained."""
     RELEASE_DEFERRED = "release_deferred"
     """The suspect stays in the kept job until its diagnosis has run there (a release kills its steps)."""
     RELEASE_REFUSED = "release_refused"

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, Self
 
 from longrun.incident import record, runbooks
-from training import schema
-from training.records import IncidentStatus
+from training.records import schema
 from training.records.fields import need, opt_float, opt_int, opt_str, stamped
-from training.schema import SchemaError
-from training.store import NotFound, ObjectStore, PreconditionFailed, put_json
+from training.records.orchestrator import IncidentStatus
+from training.records.schema import SchemaError
+from training.store.interface import NotFound, ObjectStore, PreconditionFailed, put_json
 
 LOCK_PATH = "incident-lock.json"
 SCHEMA_VERSION = 1

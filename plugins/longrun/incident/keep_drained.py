@@ -26,21 +26,20 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from longrun.incident import diagnose, ratelimit, record, runbooks
+from longrun.health import diagnose, ratelimit
+from longrun.health.ratelimit import DrainEntry
+from longrun.incident import record, runbooks
 from longrun.incident.events import Event
-from longrun.incident.ratelimit import DrainEntry
+from longrun.incident.runner import Incident
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import SlurmCommandError
 from training.records.diagnosis import Diagnosis
 from training.records.incident import Drain
-from training.schema import SchemaError
-
-if TYPE_CHECKING:
-    from longrun.incident.steps import Incident
-    from training.store import ObjectStore
+from training.records.schema import SchemaError
+from training.store.interface import ObjectStore
 
 DIAG, REF = "diag", "ref"
 #: The diagnostic's MAINT reservation outlives any diagnose try by far: if everything dies, the suspect

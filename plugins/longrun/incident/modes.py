@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.schema import INCIDENT_MODES
-from training.store import ObjectStore
-from training.store_sides import SidedStore
+from training.records.schema import INCIDENT_MODES
+from training.store.interface import ObjectStore
+from training.store.sides import SidedStore
 
 ACT, APPROVE, OBSERVE = INCIDENT_MODES
 

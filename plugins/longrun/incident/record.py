@@ -1,9 +1,10 @@
 """The incident record: one JSON object per alert under the run's incidents/, never lost, never doubled.
 
-Keyed by the alert (its key's file stem is the incident id), created with If-None-Match and changed only
-with If-Match, so a rerun task, a rerun DAG or two schedulers racing all land on the same record.
-Timeline events are named; adding an event that is already there is a no-op (a rerun does not add a
-second "drained"), which is also how the tasks know what has been done.
+Keyed by the alert (its key's file stem is the incident id: training.records.schema.incident_id_for),
+created with If-None-Match and changed only with If-Match, so a rerun task, a rerun DAG or two
+schedulers racing all land on the same record. Timeline events are named; adding an event that is
+already there is a no-op (a rerun does not add a second "drained"), which is also how the tasks know
+what has been done.
 
 Fields beyond the shared schema's (run, incident_id, alert, timeline, mode): alert_key, status,
 attribution, drain, diagnosis, checkpoint (step, key, why), lost_steps, relaunch, time_to_recover_s,
@@ -15,15 +16,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from pathlib import PurePosixPath
 from typing import Any
 
 from longrun.incident import runbooks
 from longrun.incident.events import Event
-from training import schema
-from training.records import Alert, AlertRef, IncidentStatus
-from training.records import Incident as IncidentRecord
-from training.store import ObjectStore, PreconditionFailed
+from training.records import schema
+from training.records.alert import Alert, AlertRef
+from training.records.orchestrator import Incident as IncidentRecord
+from training.records.orchestrator import IncidentStatus
+from training.store.interface import ObjectStore, PreconditionFailed
 
 MAX_ATTEMPTS = 8
 
@@ -34,15 +35,6 @@ OBSERVED = IncidentStatus.OBSERVED  # observe mode: recorded what would be done
 REJECTED = IncidentStatus.REJECTED  # approve mode: an operator said no
 RELAUNCHED = IncidentStatus.RELAUNCHED
 FAILED = IncidentStatus.FAILED
-
-
-def incident_id_for(alert_key: str) -> str:
-    """The incident id of an alert: its key's file stem (`00000017-recompute-r000-1764430000`)."""
-    name = PurePosixPath(alert_key).name
-    stem = name[: -len(".json")]
-    if not name.endswith(".json") or not stem or stem.startswith("."):
-        raise ValueError(f"alert_key={alert_key!r} does not name an alert record")
-    return stem
 
 
 def record_key(run: str, incident_id: str) -> str:
@@ -57,7 +49,7 @@ def open_incident(
     store: ObjectStore, *, run: str, alert: Mapping[str, Any], alert_key: str, mode: str
 ) -> dict[str, Any]:
     """Create the record for `alert` (or return the one a previous try created)."""
-    incident_id = incident_id_for(alert_key)
+    incident_id = schema.incident_id_for(alert_key)
     key = record_key(run, incident_id)
     ref = AlertRef.from_json(alert)  # the monitor handed over a whole alert; its copy is kept as is
     rec = schema.record(

@@ -1,9 +1,9 @@
 """Time to recover, measured to training again, and the proof that a relaunch resumed where it should.
 
-Everything here is read from records, never computed from the plan: the trainer's segment records
-(where each incarnation started, its first healthy step, where it ended) and fault records (when a
-drill's fault fired), the alert record and the incident's timeline. The headline figure is
-alert written -> first healthy step of the relaunch.
+Everything here is read from records, never computed from the plan: the trainer's segment and fault
+records (longrun.monitor.segments), the alert record and the incident's timeline. The headline figure is
+alert written -> first healthy step of the relaunch; `record` puts it on the incident's record when the
+relaunched run finishes (longrun.tasks.training_run).
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import json
 import logging
 from typing import Any
 
+from longrun.incident import record as incident_record
 from longrun.incident.events import Event
-from training import schema
-from training.records import Incident as IncidentRecord
-from training.segment import FAULTS_DIR, SEGMENTS_DIR, FaultFired, Segment, last_trained, lost_steps, ordered
-from training.store import ObjectStore, StoreError
+from longrun.monitor.segments import faults, job_step, segments
+from training.records.orchestrator import Incident as IncidentRecord
+from training.segment import FaultFired, Segment, last_trained, lost_steps
+from training.store.interface import ObjectStore
 
 log = logging.getLogger("longrun.incident.recovery")
 
@@ -30,66 +31,6 @@ MILESTONES = (
     Event.RELAUNCHED_RUNNING.value,
     Event.FIRST_HEALTHY_STEP.value,
 )
-
-
-def _read_all(store: ObjectStore, run: str, folder: str) -> list[bytes]:
-    out = []
-    for info in store.list(schema.store_key(run, folder)):
-        if info.key.endswith(".json"):
-            try:
-                out.append(store.get_bytes(info.key))
-            except StoreError as e:
-                log.warning("record %s unreadable: %s", info.key, e)
-    return out
-
-
-def segments(store: ObjectStore, run: str) -> list[Segment]:
-    """The run's segments in the order they ran; a malformed record is logged and left out."""
-    found = []
-    for raw in _read_all(store, run, SEGMENTS_DIR):
-        try:
-            found.append(Segment.from_json(raw))
-        except ValueError as e:
-            log.warning("segment record of run %s refused: %s", run, e)
-    return ordered([s for s in found if s.run == run])
-
-
-def faults(store: ObjectStore, run: str) -> list[FaultFired]:
-    found = []
-    for raw in _read_all(store, run, FAULTS_DIR):
-        try:
-            found.append(FaultFired.from_json(raw))
-        except ValueError as e:
-            log.warning("fault record of run %s refused: %s", run, e)
-    return sorted((f for f in found if f.run == run), key=lambda f: f.time)
-
-
-def segment_table(segs: list[Segment]) -> list[dict[str, Any]]:
-    """One row per segment for the run report: where it started, what it trained, how it ended."""
-    rows = []
-    for i, s in enumerate(segs):
-        before = last_trained(segs[:i])
-        rows.append(
-            {
-                "segment": s.segment_id,
-                "job_id": s.job_id,
-                "restart_count": s.restart_count,
-                "start_step": s.start_step,
-                "resumed_from": s.resumed_from,
-                "first_step": s.first_step,
-                "first_healthy_step": s.first_healthy_step,
-                "last_step": s.last_step,
-                "exit": s.exit,
-                "nodes": sorted(set(s.nodes)),
-                "lost_steps_before": lost_steps(before, s) if before else None,
-            }
-        )
-    return rows
-
-
-def job_step(seg: Segment) -> str:
-    """`<job>.<step>` of a segment id: an NVRx in-job restart keeps it, a relaunch inside the job does not."""
-    return seg.segment_id.rsplit("-r", 1)[0]
 
 
 def relaunch_segment(segs: list[Segment], incident: IncidentRecord) -> Segment | None:
@@ -149,8 +90,6 @@ def record(store: ObjectStore, run: str, incident_id: str) -> dict[str, Any] | N
     """Measure the recovery of an incident and put it on its record (event `first_healthy_step`, field
     `recovery`); a rerun changes nothing once the event is there. None when the relaunch has not
     trained a healthy step yet."""
-    from longrun.incident import record as incident_record
-
     rec = incident_record.load_typed(store, run=run, incident_id=incident_id)
     if rec.recovery and incident_record.has_event(rec, Event.FIRST_HEALTHY_STEP):
         return rec.recovery.to_json()
@@ -170,21 +109,3 @@ def record(store: ObjectStore, run: str, incident_id: str) -> dict[str, Any] | N
     )
     log.info("incident %s: recovery %s", incident_id, json.dumps(result, sort_keys=True))
     return result
-
-
-class DrillNotFired(RuntimeError):
-    """A drill run ended without its fault ever being injected: it proved nothing."""
-
-
-def drill_outcome(drill_flag: str | None, fired: list[FaultFired]) -> dict[str, Any] | None:
-    """Did the run's drill (`KIND:STEP:TARGET`) fire? None for a run without a drill."""
-    if not drill_flag:
-        return None
-    mine = [f for f in fired if f.spec == drill_flag]
-    return {
-        "drill": drill_flag,
-        "fired": bool(mine),
-        "step": mine[0].step if mine else None,
-        "nodes": sorted({f.node for f in mine}),
-        "time": mine[0].time if mine else None,
-    }

@@ -13,7 +13,7 @@ for as long as the run lasts, so a bounded wait would end in the same stop, and 
 the relaunch would put the probe on the relaunch's critical path. The relaunch's nodes are healthy by
 construction (the suspect is excluded), they run the same software, and the step neither delays the
 relaunch (it is already running) nor changes its bits (the probe pins its own thread; the training job
-is not touched). The hot-spare path already takes its reference this way (incident/inalloc.py). The
+is not touched). The hot-spare path already takes its reference this way (incident/hot_spare.py). The
 verdict is not weakened: the reference is the same probe command on a healthy node, and a pass still
 needs the suspect's fingerprint and environment to match it (probe_reference.confirms).
 """
@@ -21,27 +21,26 @@ needs the suspect's fingerprint and environment to match it (probe_reference.con
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from longrun.incident import diagnose, injob, keep_drained, node_check, runbooks
-from longrun.incident.inalloc import healthy_in, reference_in_job
-from longrun.incident.probe_reference import (
+from longrun.health import diagnose, node_check
+from longrun.health.probe_reference import (
     cached_reference,
     checked_reference,
     judge_fresh,
     reference_of,
     remember_reference,
 )
-from longrun.incident.runner import IncidentStop, Rec
-from longrun.slurm.client import JobStatus, SlurmClient
+from longrun.incident import keep_drained, runbooks
+from longrun.incident.hot_spare import healthy_in, kept_job, reference_in_job
+from longrun.incident.runner import Incident, IncidentStop, Rec
+from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import SlurmCommandError
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobTag
 from training.records.diagnosis import NodeCheck, ProbeResult
-from training.schema import SchemaError
-
-if TYPE_CHECKING:
-    from longrun.incident.runner import Incident
-    from training.store import ObjectStore
+from training.records.schema import SchemaError
+from training.store.interface import ObjectStore
 
 #: How the reference was obtained (the record's `diagnosis.reference_from`).
 RECORDED, CACHED, IDLE_NODE, RUNNING_JOB = "recorded", "cached", "idle_node", "running_job"
@@ -54,7 +53,7 @@ def _job_steps(client: SlurmClient, inc: Incident, node: str, **probe: Any) -> d
     """The probe as a step on a healthy node of the incident's running relaunch (or kept job)."""
     tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
     jobs = [s for s in client.find_jobs(tag.prefix()) if s.status is JobStatus.RUNNING]
-    if (kept := injob.kept_job(client, inc)) is not None:
+    if (kept := kept_job(client, inc)) is not None:
         jobs.append(kept)
     errors = []
     for job in jobs:
@@ -171,6 +170,6 @@ def confirm_pass(
         return dataclasses.replace(d, summary=d.summary + note), known.node
     reason = diagnose.verdict_reason(inc.run, inc.step, verdict)
     client.drain(node, reason)  # drained already (error); the reason now carries the verdict
-    book = runbooks.DIAGNOSTIC_PASSED if verdict == node_check.PASS else runbooks.DIAGNOSTIC_FAILED
+    book = diagnose.verdict_runbook(verdict)
     out = dataclasses.replace(d, verdict=verdict, reason=reason, runbook=book, summary=d.summary + note)
     return out, known.node

@@ -1,31 +1,23 @@
 """The relaunch's RunSpec: the alerting attempt's spec, resumed, the suspect node excluded, drill off.
 
 The same world when enough healthy nodes remain, else smaller (and said so). Used by the full relaunch
-(incident/steps.py) and the in-job one (incident/injob.py).
+(step_relaunch.py) and the in-job one (hot_spare.py), so it is a module of its own: the full relaunch
+falls back from the in-job one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from longrun.incident import runbooks
 from longrun.incident.runner import Incident, IncidentStop
+from longrun.monitor.lifecycle import spec_from_params
 from longrun.runspec import RunSpec
 from longrun.slurm.client import SlurmClient
 
 
-def conf_of(spec: RunSpec) -> dict[str, Any]:
-    """The declared training_run params of `spec` (closed conf)."""
-    from longrun.monitor.lifecycle import conf_of as lifecycle_conf_of
-
-    return lifecycle_conf_of(spec)
-
-
 def run_spec(inc: Incident) -> RunSpec:
     """The RunSpec of the attempt that raised the alert (its DAG run's params minus the attach fields)."""
-    from longrun.monitor.lifecycle import spec_from_params
-
     return spec_from_params(inc.run_params)
 
 

@@ -1,6 +1,7 @@
 """How every step of `sdc_incident` runs: load the record, skip what is done, observe, act, record.
 
-A step (incident/steps.py) keeps only its action; this module owns the sequence around it:
+A step (steps.py, step_drain.py, step_diagnose.py, step_relaunch.py) keeps only its action; this module
+owns the sequence around it:
 
     load      the incident record, once, as the typed record (training.records.Incident; the timeline is
               the memory of every earlier try); `done`, `observe` and `act` are handed that object
@@ -21,13 +22,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from longrun import alert_auth, security_events
 from longrun.incident import modes, record
 from longrun.incident.events import Event
 from longrun.slurm.client import SlurmClient
-from training import schema
-from training.records import Alert, IncidentStatus
-from training.records import Incident as IncidentRecord
-from training.store import NotFound, ObjectStore
+from training.records import schema
+from training.records.alert import Alert
+from training.records.orchestrator import Incident as IncidentRecord
+from training.records.orchestrator import IncidentStatus
+from training.store.interface import NotFound, ObjectStore
 
 Rec = IncidentRecord
 """An incident record as a step reads it: the typed record (training.records.Incident), loaded once per
@@ -74,7 +77,7 @@ class Incident:
 
     @property
     def incident_id(self) -> str:
-        return record.incident_id_for(self.alert_key)
+        return schema.incident_id_for(self.alert_key)
 
     @property
     def step(self) -> int:
@@ -189,12 +192,12 @@ def _known_allocation(store: ObjectStore, inc: Incident) -> tuple[str, ...]:
     return tuple(nodes)
 
 
-def authenticate(store: ObjectStore, client: SlurmClient, inc: Incident, *, node: str | None = None) -> Any:
+def authenticate(
+    store: ObjectStore, client: SlurmClient, inc: Incident, *, node: str | None = None
+) -> alert_auth.Verdict:
     """The gate in front of every action: the alert is signed with its job's key, is about this run and
     this job, the job is longrun's for the run, and its suspect nodes (and `node`) are in Slurm's
     allocation of the job. Otherwise: a security event, and IncidentStop (nothing acted on)."""
-    from longrun import alert_auth, security_events
-
     verdict = alert_auth.verify_alert(
         store,
         client,

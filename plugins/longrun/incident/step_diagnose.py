@@ -2,9 +2,9 @@
 
 The probe's reference comes from the record, the partition's cached reference, a run on a healthy idle
 node or, when the relaunch holds them all, a step of the relaunch (reference_source.py); the diagnostic
-runs in a MAINT reservation (incident/diagnose.py) whose name is the same on every try (keep_drained). A
-pass against a stored reference counts only once a fresh reference confirms it (confirm_pass). Run by
-incident/runner.py; listed in incident/steps.py.
+runs in a MAINT reservation (longrun.health.diagnose) whose name is the same on every try
+(keep_drained). A pass against a stored reference counts only once a fresh reference confirms it
+(confirm_pass). Run by incident/runner.py.
 """
 
 from __future__ import annotations
@@ -12,16 +12,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from longrun.incident import dcgm, diagnose, keep_drained, node_check
+from longrun.health import dcgm, diagnose, node_check
+from longrun.health.probe_reference import confirms
+from longrun.incident import keep_drained
 from longrun.incident.events import Event
-from longrun.incident.probe_reference import confirms
 from longrun.incident.reference_source import STORED, confirm_pass, reference_for
 from longrun.incident.runner import Incident, Outcome, Rec, run
 from longrun.incident.step_drain import restore_drain
 from longrun.slurm.client import SlurmClient
 from training.records.diagnosis import NodeCheck, ProbeResult
-from training.schema import SchemaError
-from training.store import ObjectStore
+from training.records.schema import SchemaError
+from training.store.interface import ObjectStore
 
 
 def _matched(d: diagnose.DiagnosisOutcome, known: ProbeResult) -> bool:

@@ -1,21 +1,22 @@
 """sdc_incident's drain step, and `restore_drain`, which keeps what longrun drained drained.
 
-The drain is rate-limited (incident/ratelimit.py), carries longrun's reason, and is done once: a rerun
+The drain is rate-limited (longrun.health.ratelimit), carries longrun's reason, and is done once: a rerun
 returns the recorded drain. A node someone else drained is left alone and stops the incident with the
-foreign-drain runbook. Run by incident/runner.py; listed in incident/steps.py.
+foreign-drain runbook. Run by incident/runner.py.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from longrun.incident import diagnose, keep_drained, record, runbooks
+from longrun.health import diagnose
+from longrun.health.ratelimit import DrainPolicy, DrainRefused, release_drain, reserve_drain
+from longrun.incident import keep_drained, record, runbooks
 from longrun.incident.events import Event
-from longrun.incident.ratelimit import DrainPolicy, DrainRefused, release_drain, reserve_drain
 from longrun.incident.runner import Incident, Outcome, Rec, authenticate, run, stop
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import ForeignDrainError
-from training.store import ObjectStore
+from training.store.interface import ObjectStore
 
 
 def drain(

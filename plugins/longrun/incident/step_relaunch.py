@@ -4,9 +4,9 @@ Only after the drain: an incident whose node was not drained skips; in approve m
 Reject to `approve_drain` (the approval skips only `drain`, and this task's trigger rule runs it past
 skipped upstreams), recorded as `drain_rejected`, status rejected.
 
-With hot spares (act mode) the in-job path (incident/injob.py) recovers inside the kept job first. The
-relaunch job is tagged with the incident's DAG run, so a retry reattaches instead of submitting twice.
-The RunSpec comes from relaunch_plan.py. Run by incident/runner.py; listed in incident/steps.py.
+With hot spares (act mode) the in-job path (incident/hot_spare.py) recovers inside the kept job first.
+The relaunch job is tagged with the incident's DAG run, so a retry reattaches instead of submitting
+twice. The RunSpec comes from relaunch_plan.py. Run by incident/runner.py.
 """
 
 from __future__ import annotations
@@ -16,16 +16,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from longrun.incident import injob, record, runbooks
+from longrun import alert_auth
+from longrun.incident import hot_spare, record, runbooks
 from longrun.incident.events import Event
-from longrun.incident.relaunch_plan import conf_of, healthy_nodes, relaunch_spec
+from longrun.incident.relaunch_plan import healthy_nodes, relaunch_spec
 from longrun.incident.runner import Incident, IncidentSkip, Outcome, Rec, authenticate, run, write
+from longrun.monitor.lifecycle import conf_of
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
-from longrun.slurm.client import JobStatus, SlurmClient
+from longrun.slurm.client import SlurmClient
+from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
 from training.records.incident import RestartCheckpoint
-from training.store import ObjectStore
+from training.store.interface import ObjectStore
 
 
 def relaunch(
@@ -74,14 +77,12 @@ def relaunch(
                 " service"
             )
         # hot spares: recover inside the kept job; else end it for the full relaunch
-        if (in_job := injob.direct(store, client, inc, node=node, checkpoint=checkpoint)) is not None:
-            return Outcome(result=in_job)  # injob recorded it
-        injob.end_kept(store, client, inc)
+        if (in_job := hot_spare.direct(store, client, inc, node=node, checkpoint=checkpoint)) is not None:
+            return Outcome(result=in_job)  # hot_spare recorded it
+        hot_spare.end_kept(store, client, inc)
         spec, note = plan()
         authenticate(store, client, inc)  # roll back only on an authentic alert
         tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
-        from longrun import alert_auth
-
         earlier = next(iter(client.find_jobs(tag.prefix())), None)
         job_id = earlier.job_id if earlier is not None else None
         if earlier is not None and earlier.comment:

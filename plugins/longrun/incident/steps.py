@@ -1,20 +1,21 @@
-"""The steps of `sdc_incident`, as plain functions over a store and a Slurm client (no Airflow here).
+"""The steps of `sdc_incident` that are small enough to live together, as plain functions over a store and
+a Slurm client (no Airflow here).
 
 Each step keeps only its action; incident/runner.py runs it (load the record, skip what an earlier try
 did, observe mode's would_..., act, record one Outcome), so rerunning a task or the whole DAG run never
 drains twice, never submits twice and never loses the record. Each returns a small dict for XCom and the
-task log. Event names: incident/events.py. Where each step is:
+task log. Event names: incident/events.py. The steps, in order, and where each is defined:
 
     open       (here)           the record, keyed by the alert
     freeze     (here)           cancel the job if it still runs (an SDC verdict normally ended it)
     attribute  (here)           one node, or ambiguous -> IncidentStop (drain nothing; see the runbook)
     drain      step_drain.py    rate-limited, with longrun's reason, only if not drained by us already
     diagnose   step_diagnose.py reference probe on a healthy idle node, then node_check on the drained node
+                                (hot_spare.py: inside the kept job, when there is one)
     pick       (here)           the pre-incident checkpoint (and demote what came after the last good step)
     relaunch   step_relaunch.py the relaunched job: resumed, drill off, the node excluded; waits until RUNNING
 
-Helpers beside them: the probe reference (probe_reference.py), the relaunch's RunSpec (relaunch_plan.py).
-This module also re-exports what callers import from `longrun.incident.steps`.
+Callers import each step from the module that defines it.
 """
 
 from __future__ import annotations
@@ -22,47 +23,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from longrun.incident import attribution, injob, record
+from longrun.checkpoints.pick import pick_pre_incident, plan_pick
+from longrun.checkpoints.promote import mark_suspect
+from longrun.incident import attribution, hot_spare, record
 from longrun.incident.events import Event
-from longrun.incident.probe_reference import cached_reference, remember_reference
-from longrun.incident.relaunch_plan import relaunch_spec, run_spec
-from longrun.incident.runner import (
-    Incident,
-    IncidentSkip,
-    IncidentStop,
-    Outcome,
-    Rec,
-    authenticate,
-    run,
-    write,
-)
-from longrun.incident.step_diagnose import run_diagnosis
-from longrun.incident.step_drain import drain, restore_drain
-from longrun.incident.step_relaunch import relaunch
+from longrun.incident.runner import Incident, Outcome, Rec, authenticate, run, write
+from longrun.monitor.gate import gate_pending
 from longrun.slurm import ops
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import JobNotFoundError, SlurmError
-from training.records import Incident as IncidentRecord
-from training.store import ObjectStore
-
-__all__ = [  # the steps, and what callers imported from here before the split
-    "Incident",
-    "IncidentSkip",
-    "IncidentStop",
-    "attribute",
-    "authenticate",
-    "cached_reference",
-    "drain",
-    "freeze",
-    "open_record",
-    "pick",
-    "relaunch",
-    "relaunch_spec",
-    "remember_reference",
-    "restore_drain",
-    "run_diagnosis",
-    "run_spec",
-]
+from training.records.orchestrator import Incident as IncidentRecord
+from training.store.interface import ObjectStore
 
 log = logging.getLogger("longrun.sdc_incident")
 
@@ -104,8 +75,8 @@ def freeze(
         authenticate(store, client, inc)  # cancel only the job the signed alert came from, and only ours
         if inc.job_id is None:
             return frozen("no job id known")
-        if (kept := injob.freeze_kept(store, client, inc)) is not None:  # hot spares: the job stays
-            return Outcome(result=kept)  # injob recorded it
+        if (kept := hot_spare.freeze_kept(store, client, inc)) is not None:  # hot spares: the job stays
+            return Outcome(result=kept)  # hot_spare recorded it
         try:
             state = client.job(inc.job_id)
         except JobNotFoundError:
@@ -157,15 +128,11 @@ def gate_left(store: ObjectStore, inc: Incident) -> None:
     after the monitor's last look, or was still uploading then. The normal checkpoint gate, not an
     incident action, so observe mode runs it too; a checkpoint already gated is not read again. The
     freeze calls it (beside the attribution and the drain), the pick again for any that came later."""
-    from longrun.monitor.gate import gate_pending
-
     gate_pending(store, inc.run, before_step=inc.step, log=log, by=f"sdc_incident:{inc.incident_id}")
 
 
 def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     """The checkpoint to resume from; demotes the checkpoints after the last known-good step."""
-    from longrun.checkpoints.pick import pick_pre_incident, plan_pick
-    from longrun.checkpoints.promote import mark_suspect
 
     def done(rec: Rec) -> dict[str, Any] | None:
         # the recorded object as it is (XCom unchanged), once it reads as a restart checkpoint

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from longrun.monitor import watch
+from training.records.base import Part
 from training.records.fields import (
     need,
     opt_bool,
@@ -25,8 +26,7 @@ from training.records.fields import (
     opt_objects,
     opt_str,
 )
-from training.records.parts import Part
-from training.schema import SchemaError
+from training.records.schema import SchemaError
 
 KIND = "monitor_event"
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from longrun.checkpoints import catalog
+from longrun.checkpoints.promote import PromotionConflict, PromotionRefused, promote
 from longrun.runbooks import runbook_path
-from training.store import ObjectStore
+from training.store.interface import ObjectStore
 
 
 def gate_checkpoint(
     store: ObjectStore, run: str, step: int, *, log: Any, by: str = "training_run.monitor"
 ) -> dict[str, Any]:
     """Validate then promote checkpoint `step`; a dict saying what happened (for logs and asset events)."""
-    from longrun.checkpoints.promote import PromotionConflict, PromotionRefused, promote
+    # torch only when a checkpoint is validated: the DAG files import the monitor's operator, which uses this
     from longrun.checkpoints.validate import validate
 
     t0 = time.perf_counter()
@@ -49,9 +51,7 @@ def gate_checkpoint(
             return out
         out.update(promoted=True, manifest_key=rec["manifest_key"], seq=rec["seq"])
         try:
-            from longrun.checkpoints.catalog import checkpoints
-
-            m = checkpoints(store, run).by_step().get(step)
+            m = catalog.checkpoints(store, run).by_step().get(step)
             if m is not None:
                 out.update(
                     loss=m.manifest.loss,
@@ -71,8 +71,6 @@ def gate_pending(
 ) -> list[dict[str, Any]]:
     """Gate every checkpoint with a manifest, step < `before_step`, never validated yet (ascending). One
     with a validation that does not read is gated too: its promotion is then refused, naming the key."""
-    from longrun.checkpoints import catalog
-
     out = []
     for step in sorted(catalog.checkpoints(store, run).by_step()):
         if step >= before_step:

@@ -23,12 +23,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from longrun import drillcheck, runroot
+from longrun.alert_auth import SECRET_STORE_ENV
+from longrun.checkpoints import catalog
 from longrun.launch import job_spec_for_run, run_dir_for
+from longrun.monitor import segments
+from longrun.monitor.gate import gate_checkpoint
 from longrun.runspec import RunSpec
+from longrun.runview import RunView
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.spec import JobSpec, JobTag
-from training import schema
-from training.store import ObjectStore, StoreError, put_json
+from longrun.store_access import job_store_env
+from training.records import schema
+from training.records.orchestrator import Incident
+from training.store.interface import ObjectStore, StoreError, put_json
 
 #: training_run params that are not RunSpec fields: how this DAG run relates to the run's history.
 ATTACH_PARAMS = ("attach_job_id", "incident_id")
@@ -107,9 +114,6 @@ def make_job(spec: RunSpec, tag: JobTag) -> JobSpec:
     """The JobSpec of one launch (srun -> NVRx ft_launcher -> the entrypoint), tagged for reattachment."""
     root = run_root()
     os.makedirs(root, exist_ok=True)
-    from longrun.alert_auth import SECRET_STORE_ENV
-    from longrun.store_sides import job_store_env
-
     env = {k: val for k, val in job_store_env().items() if k not in SECRET_STORE_ENV}
     return job_spec_for_run(spec, tag=tag, run_dir_root=root, env=env, python=sys.executable)
 
@@ -145,13 +149,8 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
     """After a clean end: the final checkpoint validated and promoted, and the run report written.
 
     The trainer's report.json (with `final_fingerprint`) is kept; longrun adds an `orchestrator` block:
-    attempts, incidents, promotions, the Slurm job."""
-    from longrun.checkpoints import catalog
-    from longrun.incident import recovery
-    from longrun.monitor.gate import gate_checkpoint
-    from longrun.runview import RunView
-    from training.records import Incident
-
+    attempts, incidents, promotions, the Slurm job. A relaunch's incident has its recovery recorded
+    before this (longrun.tasks.training_run), so the report lists it."""
     spec = spec_from_params(params)
     run = spec.run_name
     key = schema.store_key(run, schema.REPORT_PATH)
@@ -165,13 +164,11 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
     gate = None
     if final_step not in promoted and final_step in catalog.checkpoints(store, run).by_step():
         gate = gate_checkpoint(store, run, final_step, log=log)
-    if params.get("incident_id"):  # a relaunch: its first healthy step closes the time to recover
-        recovery.record(store, run, str(params["incident_id"]))
     view = RunView(store, run)
     incidents = [inc for _key, inc in view.folder(Incident, "incidents/")]
     for problem in view.problems:
         log.warning("run report of %s leaves out %s", run, problem)
-    drill = recovery.drill_outcome(spec.drill.flag() if spec.drill else None, recovery.faults(store, run))
+    drill = segments.drill_outcome(spec.drill.flag() if spec.drill else None, segments.faults(store, run))
     report["orchestrator"] = {
         "attempt": spec.attempt,
         "job_id": monitor.get("job_id"),
@@ -192,13 +189,13 @@ def finish(store: ObjectStore, monitor: Mapping[str, Any], params: Mapping[str, 
             for i in incidents
         ],
         # every incarnation of the trainer, in order: where it started, how it ended
-        "segments": recovery.segment_table(recovery.segments(store, run)),
+        "segments": segments.segment_table(segments.segments(store, run)),
         "drill": drill,
         "finished_at": time.time(),
     }
     put_json(store, key, report)
     if drill is not None and not drill["fired"]:
-        raise recovery.DrillNotFired(
+        raise segments.DrillNotFired(
             f"run {run} trained to the end but its drill {drill['drill']} never fired (its target was not"
             " in the run, or the step was never trained): the drill proved nothing"
         )

@@ -31,6 +31,8 @@ from typing import Any
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from longrun import alert_auth, security_events
+from longrun.checkpoints import catalog
 from longrun.entrypoint import REFERENCE
 from longrun.hooks.slurm import SlurmHook
 from longrun.monitor import watch
@@ -38,10 +40,11 @@ from longrun.monitor.event import Carry, MonitorEvent
 from longrun.monitor.gate import gate_checkpoint
 from longrun.monitor.trigger import CHECKPOINT_SETTLE_S, RunMonitorTrigger, event_json
 from longrun.runbooks import runbook_path
-from training import schema
-from training.records import Alert
-from training.schema import SchemaError
-from training.store import ObjectStore, store_from_env
+from training.records import schema
+from training.records.alert import Alert
+from training.records.schema import SchemaError
+from training.store.factory import store_from_env
+from training.store.interface import ObjectStore
 
 CHECKPOINTS_ALIAS = AssetAlias(name="longrun_checkpoints")
 COMPLETED = "completed"
@@ -121,11 +124,9 @@ class RunMonitorOperator(BaseOperator):
         )
 
     def execute(self, context: Any) -> Any:
-        from longrun.checkpoints.catalog import promoted_steps
-
         run = str(self.run_name)
         job_id = int(str(self.job_id))
-        done = promoted_steps(self.store, run)
+        done = catalog.promoted_steps(self.store, run)
         params = context.get("params") or {}
         if params.get("attach_job_id") is not None:
             # A relaunch saves every step after its resume point again: only those up to it are done.
@@ -250,8 +251,6 @@ class RunMonitorOperator(BaseOperator):
     def _authentic(self, seen: watch.Seen, event: MonitorEvent) -> bool:
         """Hand over only an alert signed by this job's key, about this run and job, naming nodes of its
         allocation; anything else is a security event and the watch goes on."""
-        from longrun import alert_auth, security_events
-
         verdict = alert_auth.verify_alert(
             self.store, self.hook.client, run=seen.run, job_id=seen.job_id, alert=event.alert or {}
         )
@@ -263,8 +262,6 @@ class RunMonitorOperator(BaseOperator):
     def _emit_asset_events(self, context: Any, run: str, promoted: Sequence[Mapping[str, Any]]) -> None:
         """One asset event per checkpoint this DAG run promoted, read back from the store's promotion
         history (so a retried try still reports what earlier tries promoted)."""
-        from longrun.checkpoints import catalog
-
         by = _promoter(context)
         # An entry that does not read is left out: these events report, they decide nothing.
         history = [r for r in catalog.promotion_history(self.store, run, problems=[]) if r.by == by]

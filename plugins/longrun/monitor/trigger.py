@@ -28,9 +28,10 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from longrun.monitor import watch
 from longrun.monitor.event import Carry, MonitorEvent
-from longrun.slurm.client import make_client
 from longrun.slurm.errors import RetryableSlurmError
-from training.store import StoreUnavailable, store_from_env
+from longrun.slurm.factory import make_client
+from training.store.factory import store_from_env
+from training.store.interface import StoreUnavailable
 
 #: Seconds after the trigger started before it fires a checkpoint or job_done event. Why: Airflow 3.3.2's
 #: deferral race (apache/airflow#71580, #72716; docs/reliability.md). When the monitor defers, the worker

@@ -23,16 +23,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from longrun.slurm.client import JobState, JobStatus, SlurmClient
+from longrun import security_events
+from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import JobNotFoundError
+from longrun.slurm.models import JobState, JobStatus
 from longrun.slurm.outcomes import Kind, classify, held_after_failed_launch
-from training import schema
+from training.records import schema
 from training.records.fields import opt_float, opt_str
 from training.segment import SEGMENTS_DIR
-from training.store import NotFound, ObjectStore, StoreError, StoreTerminal, StoreUnavailable
+from training.store.interface import NotFound, ObjectStore, StoreError, StoreTerminal, StoreUnavailable
 
 ALERT, CHECKPOINT, JOB_DONE, STALE, ERROR = "alert", "checkpoint", "job_done", "stale", "error"
 LAUNCH_HELD = "launch_held"
@@ -208,8 +210,6 @@ def _bad_alert(key: str, reason: str, err: Exception) -> dict[str, Any]:
 def record_bad_alert(store: ObjectStore, seen: Seen, event: dict[str, Any]) -> None:
     """A `bad_alert` event as a security event (orchestrator side, with the runbook), never an end of the
     watch: anyone holding the job side's credentials can write under `alerts/`."""
-    from longrun import security_events
-
     security_events.raise_event(
         store,
         run=seen.run,
@@ -230,8 +230,6 @@ def job_running(activity: Any) -> bool:
 
 def handled(seen: Seen, event: dict[str, Any]) -> Seen:
     """The Seen after `event` was dealt with."""
-    from dataclasses import replace
-
     if event.get("type") == CHECKPOINT:
         return replace(seen, steps=tuple(sorted({*seen.steps, int(event["step"])})))
     if event.get("type") in (ALERT, BAD_ALERT):
@@ -287,8 +285,6 @@ def ignore_existing(
     keys = alert_keys(store, run)
     if job_id is None:
         return tuple(keys), tuple(sorted(set(steps_done)))
-    from longrun.incident.record import incident_id_for
-
     handled_ids = {
         o.key.rsplit("/", 1)[-1].removesuffix(".json")
         for o in store.list(schema.store_key(run, "incidents/"))
@@ -296,7 +292,7 @@ def ignore_existing(
     }
     ignored = []
     for key in keys:
-        if incident_id_for(key) in handled_ids:
+        if schema.incident_id_for(key) in handled_ids:
             ignored.append(key)
             continue
         try:

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.records.base import Part
 from training.records.fields import need, opt_bool, opt_int, opt_objects, opt_str
-from training.records.parts import Part
 
 
 def _node(kind: str, obj: Mapping[str, Any], name: str) -> str:

@@ -3,7 +3,7 @@
     select   which nodes may be tried: drained by longrun, not `diag-fail`, not a repeat offender
              (a refused node gets a `return_refused` event, a repeat offender a replacement mark)
     probe    node_check (replay probe, + DCGM where present) `repeats` times, each round in a MAINT
-             reservation through incident/diagnose.py; the first unclean round stops, the node stays
+             reservation through longrun.health.diagnose; the first unclean round stops, the node stays
              drained with that verdict, and a failure marks it for replacement
     resume   only a node whose every round passed, which still carries longrun's diag-pass reason
 
@@ -16,17 +16,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from longrun.incident import dcgm, diagnose, node_check, steps
-from longrun.incident.probe_reference import checked_reference, comparable
-from longrun.nodes import history as h
-from longrun.nodes.incident_hooks import probe_evidence
+from longrun.health import dcgm, diagnose, node_check
+from longrun.health import history as h
+from longrun.health.policy import NodePolicy, standing
+from longrun.health.probe_reference import checked_reference, comparable, remember_reference
 from longrun.nodes.outcome import NodeProbe, NodeReturn
-from longrun.nodes.policy import NodePolicy, standing
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
-from training.records import AlertRef
+from training.records.alert import AlertRef
 from training.records.diagnosis import ProbeResult
-from training.store import ObjectStore
+from training.store.interface import ObjectStore
 
 PASS_KIND = f"{diagnose.DIAG}-{node_check.PASS}"
 
@@ -98,7 +97,7 @@ def _reference(
     ref = diagnose.reference(client, node=healthy, python=python, state_dir=state_dir)
     if checked_reference(ref, suspect=node) is None:
         raise RuntimeError(f"the reference probe on {healthy} gave no usable reference; {node} stays drained")
-    steps.remember_reference(store, partition, ref)
+    remember_reference(store, partition, ref)
     return ref
 
 
@@ -153,7 +152,7 @@ def probe(
             run=run,
             verdict=res["verdict"],
             reason=d.reason,
-            evidence={**probe_evidence(res), "round": i + 1, "of": repeats},
+            evidence={**h.probe_evidence(res), "round": i + 1, "of": repeats},
         )
         rounds.append({k: res[k] for k in ("round", "verdict", "summary", "reason")})
         if res["verdict"] != node_check.PASS:

@@ -30,12 +30,8 @@ from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowFailException
 
 from longrun.hooks.slurm import SlurmHook
-from longrun.slurm.client import ACTIVE, JobState, JobStatus
-from longrun.slurm.errors import (
-    JobNotFoundError,
-    SlurmUnavailableError,
-    TerminalSlurmError,
-)
+from longrun.slurm.errors import JobNotFoundError, SlurmUnavailableError, TerminalSlurmError
+from longrun.slurm.models import ACTIVE, JobState, JobStatus
 from longrun.slurm.outcomes import Kind, Outcome, classify
 from longrun.slurm.spec import JobSpec, JobTag
 from longrun.triggers.slurm import SlurmJobTrigger
@@ -166,7 +162,7 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
                     # The try that submitted it may have died before binding its key to the job id, and
                     # the key is found through that binding only (longrun.alert_auth.job_key).
                     from longrun import alert_auth
-                    from training.store import store_from_env
+                    from training.store.factory import store_from_env
 
                     run = str(self.alert_signing_run)
                     alert_auth.bind(store_from_env(), run=run, tag=earlier.comment, job_id=earlier.job_id)
@@ -180,7 +176,7 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
             # A training job: its alert key and store credentials go to sbatch's environment by name,
             # never into the spec (XCom), the script or this log.
             from longrun import alert_auth
-            from training.store import store_from_env
+            from training.store.factory import store_from_env
 
             run, store = str(self.alert_signing_run), store_from_env()
             secrets = alert_auth.submit_env(store, run=run, tag=spec.comment, env=os.environ)

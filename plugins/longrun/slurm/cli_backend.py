@@ -18,7 +18,6 @@ from pathlib import Path
 from longrun.slurm import parse
 from longrun.slurm import validate as v
 from longrun.slurm.cli_commands import SlurmCommands
-from longrun.slurm.client import CommandResult, JobState, NodeState
 from longrun.slurm.errors import (
     ForeignDrainError,
     InvalidSpecError,
@@ -26,29 +25,24 @@ from longrun.slurm.errors import (
     SlurmCommandError,
     SubmitRejectedError,
 )
+from longrun.slurm.models import CommandResult, JobState, JobStep, NodeState
 from longrun.slurm.render import render_sbatch
 from longrun.slurm.spec import JobSpec
-from longrun.slurm.srun_step import STEP_EXPORT, _check_argv, run_srun
+from longrun.slurm.srun_step import STEP_EXPORT, check_argv, run_srun
 
 log = logging.getLogger(__name__)
 
 _GONE = ("Invalid job id specified", "Job/step already completing or completed", "Invalid job id")
 
 
-def _secret_env(secret_env: Mapping[str, str] | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k, val in (secret_env or {}).items():
-        v.export_name("secret_env", k)
-        if not isinstance(val, str) or any(c in val for c in "\n\r\0"):
-            raise InvalidSpecError(f"secret_env[{k}]", "<hidden>", "must be a one-line string")
-        out[k] = val
-    return out
-
-
 SRUN_ALLOCATION_WAIT_S = 300
 """How long a diagnostic's srun waits for its allocation inside the reservation before it gives up: long
 enough for a node still completing its last job (a cluster's epilog health checks take minutes), well
 short of the diagnostic's own timeout."""
+
+IN_JOB_STEP_NAME = "longrun-diag-step"
+"""srun's name for a diagnostic step inside a running job: `squeue --steps` lists it beside the job's
+training steps, whose names carry their attempt and never this one."""
 
 
 class CliSlurmClient(SlurmCommands):
@@ -69,7 +63,7 @@ class CliSlurmClient(SlurmCommands):
     def submit(self, spec: JobSpec, *, secret_env: Mapping[str, str] | None = None) -> int:
         script = render_sbatch(spec)
         argv = ["sbatch", "--parsable"]
-        extra = _secret_env(secret_env)
+        extra = v.secret_env("secret_env", secret_env)
         if extra:
             # Names on the command line (it overrides the script's --export), values only in sbatch's
             # own environment: the script and `scontrol show job` never hold them.
@@ -146,6 +140,55 @@ class CliSlurmClient(SlurmCommands):
         v.int_range("job_id", job_id, 1, 2**32)
         self._run(["scontrol", "release", str(job_id)])
 
+    # -- inside a running job ----------------------------------------------------------------------
+    def job_steps(self, job_id: int) -> list[JobStep]:
+        v.int_range("job_id", job_id, 1, 2**32)
+        try:
+            out = self._run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"])
+        except SlurmCommandError as err:
+            # 22.05 lists no step for a job it does not know; where squeue refuses the id, that means the same.
+            if any(s in str(err) for s in _GONE):
+                return []
+            raise
+        return parse.job_steps_from_squeue(out)
+
+    def batch_host(self, job_id: int) -> str | None:
+        v.int_range("job_id", job_id, 1, 2**32)
+        try:
+            return parse.batch_host_from_scontrol(self._run(["scontrol", "-o", "show", "job", str(job_id)]))
+        except SlurmCommandError as err:
+            if any(s in str(err) for s in _GONE):
+                return None
+            raise
+
+    def shrink_job(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        v.int_range("job_id", job_id, 1, 2**32)
+        names = v.nodes("nodes", nodes)
+        if not names:
+            raise InvalidSpecError("nodes", nodes, "a running job keeps at least one node")
+        self._run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(names)}"])
+
+    def run_in_job(
+        self, job_id: int, node: str, argv: tuple[str, ...], *, timeout_s: float, overlap: bool = False
+    ) -> CommandResult:
+        v.int_range("job_id", job_id, 1, 2**32)
+        v.node("node", node)
+        cmd = check_argv(argv)
+        full = [
+            "srun",
+            f"--jobid={job_id}",
+            f"--nodelist={node}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--job-name={IN_JOB_STEP_NAME}",
+            f"--time={max(1, int(timeout_s // 60) + 1)}",
+            # The same allow-list as in a reservation: the worker's environment (secrets) stays here.
+            f"--export={','.join(STEP_EXPORT)}",
+            *(["--overlap"] if overlap else []),
+            *cmd,
+        ]
+        return run_srun(full, env=self._env, timeout_s=timeout_s)
+
     # -- nodes --------------------------------------------------------------------------------------
     def node(self, name: str) -> NodeState:
         v.node("node", name)
@@ -219,7 +262,7 @@ class CliSlurmClient(SlurmCommands):
     ) -> CommandResult:
         v.name("reservation", reservation)
         v.node("node", node)
-        cmd = _check_argv(argv)
+        cmd = check_argv(argv)
         minutes = max(1, int(timeout_s // 60) + 1)
         full = [
             "srun",

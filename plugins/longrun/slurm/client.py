@@ -1,212 +1,20 @@
-"""The Slurm client interface, its state models, and the factory that picks a backend.
+"""The Slurm client interface: everything longrun asks of Slurm, whichever backend answers.
 
 Two backends implement `SlurmClient`: `cli_backend.CliSlurmClient` (sbatch, squeue, sinfo, scontrol,
 scancel, srun) and `pyslurm_backend.PyslurmClient` (used only where pyslurm imports and was built for the
-cluster's Slurm version). Operations built from several calls (requeue-excluding, diagnosing a drained
-node) live in `ops.py` on top of this interface, so every backend gets them.
+cluster's Slurm version); `factory.make_client` picks one. The values they return are in `models`.
+Operations built from several calls (requeue-excluding, diagnosing a drained node) live in `ops.py` on top
+of this interface, so every backend gets them. Nothing else in longrun runs a Slurm command (but the local
+stack's start and stop checks, `longrun.stack`, which manage a test cluster rather than use one).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from longrun.slurm.errors import BackendUnavailableError
+from longrun.slurm.models import CommandResult, JobState, JobStep, NodeState
 from longrun.slurm.spec import JobSpec
-from longrun.slurm.validate import DRAIN_PREFIX
-
-
-class JobStatus(StrEnum):
-    """What a job is doing, in longrun's words (Slurm's state names folded; see `SLURM_STATES`)."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    SUSPENDED = "suspended"
-    REQUEUED = "requeued"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    TIMEOUT = "timeout"
-    NODE_FAIL = "node_fail"
-    PREEMPTED = "preempted"
-    BOOT_FAIL = "boot_fail"
-    OUT_OF_MEMORY = "out_of_memory"
-    DEADLINE = "deadline"
-    UNKNOWN = "unknown"
-
-
-# Slurm base job state -> JobStatus. COMPLETING and CONFIGURING are not final: the exit code is not
-# settled / the job has not started its script yet.
-SLURM_STATES: dict[str, JobStatus] = {
-    "PENDING": JobStatus.PENDING,
-    "CONFIGURING": JobStatus.PENDING,
-    "RESV_DEL_HOLD": JobStatus.PENDING,
-    "RUNNING": JobStatus.RUNNING,
-    "COMPLETING": JobStatus.RUNNING,
-    "SIGNALING": JobStatus.RUNNING,
-    "STAGE_OUT": JobStatus.RUNNING,
-    "RESIZING": JobStatus.RUNNING,
-    "SUSPENDED": JobStatus.SUSPENDED,
-    "STOPPED": JobStatus.SUSPENDED,
-    "REQUEUED": JobStatus.REQUEUED,
-    "REQUEUE_HOLD": JobStatus.REQUEUED,
-    "REQUEUE_FED": JobStatus.REQUEUED,
-    "COMPLETED": JobStatus.COMPLETED,
-    "FAILED": JobStatus.FAILED,
-    "SPECIAL_EXIT": JobStatus.FAILED,
-    "CANCELLED": JobStatus.CANCELLED,
-    "REVOKED": JobStatus.CANCELLED,
-    "TIMEOUT": JobStatus.TIMEOUT,
-    "NODE_FAIL": JobStatus.NODE_FAIL,
-    "PREEMPTED": JobStatus.PREEMPTED,
-    "BOOT_FAIL": JobStatus.BOOT_FAIL,
-    "OUT_OF_MEMORY": JobStatus.OUT_OF_MEMORY,
-    "DEADLINE": JobStatus.DEADLINE,
-}
-
-ACTIVE = frozenset({JobStatus.PENDING, JobStatus.RUNNING, JobStatus.SUSPENDED, JobStatus.REQUEUED})
-
-
-def fold_status(slurm_state: str, *, restart_count: int = 0) -> JobStatus:
-    """JobStatus for a Slurm base state; a pending job that has run before is `requeued`."""
-    status = SLURM_STATES.get(slurm_state.upper(), JobStatus.UNKNOWN)
-    if status is JobStatus.PENDING and restart_count > 0:
-        return JobStatus.REQUEUED
-    return status
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class JobState:
-    """One observation of a job."""
-
-    job_id: int
-    """Slurm job id."""
-    status: JobStatus
-    """longrun's reading of the state."""
-    slurm_state: str
-    """Slurm's base state, upper case (e.g. `NODE_FAIL`), as the source reported it."""
-    exit_code: int | None = None
-    """Exit code of the batch script once final (None while running or when killed by a signal)."""
-    signal: int | None = None
-    """Signal that ended the batch script, if any."""
-    restart_count: int = 0
-    """How often Slurm restarted (requeued) the job."""
-    nodes: tuple[str, ...] = ()
-    """Allocated nodes (the last allocation for a finished job), expanded."""
-    reason: str | None = None
-    """Slurm's state reason (`NonZeroExitCode`, `JobHeldAdmin`, ...), None when there is none."""
-    name: str = ""
-    """Job name."""
-    comment: str = ""
-    """Job comment (longrun's tag); empty where the source does not carry it (jobcomp)."""
-    held: bool = False
-    """The job is pending on hold (requeue-hold or `scontrol hold`)."""
-    flags: tuple[str, ...] = ()
-    """Extra state flags the source reported (23.02+ JSON lists them next to the base state)."""
-    source: str = ""
-    """Where the observation came from: squeue-json, scontrol, jobcomp, pyslurm."""
-
-    @property
-    def is_active(self) -> bool:
-        return self.status in ACTIVE
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.status not in ACTIVE and self.status is not JobStatus.UNKNOWN
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "status": self.status.value,
-            "slurm_state": self.slurm_state,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "restart_count": self.restart_count,
-            "nodes": list(self.nodes),
-            "reason": self.reason,
-            "name": self.name,
-            "comment": self.comment,
-            "held": self.held,
-            "flags": list(self.flags),
-            "source": self.source,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> JobState:
-        return cls(
-            job_id=int(d["job_id"]),
-            status=JobStatus(d["status"]),
-            slurm_state=str(d["slurm_state"]),
-            exit_code=d.get("exit_code"),
-            signal=d.get("signal"),
-            restart_count=int(d.get("restart_count", 0)),
-            nodes=tuple(d.get("nodes", ())),
-            reason=d.get("reason"),
-            name=str(d.get("name", "")),
-            comment=str(d.get("comment", "")),
-            held=bool(d.get("held", False)),
-            flags=tuple(d.get("flags", ())),
-            source=str(d.get("source", "")),
-        )
-
-    def describe(self) -> str:
-        """One line for logs and failure messages: state, reason, exit code, nodes."""
-        parts = [f"job {self.job_id} {self.slurm_state}"]
-        if self.reason:
-            parts.append(f"reason={self.reason}")
-        if self.exit_code is not None:
-            parts.append(f"exit_code={self.exit_code}")
-        if self.signal:
-            parts.append(f"signal={self.signal}")
-        if self.restart_count:
-            parts.append(f"restarts={self.restart_count}")
-        if self.nodes:
-            parts.append(f"nodes={','.join(self.nodes)}")
-        return " ".join(parts)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class NodeState:
-    """One observation of a node."""
-
-    name: str
-    """Node name."""
-    state: str
-    """Base state, lower case: idle, allocated, mixed, down, unknown, future, ..."""
-    flags: frozenset[str] = field(default_factory=frozenset)
-    """Upper-case flags: DRAIN, MAINTENANCE, RESERVED, NOT_RESPONDING, COMPLETING, ..."""
-    reason: str | None = None
-    """The reason an admin (or longrun) set, without Slurm's `[user@time]` suffix."""
-
-    @property
-    def drain_flag(self) -> bool:
-        """Drained or draining: takes no new jobs (a running job keeps running)."""
-        return "DRAIN" in self.flags or self.state in ("drained", "draining")
-
-    @property
-    def is_ours(self) -> bool:
-        """The reason on the node carries longrun's prefix."""
-        return bool(self.reason and self.reason.startswith(DRAIN_PREFIX))
-
-    @property
-    def is_down(self) -> bool:
-        # Not NOT_RESPONDING alone: a node reads idle* for ~0.5 s after every resume.
-        return self.state == "down"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CommandResult:
-    """What a command run through Slurm (srun) printed and how it ended."""
-
-    exit_code: int
-    """Exit code of the step (srun's own exit code)."""
-    stdout: str
-    """Captured standard output."""
-    stderr: str
-    """Captured standard error (srun's messages included)."""
 
 
 @runtime_checkable
@@ -274,26 +82,31 @@ class SlurmClient(Protocol):
         """Run `argv` as a one-task step on `node` inside `reservation` (srun) and capture it."""
         ...
 
+    # -- inside a running job: what the hot-spare path (longrun.incident.hot_spare) asks of Slurm ----
+    def job_steps(self, job_id: int) -> list[JobStep]:
+        """The steps job `job_id` runs now, as `squeue --steps` lists them (Slurm's own `batch` and `extern`
+        steps included); [] for a job that runs none: pending, ended, or no longer known to Slurm. Raises
+        SlurmError when Slurm cannot answer: then nothing can be said about the job's steps, and a caller
+        waiting for a step to end must not read that as "ended"."""
+        ...
 
-def make_client(*, backend: str = "auto", slurm_conf: str | None = None) -> SlurmClient:
-    """The client for this cluster.
+    def batch_host(self, job_id: int) -> str | None:
+        """The node that runs job `job_id`'s batch script (its supervisor). Releasing that node from the job
+        (`shrink_job`) would kill the script, so a caller never does. None when the job has no batch host
+        (it has not started) or Slurm no longer knows the job; raises SlurmError when Slurm cannot answer."""
+        ...
 
-    `backend`: "cli", "pyslurm", or "auto" (pyslurm when it imports and its version matches the cluster's,
-    else the CLI). `slurm_conf` defaults to $SLURM_CONF.
-    """
-    from longrun.slurm.cli_backend import CliSlurmClient
+    def shrink_job(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        """Shrink running job `job_id` to `nodes`, plain node names it holds (`scontrol update NodeList=`);
+        the other nodes leave the job and keep their state (a drained node stays drained), and a step still
+        running there is killed. Raises SlurmCommandError when Slurm refuses (Slurm 22.05 without
+        accounting shrinks a job only once), InvalidSpecError before any call for a bad job id or name."""
+        ...
 
-    conf = slurm_conf or os.environ.get("SLURM_CONF") or None
-    if backend not in ("auto", "cli", "pyslurm"):
-        raise BackendUnavailableError(f"backend={backend!r}: expected 'auto', 'cli' or 'pyslurm'")
-    if backend == "cli":
-        return CliSlurmClient(slurm_conf=conf)
-    from longrun.slurm import pyslurm_backend, pyslurm_loader
-
-    cli = CliSlurmClient(slurm_conf=conf)
-    reason = pyslurm_loader.unavailable_reason(cluster_version=cli.version(), slurm_conf=conf)
-    if reason is None:
-        return pyslurm_backend.PyslurmClient(slurm_conf=conf)
-    if backend == "pyslurm":
-        raise BackendUnavailableError(f"backend='pyslurm': {reason}")
-    return cli
+    def run_in_job(
+        self, job_id: int, node: str, argv: tuple[str, ...], *, timeout_s: float, overlap: bool = False
+    ) -> CommandResult:
+        """Run `argv` as a one-task step of running job `job_id` on `node`, which the job holds (srun), and
+        capture it. `overlap` shares the node with a step already running there (else Slurm answers
+        "Requested nodes are busy"). Past `timeout_s` the step is cancelled (exit code 124)."""
+        ...

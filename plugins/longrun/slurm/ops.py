@@ -15,8 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from longrun.slurm import validate as v
-from longrun.slurm.client import CommandResult, JobState, JobStatus, SlurmClient
+from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import ForeignDrainError, JobNotFoundError, SlurmError, SlurmUnavailableError
+from longrun.slurm.models import CommandResult, JobState, JobStatus
 from longrun.slurm.spec import JobSpec
 
 log = logging.getLogger("longrun.slurm.ops")

@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from longrun.slurm.client import JobState, JobStatus
-from training.schema import EXIT_SDC_VERDICT as SDC_EXIT_CODE  # the trainer's "SDC verdict, do not restart"
+from longrun.slurm.models import JobState, JobStatus
+from training.records.schema import (
+    EXIT_SDC_VERDICT as SDC_EXIT_CODE,  # the trainer's "SDC verdict, do not restart"
+)
 
 
 class Kind(StrEnum):

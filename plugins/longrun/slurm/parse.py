@@ -2,6 +2,7 @@
 
 Shapes handled:
 - `scontrol -o show job|node`: one line per object of `Key=Value` pairs (values may hold spaces).
+- `squeue -h --steps -o "%i %j"`: one `<step id> <name>` line per step of a job.
 - jobcomp/filetxt: the same `Key=Value` form, one line per finished job (the durable record).
 - `squeue --json`: 22.05 (`job_state` a string, numbers plain) and 23.02+ (`job_state` a list, numbers
   wrapped as `{"set", "infinite", "number"}`, `exit_code` an object).
@@ -15,7 +16,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from longrun.slurm.client import ACTIVE, JobState, NodeState, fold_status
+from longrun.slurm.models import ACTIVE, JobState, JobStep, NodeState, fold_status
 
 _KEY_SPLIT = re.compile(r" +(?=[A-Za-z][A-Za-z0-9_/:]*=)")
 _REASON_SUFFIX = re.compile(r"\s*\[[^\[\]]*@[^\[\]]*\]\s*$")
@@ -32,13 +33,14 @@ def parse_kv_line(line: str) -> dict[str, str]:
     return out
 
 
-def _null(value: str | None) -> str | None:
+def text_or_none(value: str | None) -> str | None:
+    """`value` stripped, or None for what Slurm prints when there is none (`(null)`, `None`, `N/A`, "")."""
     return None if value is None or value.strip() in _NULLS else value.strip()
 
 
 def expand_hostlist(text: str | None) -> tuple[str, ...]:
     """`n[1-3,5],gpu07` -> (n1, n2, n3, n5, gpu07); keeps zero padding (`g[01-02]` -> g01, g02)."""
-    text = _null(text)
+    text = text_or_none(text)
     if not text:
         return ()
     out: list[str] = []
@@ -60,7 +62,7 @@ def expand_hostlist(text: str | None) -> tuple[str, ...]:
 
 def parse_exit(text: str | None) -> tuple[int | None, int | None]:
     """`3:0` -> (3, None); `0:9` -> (None, 9): a signal means there is no exit code."""
-    text = _null(text)
+    text = text_or_none(text)
     if not text:
         return None, None
     code, _, sig = text.partition(":")
@@ -70,7 +72,7 @@ def parse_exit(text: str | None) -> tuple[int | None, int | None]:
 
 def strip_reason(text: str | None) -> str | None:
     """Drop the `[user@time]` suffix scontrol appends to a node reason."""
-    text = _null(text)
+    text = text_or_none(text)
     return _REASON_SUFFIX.sub("", text) or None if text else None
 
 
@@ -88,7 +90,9 @@ def split_node_state(text: str) -> tuple[str, frozenset[str]]:
     return base.lower(), frozenset(flags)
 
 
-def _held(reason: str | None) -> bool:
+def reason_means_held(reason: str | None) -> bool:
+    """A pending job's reason says it is held (`JobHeldAdmin`, `launch_failed_requeued_held`, ...): every
+    backend reads holds through this one rule, so they agree on `JobState.held`."""
     return bool(reason and (reason.startswith("JobHeld") or "held" in reason.lower()))
 
 
@@ -97,7 +101,7 @@ def job_from_kv(d: dict[str, str], *, source: str) -> JobState:
     exit_code, signal = parse_exit(d.get("ExitCode"))
     slurm_state = d.get("JobState", "UNKNOWN").split()[0].upper()
     restarts = int(d.get("Restarts", "0") or 0)
-    reason = _null(d.get("Reason"))
+    reason = text_or_none(d.get("Reason"))
     status = fold_status(slurm_state, restart_count=restarts)
     if status in ACTIVE:  # Slurm prints 0:0 until the job ends: no exit code yet
         exit_code, signal = None, None
@@ -111,8 +115,8 @@ def job_from_kv(d: dict[str, str], *, source: str) -> JobState:
         nodes=expand_hostlist(d.get("NodeList")),
         reason=reason,
         name=d.get("JobName", d.get("Name", "")),
-        comment=_null(d.get("Comment")) or "",
-        held=slurm_state == "PENDING" and _held(reason),
+        comment=text_or_none(d.get("Comment")) or "",
+        held=slurm_state == "PENDING" and reason_means_held(reason),
         source=source,
     )
 
@@ -121,6 +125,23 @@ def jobs_from_scontrol(text: str) -> list[JobState]:
     return [
         job_from_kv(parse_kv_line(line), source="scontrol") for line in text.splitlines() if "JobId=" in line
     ]
+
+
+def job_steps_from_squeue(text: str) -> list[JobStep]:
+    """`squeue -h --steps -o "%i %j"`: one `<step id> <name>` line per step (a name may be empty)."""
+    return [
+        JobStep(parts[0], parts[1] if len(parts) > 1 else "")
+        for parts in (line.split(None, 1) for line in text.splitlines())
+        if parts
+    ]
+
+
+def batch_host_from_scontrol(text: str) -> str | None:
+    """The `BatchHost=` of `scontrol -o show job`; None when absent, empty or `(null)` (not started)."""
+    for part in text.split():
+        if part.startswith("BatchHost="):
+            return text_or_none(part.split("=", 1)[1])
+    return None
 
 
 def jobs_from_jobcomp(lines: Iterable[str]) -> dict[int, JobState]:
@@ -184,12 +205,14 @@ def job_from_squeue_json(job: dict[str, Any]) -> JobState:
     # As scontrol: Slurm's own description of the state when it wrote one (e.g. "launch failed requeued
     # held" beside the code JobHeldUser), with underscores for spaces; else the reason code.
     description = str(job.get("state_description") or "").strip()
-    reason = "_".join(description.split()) if description else _null(job.get("state_reason"))
+    reason = "_".join(description.split()) if description else text_or_none(job.get("state_reason"))
     # 22.05 reports exit 0 for jobs still running; the code is only meaningful once the job is final.
     status = fold_status(slurm_state, restart_count=restarts)
     if status in ACTIVE:
         exit_code, signal = None, None
-    held = slurm_state == "PENDING" and (_held(reason) or "REQUEUE_HOLD" in states or job.get("hold") is True)
+    held = slurm_state == "PENDING" and (
+        reason_means_held(reason) or "REQUEUE_HOLD" in states or job.get("hold") is True
+    )
     return JobState(
         job_id=int(_number(job.get("job_id")) or 0),
         status=status,

@@ -9,7 +9,8 @@ from the typed JobSpec fields instead (the rendered script still goes along as t
 IDLE+NOT_RESPONDING for ~1 s and keeps its old reason text. `Reservation.create()` corrupts the heap in
 25.11.2 (fixed upstream in 26.05): MAINT reservations are created through the CLI backend, which this class
 holds; reading and deleting them goes through pyslurm. An interactive step (srun) has no pyslurm call and
-also goes through the CLI.
+also goes through the CLI. So does the step listing of a job: `JobSteps.load` raises for a job that runs no
+step and fails with a KeyError for a pending one, where `squeue --steps` answers an empty list.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from typing import Any
 
 from longrun.slurm import parse
 from longrun.slurm import validate as v
-from longrun.slurm.cli_backend import CliSlurmClient, _secret_env
-from longrun.slurm.client import ACTIVE, CommandResult, JobState, NodeState, fold_status
+from longrun.slurm.cli_backend import CliSlurmClient
 from longrun.slurm.errors import (
     BackendUnavailableError,
     ForeignDrainError,
+    InvalidSpecError,
     JobNotFoundError,
     SlurmCommandError,
     SubmitRejectedError,
 )
-from longrun.slurm.pyslurm_loader import _bind, unavailable_reason
+from longrun.slurm.models import ACTIVE, CommandResult, JobState, JobStep, NodeState, fold_status
+from longrun.slurm.pyslurm_loader import bind, unavailable_reason
 from longrun.slurm.render import render_sbatch
 from longrun.slurm.spec import JobSpec
 
@@ -38,7 +40,8 @@ _GONE = ("Invalid job id", "already completing or completed", "already completed
 
 
 class PyslurmClient:
-    """SlurmClient over pyslurm; creating MAINT reservations and srun steps delegate to the CLI backend."""
+    """SlurmClient over pyslurm; creating MAINT reservations, srun steps and listing a job's steps delegate
+    to the CLI backend."""
 
     backend = "pyslurm"
 
@@ -49,7 +52,7 @@ class PyslurmClient:
         if reason:
             raise BackendUnavailableError(reason)
         assert conf is not None
-        self._ps = _bind(conf)
+        self._ps = bind(conf)
 
     def version(self) -> str:
         return self._cli.version()
@@ -60,7 +63,7 @@ class PyslurmClient:
         # (SLURM_CONF pointing at this cluster) and the secrets, nothing else of this process.
         base = self._cli._env
         env = {k: base[k] for k in spec.export if k in base}
-        env.update(_secret_env(secret_env))
+        env.update(v.secret_env("secret_env", secret_env))
         return self._ps.JobSubmitDescription(
             name=spec.name,
             partitions=[spec.partition],
@@ -96,7 +99,7 @@ class PyslurmClient:
         restarts = int(job.requeue_count or 0)
         # pyslurm gives the state description with spaces; scontrol prints it with underscores: as the CLI.
         text = None if job.state_reason is None else "_".join(str(job.state_reason).split())
-        reason = parse._null(text)
+        reason = parse.text_or_none(text)
         status = fold_status(raw, restart_count=restarts)
         exit_code, signal = job.exit_code, job.exit_code_signal or None
         if signal:
@@ -114,7 +117,7 @@ class PyslurmClient:
             reason=reason,
             name=str(job.name or ""),
             comment=str(job.comment or ""),
-            held=raw in ("PENDING", "REQUEUE_HOLD") and parse._held(reason),
+            held=raw in ("PENDING", "REQUEUE_HOLD") and parse.reason_means_held(reason),
             source="pyslurm",
         )
 
@@ -165,6 +168,37 @@ class PyslurmClient:
     def release(self, job_id: int) -> None:
         v.int_range("job_id", job_id, 1, 2**32)
         self._call(f"release {job_id}", self._ps.Job(job_id).release)
+
+    # -- inside a running job ----------------------------------------------------------------------
+    def job_steps(self, job_id: int) -> list[JobStep]:
+        """Through the CLI (`squeue --steps`): pyslurm 25.11.2's `JobSteps.load` raises for a running job
+        without steps and fails with a KeyError for a pending job, where squeue lists none."""
+        return self._cli.job_steps(job_id)
+
+    def batch_host(self, job_id: int) -> str | None:
+        v.int_range("job_id", job_id, 1, 2**32)
+        try:
+            job = self._ps.Job.load(job_id)
+        except self._ps.RPCError as err:
+            if any(s in str(err) for s in _GONE):
+                return None
+            raise SlurmCommandError(f"pyslurm load job {job_id}: {err}") from err
+        return str(job.batch_host or "") or None
+
+    def shrink_job(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        v.int_range("job_id", job_id, 1, 2**32)
+        names = v.nodes("nodes", nodes)
+        if not names:
+            raise InvalidSpecError("nodes", nodes, "a running job keeps at least one node")
+        # `required_nodes` is the job's NodeList (`req_nodes`), what `scontrol update NodeList=` sets.
+        changes = self._ps.JobSubmitDescription(required_nodes=list(names))
+        self._call(f"shrink {job_id} to {names}", self._ps.Job(job_id).modify, changes)
+
+    def run_in_job(
+        self, job_id: int, node: str, argv: tuple[str, ...], *, timeout_s: float, overlap: bool = False
+    ) -> CommandResult:
+        """Through the CLI (srun): pyslurm has no interactive step."""
+        return self._cli.run_in_job(job_id, node, argv, timeout_s=timeout_s, overlap=overlap)
 
     # -- nodes --------------------------------------------------------------------------------------
     @staticmethod

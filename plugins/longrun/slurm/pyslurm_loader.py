@@ -5,7 +5,7 @@ Two hazards shape it:
 - libslurm aborts the whole process (it does not raise) when it initialises without a configuration
   source, and pyslurm initialises it at import. So `unavailable_reason` never imports pyslurm here: it
   needs a readable slurm.conf and probes the import in a child process; this process imports it with
-  auto-init off and initialises it with an explicit config path (`_bind`), once per process.
+  auto-init off and initialises it with an explicit config path (`bind`), once per process.
 - libslurm keeps that config for the life of the process: a second client for another cluster in the
   same process is refused instead of silently talking to the first cluster.
 """
@@ -106,7 +106,7 @@ def pyslurm_version(slurm_conf: str | None = None) -> str:
     return _probe(conf)[0] or ""
 
 
-def _bind(conf: str) -> Any:
+def bind(conf: str) -> Any:
     """Import pyslurm and initialise libslurm with `conf`, once per process."""
     global _bound_conf
     with _lock:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import signal
 import subprocess
 
-from longrun.slurm.client import CommandResult
 from longrun.slurm.errors import InvalidSpecError
+from longrun.slurm.models import CommandResult
 from longrun.slurm.spec import BASE_EXPORT
 
 #: What a diagnostic step takes from the worker's environment (the probe's knobs; nothing of Airflow's).
@@ -41,7 +41,7 @@ def run_srun(argv: list[str], *, env: dict[str, str], timeout_s: float) -> Comma
     return CommandResult(exit_code=proc.returncode, stdout=out, stderr=err)
 
 
-def _check_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
+def check_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
     """A command for srun: a list of arguments (no shell), the first not an option, none with NUL."""
     if isinstance(argv, str) or not argv:
         raise InvalidSpecError("argv", argv, "must be a non-empty list of arguments")

@@ -8,10 +8,10 @@ injection (a leading `-`) and path traversal fail by construction rather than by
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from longrun.slurm.errors import InvalidSpecError
-from training.schema import DRAIN_PREFIX as DRAIN_PREFIX  # one definition; `reason()` below enforces it
+from training.records.schema import DRAIN_PREFIX  # one definition; `reason()` below enforces it
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
@@ -99,6 +99,18 @@ def export_name(field: str, value: object) -> str:
     if value.upper().startswith(FORBIDDEN_EXPORT_PREFIXES):
         raise InvalidSpecError(field, value, "Airflow's configuration and secrets never reach a job")
     return value
+
+
+def secret_env(field: str, values: Mapping[str, object] | None) -> dict[str, str]:
+    """Secrets a job receives by name from the submitting process's environment (never through its
+    script): exportable names, one-line string values. The values are never echoed in an error."""
+    out: dict[str, str] = {}
+    for key, val in (values or {}).items():
+        export_name(field, key)
+        if not isinstance(val, str) or any(c in val for c in "\n\r\0"):
+            raise InvalidSpecError(f"{field}[{key}]", "<hidden>", "must be a one-line string")
+        out[key] = val
+    return out
 
 
 def env_value(field: str, value: object) -> str:

@@ -1,7 +1,7 @@
 """SeaweedFS (`weed mini`) serving S3 on 127.0.0.1: two buckets, two generated identities.
 
 The job bucket (`LONGRUN_BUCKET`) holds what jobs write; the orchestrator bucket (`<bucket>-orchestrator`,
-`LONGRUN_ORCH_BUCKET`) holds what only the orchestrator may write (see training.store_sides). Identity
+`LONGRUN_ORCH_BUCKET`) holds what only the orchestrator may write (see training.store.sides). Identity
 `longrun` (the orchestrator, Airflow's) may do everything; identity `longrun-job` may read, write and list
 the job bucket and only read its runs' directives in the orchestrator bucket.
 
@@ -67,7 +67,7 @@ class S3(Component):
 
     @property
     def orch_bucket(self) -> str:
-        """The orchestrator's bucket, apart from the jobs' (training.store_sides); S3 allows 63 characters."""
+        """The orchestrator's bucket, apart from the jobs' (training.store.sides); S3 allows 63 characters."""
         name = f"{self.layout.bucket}-orchestrator"
         if len(name) > 63:
             raise StackError(

@@ -15,8 +15,9 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from longrun.slurm.client import SlurmClient, make_client
+from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import RetryableSlurmError
+from longrun.slurm.factory import make_client
 from longrun.slurm.outcomes import Kind, classify
 
 

@@ -32,10 +32,16 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from longrun.health import history
+from longrun.health.policy import NodePolicy, standing
+from longrun.runview import list_runs
+from longrun.slurm import validate
 from longrun.ui import page, plots
-from longrun.ui.data import NodeSource, list_runs, load_run_health
-from training import schema
-from training.store import NotFound, ObjectStore, StoreError, store_from_env
+from longrun.ui.data import NodeSource, load_run_health
+from longrun.ui.node_page import node_html, nodes_index_html
+from training.records import schema
+from training.store.factory import store_from_env
+from training.store.interface import NotFound, ObjectStore, StoreError
 
 DAG_ID = "training_run"
 NODES_DAG_ID = "sdc_incident"
@@ -54,7 +60,7 @@ def default_nodes() -> NodeSource | None:
         return None
 
     def nodes() -> Sequence[Any]:
-        from longrun.slurm.client import make_client
+        from longrun.slurm.factory import make_client
 
         return make_client(backend="cli").nodes()
 
@@ -206,9 +212,6 @@ def create_app(
 
     @app.get("/nodes", response_class=HTMLResponse, dependencies=guard(NODES_DAG_ID))
     def nodes_index(request: Request) -> str:
-        from longrun.nodes import history
-        from longrun.ui.node_page import nodes_index_html
-
         s = store()
         try:
             rows = []
@@ -221,11 +224,6 @@ def create_app(
 
     @app.get("/nodes/{node}", response_class=HTMLResponse, dependencies=guard(NODES_DAG_ID))
     def node_view(node: str, request: Request) -> str:
-        from longrun.nodes import history
-        from longrun.nodes.policy import NodePolicy, standing
-        from longrun.slurm import validate
-        from longrun.ui.node_page import node_html
-
         try:
             validate.node("node", node)
         except ValueError as e:

@@ -12,20 +12,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from longrun.runview import RunView
-from longrun.runview import list_runs as list_runs  # the app lists runs through this module
-from longrun.ui.model import (
-    CheckEvent,
-    CheckpointView,
-    IncidentView,
-    NodeView,
-    RunHealth,
-)
-from training import schema
-from training.records import Alert, CheckRecord, Incident
-from training.store import ObjectStore
+from longrun.ui.model import CheckEvent, CheckpointView, IncidentView, NodeView, RunHealth
+from training.records import schema
+from training.records.alert import Alert
+from training.records.job import CheckRecord
+from training.records.orchestrator import Incident
+from training.store.interface import ObjectStore
 
 NodeSource = Callable[[], Sequence[Any]]
-"""Returns objects shaped like `longrun.slurm.client.NodeState` (name, state, flags, reason)."""
+"""Returns objects shaped like `longrun.slurm.models.NodeState` (name, state, flags, reason)."""
 
 
 def load_run_health(

@@ -9,11 +9,10 @@ import json
 from html import escape
 from typing import Any
 
-from longrun.nodes import history as h
-from longrun.nodes.cli import timeline_line
-from longrun.nodes.policy import Standing
-from longrun.ui.page import _node_class, _page
-from longrun.ui.page import _node_link as node_link
+from longrun.health import history as h
+from longrun.health.cli import timeline_line
+from longrun.health.policy import Standing
+from longrun.ui.page import node_class, node_link, page_html
 
 
 def nodes_index_html(rows: list[tuple[str, str, int]], *, base: str) -> str:
@@ -26,7 +25,7 @@ def nodes_index_html(rows: list[tuple[str, str, int]], *, base: str) -> str:
         if rows
         else "<p>No node history yet.</p>"
     )
-    return _page("longrun nodes", body)
+    return page_html("longrun nodes", body)
 
 
 def node_html(
@@ -41,7 +40,7 @@ def node_html(
     flags = "+".join(sorted(getattr(slurm, "flags", ()) or ())) if slurm is not None else ""
     shown = f"{slurm.state}+{flags}" if slurm is not None and flags else getattr(slurm, "state", "")
     live = (
-        f"<td class='{_node_class(shown)}'>{escape(shown)}</td><td>{escape(slurm.reason or '')}</td>"
+        f"<td class='{node_class(shown)}'>{escape(shown)}</td><td>{escape(slurm.reason or '')}</td>"
         if slurm is not None
         else "<td class='muted'>unknown</td><td></td>"
     )
@@ -68,7 +67,7 @@ def node_html(
         f"<p class='muted'>The same history: <code>longrun nodes show {escape(node)}</code>. Return it with the"
         f" <code>node_return</code> DAG (<a href='{escape(base)}/runbooks/node-return'>runbook</a>).</p>"
     )
-    return _page(f"node {node}", body)
+    return page_html(f"node {node}", body)
 
 
 def _incident_link(base: str, e: h.NodeEvent) -> str:

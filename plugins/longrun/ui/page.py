@@ -12,7 +12,7 @@ from html import escape
 from typing import Any
 
 from longrun.ui.model import CheckEvent, RunHealth
-from training.records import TimelineEvent
+from training.records.orchestrator import TimelineEvent
 
 REFRESH_S = 15
 
@@ -31,7 +31,9 @@ details{margin:.3rem 0}pre{background:#f7f7f7;padding:.5rem;overflow:auto;font-s
 """
 
 
-def _page(title: str, body: str, *, refresh: bool = False) -> str:
+def page_html(title: str, body: str, *, refresh: bool = False) -> str:
+    """A whole page around `body` (every page of the UI shares its style); it reloads itself every
+    REFRESH_S seconds when `refresh`, so a running run's page stays current."""
     meta = f'<meta http-equiv="refresh" content="{REFRESH_S}">' if refresh else ""
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8">{meta}'
@@ -60,7 +62,7 @@ def index_html(runs: list[str], *, base: str, store: str) -> str:
     body = f"<h1>longrun: runs</h1><p class='muted'>store: {escape(store)}</p>" + (
         f"<ul>{items}</ul>" if runs else "<p>No runs in the store yet.</p>"
     )
-    return _page("longrun runs", body)
+    return page_html("longrun runs", body)
 
 
 def run_html(h: RunHealth, *, base: str, store: str, stale_after_s: float = 120.0) -> str:
@@ -83,7 +85,7 @@ def run_html(h: RunHealth, *, base: str, store: str, stale_after_s: float = 120.
     if h.problems:
         items = "".join(f"<li>{escape(p)}</li>" for p in h.problems)
         parts.append(f"<h2>Unreadable records</h2><ul class='warn'>{items}</ul>")
-    return _page(f"{h.run}: run health", "".join(parts), refresh=not h.finished)
+    return page_html(f"{h.run}: run health", "".join(parts), refresh=not h.finished)
 
 
 def _tiles(h: RunHealth, stale_after_s: float) -> str:
@@ -182,7 +184,7 @@ def _incidents(h: RunHealth, *, base: str, run_url: str) -> str:
             f"<span class='muted'>mode {escape(inc.mode)}, status "
             f"{escape(inc.status or '-')}</span></h3>"
             f"<p>alert: {escape(str(inc.check))} at step {inc.step}, suspect nodes "
-            f"{', '.join(_node_link(base, n) for n in inc.suspect_nodes) or '-'}; diagnosis: "
+            f"{', '.join(node_link(base, n) for n in inc.suspect_nodes) or '-'}; diagnosis: "
             f"<b>{escape(inc.verdict or 'pending')}</b>; {runbook}</p>"
             + (f"<table class='facts'>{facts}</table>" if facts else "")
             + f"<p>Timeline:</p><table class='timeline'><tr><th>time</th><th>+s</th><th>event</th><th>details</th></tr>"
@@ -246,7 +248,7 @@ def _checkpoints(h: RunHealth) -> str:
 _CLOSED = ("closed", "resolved", "rejected")
 
 
-def _node_link(base: str, node: str) -> str:
+def node_link(base: str, node: str) -> str:
     """A node's name, linked to its history page."""
     return f"<a class='node' href='{escape(base)}/nodes/{escape(node)}'>{escape(node)}</a>"
 
@@ -255,7 +257,7 @@ def _nodes(h: RunHealth, *, base: str = "") -> str:
     if h.nodes_error:
         return f"<h2>Slurm nodes</h2><p class='warn'>{escape(h.nodes_error)}</p>"
     rows = "".join(
-        f"<tr><td>{_node_link(base, n.name)}</td><td class='{_node_class(n.state)}'>"
+        f"<tr><td>{node_link(base, n.name)}</td><td class='{node_class(n.state)}'>"
         f"{escape(n.state)}</td><td>{escape(n.reason or '')}</td>"
         f"<td>{'this run' if n.this_run else ('longrun' if n.ours else '')}</td></tr>"
         for n in h.nodes
@@ -267,12 +269,12 @@ def _nodes(h: RunHealth, *, base: str = "") -> str:
 
 
 def message_html(title: str, text: str, *, base: str) -> str:
-    return _page(
+    return page_html(
         title, f"<h1>{escape(title)}</h1><p>{escape(text)}</p><p><a href='{escape(base)}/'>all runs</a></p>"
     )
 
 
-def _node_class(state: str) -> str:
+def node_class(state: str) -> str:
     """Red: takes no jobs (drained, down, not responding); amber: held for maintenance; green otherwise."""
     if any(x in state for x in ("DRAIN", "down", "NOT_RESPONDING", "drain")):
         return "bad"
@@ -289,4 +291,4 @@ def runbook_html(name: str, markdown_text: str, *, base: str) -> str:
         body = MarkdownIt("commonmark", {"html": False}).render(markdown_text)
     except ImportError:
         body = f"<pre>{escape(markdown_text)}</pre>"
-    return _page(f"runbook {name}", f"<p><a href='{escape(base)}/'>longrun</a></p>{body}")
+    return page_html(f"runbook {name}", f"<p><a href='{escape(base)}/'>longrun</a></p>{body}")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import io
 
 from longrun.ui.model import RunHealth
-from training import schema
-from training.store import ObjectStore
+from training.records import schema
+from training.store.interface import ObjectStore
 
 # One colour per check, and the colours of what an operator must not miss.
 CHECK_COLOURS = {"finite": "#1f77b4", "recompute": "#2ca02c", "weight_vote": "#9467bd"}

@@ -1,0 +1,246 @@
+"""Node history: one record per event about a node, across runs and incidents.
+
+    nodes/<node>/<time_ms>-<kind>-<source>.json      one NodeEvent
+
+An event is written once (If-None-Match): its key carries the source (the incident, or the node_return
+DAG run) and kind, so a retried task that writes the same event again is a no-op, and `events()` reads
+the whole story in time order. This is orchestrator state: `history_store()` is the one place that says
+which store holds it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from longrun.slurm import validate as v
+from training.records.diagnosis import Diagnosis
+from training.records.fields import need, opt_dict, opt_float, opt_str, versioned
+from training.records.schema import SchemaError
+from training.store.factory import store_from_env
+from training.store.interface import NotFound, ObjectStore, PreconditionFailed, StoreError
+
+RECORD_KIND = "node_event"  # the registry's name (training.records.KINDS); not stored: `kind` is the event
+SCHEMA_VERSION = 1
+PREFIX = "nodes/"
+
+SUSPECTED = "suspected"  # an alert named the node (attribution)
+DRAINED = "drained"  # longrun drained it
+DIAGNOSED = "diagnosed"  # a diagnostic ran: verdict pass / fail / error, with the probe's evidence
+RETURNED = "returned"  # node_return resumed it after clean repeated diagnostics
+RETURN_REFUSED = "return_refused"  # node_return would not return it (policy, foreign drain, dirty probe)
+WOULD_RETURN = "would_return"  # observe mode: clean, but nothing changed
+REPLACE = "marked_for_replacement"  # a repeat offender: never returned automatically
+KINDS = (SUSPECTED, DRAINED, DIAGNOSED, RETURNED, RETURN_REFUSED, WOULD_RETURN, REPLACE)
+
+_SOURCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def history_store() -> ObjectStore:
+    """The store that holds node history (orchestrator state)."""
+    return store_from_env()
+
+
+def source_id(text: str) -> str:
+    """A key-safe form of a source (an incident id, or `node_return.<dag run id>`)."""
+    s = re.sub(r"[^A-Za-z0-9._-]", "_", text)[:128].lstrip("._-")
+    return s or "unknown"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeEvent:
+    """One thing that happened to a node."""
+
+    node: str
+    """Slurm node name."""
+    kind: str
+    """One of KINDS."""
+    time: float
+    """When (epoch seconds)."""
+    source: str
+    """Who recorded it: an incident id, or `node_return.<dag run id>`; part of the key."""
+    run: str | None = None
+    """The training run involved, if any."""
+    incident_id: str | None = None
+    """The incident involved, if any."""
+    verdict: str | None = None
+    """pass / fail / error for `diagnosed`; None otherwise."""
+    reason: str | None = None
+    """The drain reason on the node, or why (refusals, replacement)."""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    """Check, step, fingerprints, probe results: what the event rests on."""
+    schema_version: int = SCHEMA_VERSION
+    """Version of this record's layout."""
+
+    def __post_init__(self) -> None:
+        try:
+            v.node("node", self.node)
+        except ValueError as e:
+            raise SchemaError(f"{RECORD_KIND} record field 'node': {e}") from None
+        if self.kind not in KINDS:
+            raise SchemaError(f"{RECORD_KIND} record field 'kind' = {self.kind!r}; expected one of {KINDS}")
+        if not isinstance(self.time, (int, float)) or isinstance(self.time, bool) or self.time <= 0:
+            raise SchemaError(
+                f"{RECORD_KIND} record field 'time' = {self.time!r}; expected epoch seconds > 0"
+            )
+        if not isinstance(self.source, str) or not _SOURCE.match(self.source):
+            raise SchemaError(
+                f"{RECORD_KIND} record field 'source' = {self.source!r:.80}; expected 1-128 of [A-Za-z0-9._-]"
+            )
+        for name in ("run", "incident_id", "verdict", "reason"):
+            val = getattr(self, name)
+            if val is not None and not isinstance(val, str):
+                raise SchemaError(
+                    f"{RECORD_KIND} record field {name!r} = {val!r:.80}; expected a string or null"
+                )
+        if self.verdict is not None and self.verdict not in ("pass", "fail", "error"):
+            raise SchemaError(
+                f"{RECORD_KIND} record field 'verdict' = {self.verdict!r}; expected pass, fail or error"
+            )
+        if not isinstance(self.evidence, Mapping):
+            raise SchemaError(
+                f"{RECORD_KIND} record field 'evidence' = {self.evidence!r:.80}; expected an object"
+            )
+        if self.schema_version != SCHEMA_VERSION:
+            raise SchemaError(
+                f"{RECORD_KIND} record field 'schema_version' = {self.schema_version!r}; expected {SCHEMA_VERSION}"
+            )
+
+    @property
+    def key(self) -> str:
+        return f"{PREFIX}{self.node}/{int(self.time * 1000):013d}-{self.kind}-{self.source}.json"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "node": self.node,
+            "kind": self.kind,
+            "time": self.time,
+            "source": self.source,
+            "run": self.run,
+            "incident_id": self.incident_id,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "evidence": dict(self.evidence),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Any) -> NodeEvent:
+        """The event in a stored record (JSON text or object). Its `kind` is the event, not a stamp; a field
+        this class does not know is refused (the record is written whole, once)."""
+        r = RECORD_KIND
+        obj = versioned(r, raw, SCHEMA_VERSION)
+        if unknown := sorted(set(obj) - set(cls.__dataclass_fields__)):
+            raise SchemaError(f"{r} record has unknown field(s) {unknown}")
+        return cls(
+            node=need(r, obj, "node", opt_str),
+            kind=need(r, obj, "kind", opt_str),
+            time=need(r, obj, "time", opt_float),
+            source=need(r, obj, "source", opt_str),
+            run=opt_str(r, obj, "run"),
+            incident_id=opt_str(r, obj, "incident_id"),
+            verdict=opt_str(r, obj, "verdict"),
+            reason=opt_str(r, obj, "reason"),
+            evidence=opt_dict(r, obj, "evidence"),
+            schema_version=obj["schema_version"],
+        )
+
+
+def _existing(store: ObjectStore, ev: NodeEvent) -> NodeEvent | None:
+    """The event of the same kind from the same source, if one was written before (any time)."""
+    tail = f"-{ev.kind}-{ev.source}.json"
+    for info in store.list(f"{PREFIX}{ev.node}/"):
+        if info.key.endswith(tail):
+            return NodeEvent.from_json(json.loads(store.get_bytes(info.key)))
+    return None
+
+
+def append(store: ObjectStore, ev: NodeEvent) -> NodeEvent:
+    """Write `ev` unless the same source already recorded this kind for the node; the stored event."""
+    if (old := _existing(store, ev)) is not None:
+        return old
+    try:
+        store.put_bytes(ev.key, json.dumps(ev.to_json(), sort_keys=True).encode(), if_none_match=True)
+    except PreconditionFailed:
+        pass  # a concurrent try wrote the same key
+    return ev
+
+
+def record(store: ObjectStore, node: str, kind: str, source: str, **fields: Any) -> NodeEvent:
+    """Build and append one event, timed now."""
+    return append(
+        store, NodeEvent(node=node, kind=kind, time=time.time(), source=source_id(source), **fields)
+    )
+
+
+def events(store: ObjectStore, node: str) -> list[NodeEvent]:
+    """The node's events, oldest first. A record that does not parse raises ValueError naming its key."""
+    v.node("node", node)
+    out = []
+    for info in store.list(f"{PREFIX}{node}/"):
+        try:
+            out.append(NodeEvent.from_json(json.loads(store.get_bytes(info.key))))
+        except NotFound:
+            continue
+        except ValueError as e:
+            raise ValueError(f"{info.key}: {e}") from None
+    return sorted(out, key=lambda e: (e.time, e.key))
+
+
+def nodes(store: ObjectStore) -> list[str]:
+    """Every node with a history."""
+    names = set()
+    for info in store.list(PREFIX):
+        parts = info.key[len(PREFIX) :].split("/")
+        if len(parts) == 2:
+            names.add(parts[0])
+    return sorted(names)
+
+
+def state(evs: list[NodeEvent]) -> str:
+    """One word for where the node stands according to its history (Slurm has the live state). A mark
+    for replacement sticks until a later return (which only a person can make happen then)."""
+    for e in reversed(evs):
+        if e.kind == RETURNED:
+            break
+        if e.kind == REPLACE:
+            return "replace"
+    for e in reversed(evs):
+        if e.kind == REPLACE:
+            return "replace"
+        if e.kind == RETURNED:
+            return "returned"
+        if e.kind == DIAGNOSED:
+            return f"diag-{e.verdict}"
+        if e.kind in (DRAINED, SUSPECTED):
+            return e.kind
+    return "unknown"
+
+
+def safe_events(store: ObjectStore, node: str) -> tuple[list[NodeEvent], str | None]:
+    """events(), or ([], why) when the store cannot be read (for pages and logs, never for decisions)."""
+    try:
+        return events(store, node), None
+    except (StoreError, ValueError) as e:
+        return [], str(e)
+
+
+def probe_evidence(diagnosis: Diagnosis | Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a diagnosis (a `Diagnosis`, or its JSON) worth keeping in the node's history."""
+    diag = diagnosis if isinstance(diagnosis, Diagnosis) else Diagnosis.from_json(diagnosis)
+    checked = diag.checked
+    res = checked.probe_result
+    return {
+        "summary": diag.summary,
+        "probe_verdict": checked.probe.verdict if checked.probe else None,
+        "fingerprint": res.fingerprint,
+        "expected": res.expected_fingerprint,
+        "probe_env": {"torch": res.torch, "cpu_capability": res.cpu_capability, "threads": res.threads},
+        "dcgm": checked.dcgm,
+        "dcgm_level": diag.dcgm_level,
+        "exit_code": diag.exit_code,
+    }

@@ -1,0 +1,474 @@
+"""sdc_incident's hot-spare path: recover inside the job's allocation instead of cancel + resubmit.
+
+Applies when the run holds spares (`spare_nodes > 0`), the mode is act, and the alerting job is still
+RUNNING (its supervisor waits for a directive; training.spares.supervisor). Then:
+
+- freeze does not cancel the job (`freeze_kept`): the training step already ended with the verdict;
+- the suspect stays in the allocation, drained (no other job can land on it) and idle (its training step
+  ended with the verdict; the directive leaves it out). The diagnosis runs there instead of in a MAINT
+  reservation (`diagnose_in_job`):
+  1. the probe's reference: the partition's cached known-good result, else the probe run as a step on a
+     healthy node of the same allocation (`--overlap`: the relaunched training may run there; the probe
+     pins its own threads, so its bits do not depend on that load);
+  2. node_check (the replay probe, + DCGM where installed) as a step on the suspect:
+     `srun --jobid=<job> --nodelist=<node>`;
+  3. the node is drained again with the verdict, recorded as the reservation path records it (events
+     `reference` and `diagnosed`, fields `reference` and `diagnosis`, the verdict's runbook);
+  4. the node is released from the job (`release`: `scontrol update JobId=<id> NodeList=<rest>`) and
+     stays drained. Releasing it earlier would kill the probe's step (Slurm 22.05: it ends with 137), so
+     the relaunch leaves it in the allocation until the diagnosis has run;
+- relaunch (`direct`) writes the directive on the orchestrator's side of the store (the job may read it,
+  never write it), naming the job's nodes but the suspect (and any other drained node), once the alerting
+  attempt's step has ended (bounded: `earlier_steps`), and waits, bounded, for the supervisor to start
+  the attempt (its segment record appears);
+- anything else returns None and the caller takes the path without spares: the diagnosis falls back to
+  the reservation path (step_diagnose.run_diagnosis), after an event `diagnosis_in_job_skipped` that says
+  why (the job is not kept, the node is not (or no longer) in its allocation, it is not drained by
+  longrun, or the step gave no verdict), the node released first from a job that still holds it (else
+  the reservation's diagnostic job could not start there); the relaunch (no spare left, no checkpoint,
+  the job already gone, the alerting step not ending, the supervisor not following in time) cancels the
+  kept job (`end_kept`) and does the full relaunch.
+
+Approve and observe modes never take this path: they behave as without spares. One module, because the
+diagnosis and the relaunch inside the job hand the suspect to each other (whichever runs second releases
+it). The task body that chooses between the two diagnosis paths is longrun.tasks.sdc_incident.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from longrun.health import dcgm, diagnose, node_check
+from longrun.health.probe_reference import (
+    NoReference,
+    cached_reference,
+    checked_reference,
+    confirms,
+    judge_fresh,
+    reference_of,
+    remember_reference,
+    run_reference,
+)
+from longrun.incident import record
+from longrun.incident.events import Event
+from longrun.incident.jobstep import batch_host, job_steps, run_step
+from longrun.incident.relaunch_plan import relaunch_spec, run_spec
+from longrun.incident.runner import Incident, Outcome, authenticate, write
+from longrun.monitor.lifecycle import conf_of
+from longrun.monitor.segments import job_step, segments
+from longrun.slurm import ops
+from longrun.slurm.client import SlurmClient
+from longrun.slurm.errors import SlurmCommandError, SlurmUnavailableError
+from longrun.slurm.models import JobState, JobStatus
+from training.records import schema
+from training.records.diagnosis import NodeCheck, ProbeResult
+from training.records.incident import RestartCheckpoint
+from training.records.schema import SchemaError
+from training.segment import Segment
+from training.spares.directive import DIRECTIVES_DIR, Directive, attempt_of_step_name, directed_nodes
+from training.store.interface import ObjectStore, PreconditionFailed
+
+#: How long relaunch waits for the supervisor to start the directed attempt (it polls every 0.5 s).
+FOLLOW_TIMEOUT_S = 120.0
+#: How long relaunch waits for the alerting attempt's step to end before it writes the directive.
+EARLIER_STEP_TIMEOUT_S = 60.0
+#: The diagnosis's `where` when it ran inside the kept job.
+IN_JOB = "in_job"
+
+
+def kept_job(client: SlurmClient, inc: Incident) -> JobState | None:
+    """The alerting job, when this incident recovers inside it; None otherwise."""
+    if inc.job_id is None or inc.mode != "act" or run_spec(inc).spare_nodes < 1:
+        return None
+    state = client.job(inc.job_id)
+    return state if state.status is JobStatus.RUNNING else None
+
+
+def freeze_kept(store: ObjectStore, client: SlurmClient, inc: Incident) -> dict[str, Any] | None:
+    """In place of freeze's cancel: keep the job (its step ended with the verdict; the supervisor waits)."""
+    state = kept_job(client, inc)
+    if state is None:
+        return None
+    inc.event(store, Event.FROZEN, state=f"kept for a hot spare: {state.describe()}", kept=True)
+    return {"job_id": inc.job_id, "state": state.describe(), "kept": True}
+
+
+def release_node(client: SlurmClient, job_id: int, keep: list[str]) -> None:
+    """Shrink the running job to `keep` (Slurm 22.05+: the released node leaves the job, its drain stays).
+    RuntimeError when Slurm refuses or does not answer (the caller then records why and keeps the node
+    drained inside the job); a bad job id or node name raises ValueError before Slurm is asked."""
+    try:
+        client.shrink_job(job_id, tuple(keep))
+    except (SlurmCommandError, SlurmUnavailableError) as err:
+        raise RuntimeError(f"releasing nodes from job {job_id} (keeping {keep}) failed: {err}") from err
+
+
+def _next_attempt(store: ObjectStore, run: str, job_id: int) -> int:
+    prefix = schema.store_key(run, f"{DIRECTIVES_DIR}{job_id}-a")
+    return 1 + sum(1 for o in store.list(prefix) if o.key.endswith(".json"))
+
+
+def _write(store: ObjectStore, d: Directive) -> Directive:
+    key = schema.store_key(d.run, d.relative_path)
+    try:
+        store.put_bytes(key, json.dumps(d.to_json(), sort_keys=True).encode(), if_none_match=True)
+        return d
+    except PreconditionFailed:  # a rerun: the first write stands
+        return Directive.from_json(store.get_bytes(key))
+
+
+def attempt_segment(segs: list[Segment], d: Directive) -> Segment | None:
+    """The first segment of the directed attempt: in the job, started after the directive, and of a new job
+    step (a late NVRx restart of an earlier step, same step and a higher restart count, is not it)."""
+    mine = [s for s in segs if s.job_id == d.job_id]
+    earlier = {job_step(s) for s in mine if s.started_at < d.issued_at - 1.0}
+    found = [s for s in mine if s.started_at >= d.issued_at - 1.0 and job_step(s) not in earlier]
+    return found[0] if found else None
+
+
+def earlier_steps(client: SlurmClient, job_id: int, attempt: int, *, timeout_s: float) -> list[str]:
+    """[] once no training step of an attempt before `attempt` runs in the job (the step names carry the
+    attempt: training.spares.directive.ATTEMPT_STEP_PREFIX); else what is left after `timeout_s`. The next
+    attempt's standby started at the alert, beside the alerting step: a directive must not let it train
+    (and, on GPUs, take the devices) while that step is still ending, and the directed launch's records
+    begin at the directive (training.spares.standby)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            left = [
+                f"{sid} ({name})"
+                for sid, name in job_steps(client, job_id)
+                if (a := attempt_of_step_name(name)) is not None and a < attempt
+            ]
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            left = [f"unknown: {e}"]  # unproven is not ended
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def _followed(store: ObjectStore, client: SlurmClient, d: Directive, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seg = attempt_segment(segments(store, d.run), d)
+        if seg is not None:
+            return seg
+        state = client.job(int(d.job_id))
+        if not state.is_active or time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
+
+
+def direct(
+    store: ObjectStore,
+    client: SlurmClient,
+    inc: Incident,
+    *,
+    node: str | None,
+    checkpoint: Mapping[str, Any],
+    follow_timeout_s: float = FOLLOW_TIMEOUT_S,
+    earlier_step_timeout_s: float = EARLIER_STEP_TIMEOUT_S,
+) -> dict[str, Any] | None:
+    """Relaunch inside the kept job; None when this incident must fall back to the full relaunch."""
+    state = kept_job(client, inc)
+    resume = RestartCheckpoint.from_json(checkpoint).key  # the pick step's result
+    if state is None or inc.job_id is None or not resume or node is None:
+        return None
+    spec = run_spec(inc)
+    held = list(state.nodes)
+    # never onto a drained node: an earlier incident's suspect may still be held (its release refused)
+    out = {n.name for n in client.nodes() if n.drain_flag or n.is_down}
+    keep = directed_nodes(held, {node, *out})
+    if len(keep) < spec.nodes:
+        inc.event(store, Event.NO_SPARE_LEFT, held=held, node=node)
+        return None
+    if node in held:
+        # verified against the allocation before it changes (a rerun finds the node released already)
+        authenticate(store, client, inc, node=node)
+        if inc.rec(store).diagnosis:
+            release(store, client, inc, node)
+        else:  # releasing kills steps on the node: the diagnosis runs there first, then releases it
+            inc.event(store, Event.RELEASE_DEFERRED, node=node, why="diagnosed as a step of this job first")
+    written = inc.rec(store).event(Event.DIRECTIVE_WRITTEN)
+    attempt = int(written.details["attempt"]) if written else _next_attempt(store, inc.run, inc.job_id)
+    if not written:
+        left = earlier_steps(client, inc.job_id, attempt, timeout_s=earlier_step_timeout_s)
+        if left:
+            inc.event(store, Event.EARLIER_STEP_RUNNING, steps=left, attempt=attempt)
+            return None
+    d = _write(
+        store,
+        Directive(
+            run=inc.run,
+            job_id=str(inc.job_id),
+            attempt=attempt,
+            nodes=tuple(keep[: spec.nodes]),
+            resume_from=str(resume),
+            incident_id=inc.incident_id,
+            exclude=(node,),
+            issued_at=time.time(),
+        ),
+    )
+    inc.event(store, Event.DIRECTIVE_WRITTEN, attempt=d.attempt, nodes=list(d.nodes), job_id=inc.job_id)
+    seg = _followed(store, client, d, follow_timeout_s)
+    if seg is None:
+        inc.event(store, Event.DIRECTIVE_NOT_FOLLOWED, state=client.job(inc.job_id).describe())
+        return None
+    relaunched, _ = relaunch_spec(inc, resume_from=str(resume), exclude=(node,), healthy=len(keep))
+    # the declared params only (closed conf): what reenter_monitoring hands to training_run
+    params = conf_of(dataclasses.replace(relaunched, spare_nodes=max(0, len(keep) - spec.nodes)))
+    result = {
+        "job_id": inc.job_id,
+        "nodes": list(d.nodes),
+        "exclude": [node],
+        "resume_from": d.resume_from,
+        "attempt": params["attempt"],
+        "note": f"in-job relaunch on a hot spare (directive {d.relative_path})",
+        "params": params,
+        "in_job": True,
+    }
+    started = seg.started_at  # the attempt's trainer was up: the in-job counterpart of RUNNING
+    inc.event(
+        store,
+        Event.RELAUNCHED_RUNNING,
+        fields={
+            "relaunch": result,
+            "time_to_recover_s": round(started - float(inc.typed_alert.time or started), 3),
+            "status": record.RELAUNCHED,
+        },
+        job_id=inc.job_id,
+        nodes=list(d.nodes),
+        segment=seg.segment_id,
+        time=started,
+    )
+    return result
+
+
+def end_kept(store: ObjectStore, client: SlurmClient, inc: Incident, *, timeout_s: float = 60.0) -> None:
+    """Before a full relaunch: cancel the job freeze kept, if it still runs (no spare, no directive)."""
+    frozen = inc.rec(store).event(Event.FROZEN)
+    if not frozen or not frozen.details.get("kept") or inc.job_id is None:
+        return
+    if client.job(inc.job_id).is_active:
+        client.cancel(inc.job_id)
+        ops.wait_for(client, inc.job_id, lambda s: s.is_terminal, timeout_s=timeout_s)
+        inc.event(store, Event.KEPT_JOB_CANCELLED, job_id=inc.job_id)
+
+
+def why_not(client: SlurmClient, inc: Incident, node: str) -> tuple[JobState | None, str | None]:
+    """(the kept job, None) when `node` can be diagnosed inside it; else (None, why not)."""
+    if not inc.plan.changes:
+        return None, f"mode {inc.mode} changes nothing"
+    state = kept_job(client, inc)
+    if state is None:
+        return None, "the job is not kept (no spares, not act mode, or it no longer runs)"
+    if node not in state.nodes:
+        return None, f"{node} is not in job {inc.job_id}'s allocation {list(state.nodes)}"
+    ns = client.node(node)
+    if not ns.drain_flag or not ns.is_ours:
+        return None, f"{node} is not drained by longrun (state {ns.state}, reason {ns.reason!r})"
+    return state, None
+
+
+def release(store: ObjectStore, client: SlurmClient, inc: Incident, node: str) -> bool:
+    """Shrink the kept job to its other nodes; the node stays drained. False (and an event saying why)
+    when Slurm refuses: the node then stays drained inside the job until the job ends (never trained on:
+    the directive leaves it out)."""
+    if inc.job_id is None:
+        return False
+    state = client.job(inc.job_id)
+    if not state.is_active or node not in state.nodes:
+        return False
+    if batch_host(client, inc.job_id) == node:
+        inc.event(store, Event.RELEASE_REFUSED, node=node, why="it runs the job's batch script (supervisor)")
+        return False
+    keep = [n for n in state.nodes if n != node]
+    try:
+        release_node(client, inc.job_id, keep)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        # Slurm 22.05 without accounting shrinks a job once; a second update is refused ("DB index")
+        inc.event(store, Event.RELEASE_REFUSED, node=node, why=str(e)[:500])
+        return False
+    inc.event(store, Event.RELEASED, node=node, job_id=inc.job_id, kept=keep)
+    return True
+
+
+def _skip(store: ObjectStore, client: SlurmClient, inc: Incident, node: str, why: str) -> None:
+    inc.event(
+        store,
+        Event.DIAGNOSIS_IN_JOB_SKIPPED,
+        why=why[:500],
+        fallback="MAINT reservation (steps.run_diagnosis)",
+    )
+    if inc.plan.changes:
+        release(store, client, inc, node)
+
+
+def reference_in_job(
+    client: SlurmClient,
+    *,
+    job_id: int,
+    nodes: tuple[str, ...],
+    python: str | None,
+    state_dir: str | None,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """The probe's known-good result, as a step on the first of `nodes` (healthy nodes of the job).
+    RuntimeError when there is no such node, NoReference when the probe gives no fingerprint."""
+    if not nodes:
+        raise RuntimeError("no healthy node in the allocation for the probe's reference")
+    node = nodes[0]
+    return run_reference(
+        lambda argv: run_step(client, job_id, node, argv, timeout_s=timeout_s, overlap=True),
+        node=node,
+        python=python,
+        state_dir=state_dir,
+        where=f" (step of job {job_id})",
+    )
+
+
+def _fresh(
+    client: SlurmClient, inc: Incident, node: str, healthy: tuple[str, ...], **probe: Any
+) -> dict[str, Any] | str:
+    """A reference computed now as a step on a healthy node of the kept job, or why there is none."""
+    assert inc.job_id is not None
+    probe["timeout_s"] = min(300.0, probe["timeout_s"])
+    try:
+        ref = reference_in_job(client, job_id=inc.job_id, nodes=healthy, **probe)
+    except (RuntimeError, NoReference) as e:
+        return str(e)
+    return ref if checked_reference(ref, suspect=node) is not None else f"not usable: {str(ref)[:300]}"
+
+
+def _node_check(seen: dict[str, Any]) -> NodeCheck | None:
+    """node_check's JSON line as a NodeCheck; None when it does not read as one (no verdict)."""
+    try:
+        return NodeCheck.from_json(seen)
+    except SchemaError:
+        return None
+
+
+def healthy_in(client: SlurmClient, held: tuple[str, ...], suspect: str) -> tuple[str, ...]:
+    """The nodes of `held` other than `suspect` that are neither drained nor down."""
+    states = {n.name: n for n in client.nodes()}
+    return tuple(
+        n for n in held if n != suspect and n in states and not states[n].drain_flag and not states[n].is_down
+    )
+
+
+def diagnose_in_job(
+    store: ObjectStore,
+    client: SlurmClient,
+    inc: Incident,
+    *,
+    node: str,
+    partition: str = "default",
+    state_dir: str | None = None,
+    python: str | None = None,
+    timeout_s: float = 600.0,
+) -> dict[str, Any] | None:
+    """Diagnose `node` inside the kept job; None when the caller must take the reservation path."""
+    rec = inc.rec(store)
+    if done := rec.diagnosis:
+        if done.where == IN_JOB and inc.plan.changes:
+            release(store, client, inc, node)  # a try that died between the verdict and the release
+        return done.to_json()  # the recorded object (XCom unchanged)
+    state, why = why_not(client, inc, node)
+    if state is None or inc.job_id is None:
+        if inc.plan.changes and kept_job(client, inc) is not None:
+            _skip(store, client, inc, node, why or "no job id")
+        return None
+    authenticate(store, client, inc, node=node)  # act only on a node of the signed alert's job
+    t0 = time.time()
+    healthy = healthy_in(client, state.nodes, node)
+    recorded = reference_of(rec)
+    ref = recorded.to_json() if recorded else None
+    if ref is None or checked_reference(ref, suspect=node) is None:
+        ref = cached_reference(store, partition, suspect=node)
+    stored = ref is not None  # read back: it may convict, a pass needs a fresh reference too
+    if ref is None:
+        got = _fresh(client, inc, node, healthy, python=python, state_dir=state_dir, timeout_s=timeout_s)
+        if isinstance(got, str):
+            _skip(store, client, inc, node, f"reference: {got}")
+            return None
+        ref = got
+        remember_reference(store, partition, ref)
+    known = ProbeResult.from_json(ref)
+    inc.event(
+        store,
+        Event.REFERENCE,
+        fields={"reference": ref},
+        node=known.node,
+        fingerprint=known.fingerprint,
+    )
+    level = dcgm.level_for(check=inc.typed_alert.check)
+    argv = diagnose.node_check_argv(
+        node=node,
+        expect=str(known.fingerprint),
+        dcgm_level=level,
+        probe_timeout_s=max(30.0, timeout_s - 30),
+        python=python,
+        state_dir=state_dir,
+    )
+    started = time.monotonic()
+    result = run_step(client, inc.job_id, node, argv, timeout_s=timeout_s)
+    seen = node_check.last_json_line(result.stdout)
+    checked = None if seen is None else _node_check(seen)
+    if (
+        seen is None
+        or checked is None
+        or checked.verdict not in (node_check.PASS, node_check.FAIL, node_check.ERROR)
+    ):
+        # the step itself did not run (job ended, node left the allocation, srun refused): no verdict
+        _skip(
+            store,
+            client,
+            inc,
+            node,
+            f"the step gave no verdict (rc {result.exit_code}): {result.stderr[-300:]}",
+        )
+        return None
+    outcome, note = diagnose.checked_verdict(seen, known, stored=stored)
+    probe = checked.probe_result
+    summary = diagnose.summarize(node, checked) + note
+    if stored and checked.verdict == node_check.PASS and confirms(known, probe):
+        fresh = _fresh(client, inc, node, healthy, python=python, state_dir=state_dir, timeout_s=timeout_s)
+        if isinstance(fresh, str):
+            summary += f"; no fresh reference: {fresh}"
+        else:
+            remember_reference(store, partition, fresh)
+            outcome, note = judge_fresh(probe, ProbeResult.from_json(fresh))
+            summary += note
+    reason = diagnose.verdict_reason(inc.run, inc.step, outcome)
+    client.drain(node, reason)  # drained already; the reason now carries the verdict
+    book = diagnose.verdict_runbook(outcome)
+    d = diagnose.DiagnosisOutcome(
+        node=node,
+        verdict=outcome,
+        reason=reason,
+        summary=f"{summary}; in job {inc.job_id}'s allocation (no reservation)",
+        runbook=book,
+        duration_s=time.monotonic() - started,
+        exit_code=result.exit_code,
+        details=seen,
+    )
+    out = {
+        **d.to_dict(),
+        "reference_node": known.node,
+        "dcgm_level": level,
+        "total_s": round(time.time() - t0, 3),
+        "where": IN_JOB,
+        "job_id": inc.job_id,
+    }
+    # recorded as the reservation path records its verdict (step_diagnose), plus where it ran
+    verdict = {"verdict": d.verdict, "reason": d.reason, "where": IN_JOB}
+    write(
+        store, inc, Outcome(event=Event.DIAGNOSED, data=verdict, fields={"diagnosis": out}, runbook=d.runbook)
+    )
+    release(store, client, inc, node)
+    return out

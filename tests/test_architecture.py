@@ -1,0 +1,194 @@
+"""The structure rules of docs/architecture.md, checked against the code.
+
+- The import contracts in pyproject.toml ([tool.importlinter]: no loops, the layer order, the job side
+  without the orchestrator) hold, and `lint-imports` fails when a violation is planted in a copy of the
+  packages (so the check can fail).
+- Only the Slurm layer builds the argv of a Slurm command.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+#: Slurm's commands: an argv that starts with one of these runs Slurm.
+SLURM_COMMANDS = frozenset(
+    {"sbatch", "srun", "salloc", "scancel", "scontrol", "squeue", "sinfo", "sacct", "sacctmgr", "sstat"}
+)
+#: Where such an argv may be built, and why.
+SLURM_ARGV_ALLOWED = {
+    "plugins/longrun/slurm": "the Slurm layer: every Slurm command the orchestrator runs",
+    "plugins/longrun/stack": "starts and stops the local cluster (slurmctld, slurmd) the tests and demo use",
+    "training/spares/supervisor.py": (
+        "the job side, inside its own allocation: names its nodes (scontrol show hostnames) and asks"
+        " squeue for its own job; `training` may not import the orchestrator's Slurm layer"
+    ),
+}
+
+
+def _lint_imports(copy: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`lint-imports` over the checkout, or over a copy of its packages (run from the copy, so that the
+    copy is found before the editable install)."""
+    env = dict(os.environ)
+    if copy is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(copy), str(copy / "plugins")])
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", str(ROOT / "pyproject.toml")],
+        cwd=copy or ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_the_import_contracts_hold() -> None:
+    out = _lint_imports()
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+    assert "broken" not in out.stdout.lower().replace("0 broken", "")
+
+
+def _copy_packages(dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "training", dest / "training", ignore=ignore)
+    shutil.copytree(ROOT / "plugins" / "longrun", dest / "plugins" / "longrun", ignore=ignore)
+
+
+def _plant(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n{line}\n")
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "contract"),
+    [
+        (
+            "training/config.py",
+            "import longrun.runspec",
+            "The job side installs and runs without the orchestrator",
+        ),
+        ("training/config.py", "import airflow", "The job side installs and runs without the orchestrator"),
+        ("plugins/longrun/slurm/validate.py", "import longrun.launch", "No import loops, at any depth"),
+        ("training/records/schema.py", "import training.records.alert", "No import loops, at any depth"),
+        ("plugins/longrun/stack/layout.py", "import longrun.votes", "The orchestrator's layers"),
+        ("training/store/local.py", "import training.config", "The job side's layers"),
+    ],
+)
+def test_a_planted_violation_breaks_the_contracts(
+    tmp_path: Path, module: str, planted: str, contract: str
+) -> None:
+    _copy_packages(tmp_path)
+    _plant(tmp_path / module, planted)
+    out = _lint_imports(tmp_path)
+    assert out.returncode != 0, out.stdout[-4000:]
+    assert f"{contract} BROKEN" in out.stdout, out.stdout[-4000:]
+
+
+def _slurm_argvs(path: Path) -> list[tuple[int, str]]:
+    """(line, command) of every list or tuple literal whose first item is the name of a Slurm command."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.List | ast.Tuple) and node.elts:
+            first = node.elts[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                if first.value in SLURM_COMMANDS:  # an argv; a shell line for a job script is not
+                    found.append((node.lineno, first.value))
+    return found
+
+
+def _allowed(rel: str) -> bool:
+    return any(rel == p or rel.startswith(p + "/") for p in SLURM_ARGV_ALLOWED)
+
+
+def test_only_the_slurm_layer_builds_slurm_commands() -> None:
+    offenders = []
+    for top in ("plugins/longrun", "training", "dags"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if not _allowed(rel):
+                offenders += [f"{rel}:{line}: {cmd}" for line, cmd in _slurm_argvs(path)]
+    assert not offenders, "Slurm commands outside the Slurm layer (use a SlurmClient method):\n" + "\n".join(
+        offenders
+    )
+
+
+def test_the_slurm_command_check_sees_an_argv(tmp_path: Path) -> None:
+    planted = tmp_path / "x.py"
+    planted.write_text('import subprocess\nsubprocess.run(["scontrol", "update", "JobId=1"])\n')
+    assert _slurm_argvs(planted) == [(2, "scontrol")]
+
+
+# --- docs/architecture.md agrees with the code ---
+
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def _section(title: str) -> str:
+    text = DOC.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def _table_first_cells(section: str) -> list[str]:
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    return [row.split("|")[1].strip() for row in rows[1:]]  # rows[0] is the header
+
+
+def _names(cell: str) -> set[str]:
+    return {part.strip().strip("`") for part in cell.split(",") if part.strip()}
+
+
+def _layers_contracts() -> dict[str, list[set[str]]]:
+    """container -> its layers, top first, as pyproject.toml's import-linter contracts declare them."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return {
+        c["containers"][0]: [
+            {f"{c['containers'][0]}.{name.strip()}" for name in layer.replace(":", "|").split("|")}
+            for layer in c["layers"]
+        ]
+        for c in config["contracts"]
+        if c["type"] == "layers"
+    }
+
+
+@pytest.mark.parametrize("container", ["longrun", "training"])
+def test_the_documented_layers_are_the_enforced_layers(container: str) -> None:
+    documented = [_names(cell) for cell in _table_first_cells(_section(f"Layers of `{container}`"))]
+    assert documented == _layers_contracts()[container]
+
+
+def _packages_and_modules() -> set[str]:
+    """Every package of `longrun` and `training`, every top-level module of `longrun`, every DAG file."""
+    found = {f"dags/{p.name}" for p in (ROOT / "dags").glob("*.py")}
+    for top, base in (("longrun", ROOT / "plugins" / "longrun"), ("training", ROOT / "training")):
+        found.add(top)
+        for init in base.rglob("__init__.py"):
+            if "__pycache__" not in init.parts and init.parent != base:
+                found.add(".".join([top, *init.parent.relative_to(base).parts]))
+        if top == "longrun":
+            found |= {f"longrun.{p.stem}" for p in base.glob("*.py") if p.stem != "__init__"}
+    return found
+
+
+def test_every_package_module_and_dag_is_in_the_doc() -> None:
+    text = DOC.read_text()
+    missing = sorted(name for name in _packages_and_modules() if f"`{name}`" not in text)
+    assert not missing, f"docs/architecture.md does not name: {missing}"
+
+
+def test_the_documented_record_kinds_are_the_registry() -> None:
+    from training.records import KINDS
+
+    documented = set().union(*(_names(cell) for cell in _table_first_cells(_section("Record kinds"))))
+    assert documented == set(KINDS), (sorted(documented - set(KINDS)), sorted(set(KINDS) - documented))
