@@ -21,6 +21,7 @@ from longrun.incident.events import Event
 from longrun.incident.runner import Incident, IncidentStop
 from longrun.monitor import lifecycle
 from longrun.slurm import ops
+from longrun.slurm.errors import SlurmUnavailableError
 from longrun.slurm.factory import make_client
 from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
@@ -239,3 +240,31 @@ def test_no_directive_while_the_alerting_attempts_step_still_runs(client, runnin
         for proc in steps.values():
             proc.terminate()
             proc.wait(timeout=60)
+
+
+class _NoBatchHost:
+    """The real client, except that Slurm fails to answer the batch-host question (a controller that
+    drops out between two calls cannot be arranged at an exact call on the real cluster)."""
+
+    def __init__(self, client, answer):
+        self._client, self._answer = client, answer
+
+    def batch_host(self, job_id: int):
+        if isinstance(self._answer, Exception):
+            raise self._answer
+        return self._answer
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+@pytest.mark.parametrize("answer", [SlurmUnavailableError("slurmctld not responding"), None])
+def test_a_node_is_never_released_without_proof_that_it_is_not_the_batch_host(client, running, answer):
+    job_id, nodes, store, _ = running
+    suspect = nodes[-1]
+    inc = _incident(store, job_id, suspect)
+    assert hot_spare.release(store, _NoBatchHost(client, answer), inc, suspect) is False
+    assert client.job(job_id).nodes == tuple(nodes)  # the job still holds every node
+    (refused,) = [e for e in record.load(store, run="ij", incident_id=inc.incident_id)["timeline"]
+                  if e["event"] == Event.RELEASE_REFUSED]  # fmt: skip
+    assert refused["node"] == suspect

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from longrun.incident import hot_spare
-from longrun.incident.jobstep import batch_host, job_steps
+from longrun.incident.jobstep import job_steps
 from longrun.launch import job_spec_for_run, run_dir_for
 from longrun.runspec import Drill, RunSpec
 from longrun.slurm import ops
@@ -119,7 +119,7 @@ def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp,
         keep = [n for n in held if n != suspect]
         # Which node holds rank 1 is the rendezvous' choice. The node running the batch script (the
         # supervisor) is never released, as in sdc_incident: it stays in the job, drained and undirected.
-        if suspect != batch_host(client, job_id):
+        if suspect != client.batch_host(job_id):
             subprocess.run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"],
                            env=slurm_cluster.client_env(), check=True, timeout=30)  # fmt: skip
         ckpt = schema.store_key(run.run_name, schema.checkpoint_dir(PICK))
@@ -166,7 +166,7 @@ def test_a_standby_the_directive_does_not_name_is_stopped_and_the_directed_step_
         held = ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60).nodes
         (suspect,) = _first_alert(store, run.run_name)["suspect_nodes"]
         _wait("the standby", lambda: "standby: waiting" in _log(launcher, run.run_name, job_id))
-        host = batch_host(client, job_id)
+        host = client.batch_host(job_id)
         other = next(n for n in held if n not in (suspect, host))
         nodes = tuple(n for n in held if n != other)
         ckpt = schema.store_key(run.run_name, schema.checkpoint_dir(PICK))

@@ -56,7 +56,7 @@ from longrun.health.probe_reference import (
 )
 from longrun.incident import record
 from longrun.incident.events import Event
-from longrun.incident.jobstep import batch_host, job_steps, run_step
+from longrun.incident.jobstep import job_steps, run_step
 from longrun.incident.relaunch_plan import relaunch_spec, run_spec
 from longrun.incident.runner import Incident, Outcome, authenticate, write
 from longrun.monitor.lifecycle import conf_of
@@ -284,8 +284,20 @@ def release(store: ObjectStore, client: SlurmClient, inc: Incident, node: str) -
     state = client.job(inc.job_id)
     if not state.is_active or node not in state.nodes:
         return False
-    if batch_host(client, inc.job_id) == node:
-        inc.event(store, Event.RELEASE_REFUSED, node=node, why="it runs the job's batch script (supervisor)")
+    # Releasing the batch host would kill the supervisor and with it the job: release only when Slurm
+    # names another node as the batch host. No answer, or none, is no proof, so the node is kept.
+    try:
+        host = client.batch_host(inc.job_id)
+    except (SlurmCommandError, SlurmUnavailableError) as e:
+        inc.event(
+            store, Event.RELEASE_REFUSED, node=node, why=f"Slurm did not name the batch host: {e}"[:500]
+        )
+        return False
+    if host is None or host == node:
+        why = (
+            "it runs the job's batch script (supervisor)" if host else "Slurm names no batch host for the job"
+        )
+        inc.event(store, Event.RELEASE_REFUSED, node=node, why=why)
         return False
     keep = [n for n in state.nodes if n != node]
     try:

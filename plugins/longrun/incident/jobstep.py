@@ -1,5 +1,5 @@
 """Commands inside a running job's allocation, from outside it (the orchestrator): a one-task step on a
-node the job holds, the job's batch host and the steps it runs, all through the job's `SlurmClient`.
+node the job holds and the steps it runs, through the job's `SlurmClient` (the batch host: `SlurmClient.batch_host`).
 
 srun must be run by the job's user, root or a Slurm operator. A step on a node where another step of the
 job runs needs `overlap` (else "Requested nodes are busy"); a step on a node that is then released
@@ -25,16 +25,6 @@ def run_step(
     """Run `argv` as a one-task step of job `job_id` on `node` (which the job must hold). A bad node name
     or command (an option first, NUL bytes) raises ValueError before anything runs."""
     return client.run_in_job(job_id, node, argv, timeout_s=timeout_s, overlap=overlap)
-
-
-def batch_host(client: SlurmClient, job_id: int) -> str | None:
-    """The node that runs the job's batch script (the supervisor): never released from the job. None when
-    Slurm does not name one: the job has not started, is gone, or Slurm did not answer. A bad job id
-    raises ValueError."""
-    try:
-        return client.batch_host(job_id)
-    except (SlurmCommandError, SlurmUnavailableError):
-        return None
 
 
 def job_steps(client: SlurmClient, job_id: int) -> list[JobStep]:
