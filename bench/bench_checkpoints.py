@@ -36,8 +36,8 @@ def s3_env() -> Iterator[dict[str, str]]:
     if os.environ.get("AWS_ENDPOINT_URL") and os.environ.get("LONGRUN_BUCKET"):
         yield dict(os.environ)
         return
-    from longrun.stack import Stack
     from longrun.stack.layout import Layout, ports_in_use
+    from longrun.stack.stack import Stack
 
     with tempfile.TemporaryDirectory(prefix="longrun-bench-") as tmp:
         base = next(

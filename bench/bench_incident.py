@@ -28,7 +28,7 @@ import time
 
 from longrun.drill import Rest, prepare, return_to_service, run_drill
 from longrun.slurm.factory import make_client
-from longrun.stack import Stack
+from longrun.stack.stack import Stack
 
 from training.records.orchestrator import Incident
 from training.store.factory import store_from_env

@@ -47,7 +47,8 @@ from msgspec import UNSET, UnsetType
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.checkpoint.upload import json_bytes
-from training.records import Incident, Manifest, Progress, Promotion
+from training.records.job import Manifest, Progress
+from training.records.orchestrator import Incident, Promotion
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "fixtures" / "records"

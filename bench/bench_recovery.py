@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     paths, states = tuple(args.paths.split(",")), tuple(args.states.split(","))
     if not paths or set(paths) - set(PATHS) or not states or set(states) - {"idle", "busy"}:
         p.error("--paths takes hot and/or requeue, --states idle and/or busy")
-    from longrun.stack import Stack
+    from longrun.stack.stack import Stack
 
     # As a test session's stack: the scheduler imports torch once, so the incident's tasks that validate a
     # checkpoint do not import it again (an orchestrator whose workers import torch before they fork

@@ -33,8 +33,8 @@ DAG_ID = "example_slurm_job"
 @contextmanager
 def stack_env(need_airflow: bool) -> Iterator[dict[str, str]]:
     """The env of a running stack with Slurm (and Airflow when asked); started here if none runs."""
-    from longrun.stack import Stack, default_state_dir
-    from longrun.stack.layout import Layout, ports_in_use
+    from longrun.stack.layout import Layout, default_state_dir, ports_in_use
+    from longrun.stack.stack import Stack
 
     parts = ["slurm", "s3", "airflow"] if need_airflow else ["slurm"]
     default = Stack(default_state_dir())

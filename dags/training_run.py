@@ -243,7 +243,7 @@ def training_run() -> None:
     )
 
     # No branch task between the monitor and these two: each skips itself on the other's outcome, so the
-    # hand-over starts one task start-up sooner after an alert (issue: the alert's critical path).
+    # hand-over starts one task start-up sooner after an alert, which is on the critical path.
     hand_over = HandOverOperator(task_id="hand_over")
 
     @task

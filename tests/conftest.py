@@ -28,7 +28,9 @@ import pytest
 from helpers.cluster_state import restore_snapshot, snapshot
 from helpers.fleet_records import fleet_records_set_aside
 from helpers.stack_fixtures import AirflowStack, SlurmCluster, claim_port_base
-from longrun.stack import Stack, StackError, default_state_dir
+from longrun.stack.layout import default_state_dir
+from longrun.stack.procs import StackError
+from longrun.stack.stack import Stack
 
 
 @pytest.fixture(scope="session")

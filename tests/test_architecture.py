@@ -192,3 +192,65 @@ def test_the_documented_record_kinds_are_the_registry() -> None:
 
     documented = set().union(*(_names(cell) for cell in _table_first_cells(_section("Record kinds"))))
     assert documented == set(KINDS), (sorted(documented - set(KINDS)), sorted(set(KINDS) - documented))
+
+
+# --- every name is imported from the module that defines it ---
+
+#: Packages whose `__init__` is a published facade (docs/contracts.md "The job-side API"): users import
+#: `from training.api import Guard`, and custom checks `from training.checks import Check`.
+FACADES = {"training.api", "training.checks"}
+
+
+def _module_file(module: str) -> Path | None:
+    top, *rest = module.split(".")
+    base = {"training": ROOT / "training", "longrun": ROOT / "plugins" / "longrun"}.get(top)
+    if base is None:
+        return None
+    path = base.joinpath(*rest)
+    if (path / "__init__.py").exists():
+        return path / "__init__.py"
+    return path.with_suffix(".py") if path.with_suffix(".py").exists() else None
+
+
+def _defined_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _second_hand_imports(path: Path) -> list[str]:
+    """`from M import n` in `path` where M (of this repo, not a facade) does not define n itself."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+            continue
+        if node.module in FACADES or (source := _module_file(node.module)) is None:
+            continue
+        defined = _defined_names(source)
+        for alias in node.names:
+            if alias.name not in defined and _module_file(f"{node.module}.{alias.name}") is None:
+                found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+    return found
+
+
+def test_every_name_is_imported_from_where_it_is_defined() -> None:
+    offenders = []
+    for top in ("plugins/longrun", "training", "dags", "tests", "bench"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if "fixtures" not in path.parts:
+                offenders += [f"{path.relative_to(ROOT)}:{hit}" for hit in _second_hand_imports(path)]
+    assert not offenders, "import these from the module that defines them:\n" + "\n".join(offenders)
+
+
+def test_the_second_hand_import_check_sees_one(tmp_path: Path) -> None:
+    planted = tmp_path / "x.py"
+    planted.write_text(
+        "from training.store.factory import ObjectStore\nfrom training.store.interface import NotFound\n"
+    )
+    assert _second_hand_imports(planted) == ["1: from training.store.factory import ObjectStore"]

@@ -194,8 +194,8 @@ def test_stack_env_prints_exactly_the_contracted_exports(
     """`env` on a fresh state dir, no process started: each component reports its client env once its
     files exist, so create them the way `up` would first (generated credentials and password; the Slurm
     config only needs to exist for `env`)."""
-    from longrun.stack import Stack
     from longrun.stack.layout import NODES, PARTITION
+    from longrun.stack.stack import Stack
 
     assert NODES == ("n1", "n2", "n3", "n4")
     assert PARTITION == "debug"

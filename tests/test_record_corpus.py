@@ -31,9 +31,10 @@ from longrun.nodes.outcome import NodeProbe, NodeReturn
 from training.checkpoint import upload
 from training.checkpoint.manifest import read_manifest
 from training.events import EventWriter
-from training.records import KINDS, CheckRecord, Manifest
-from training.records import Incident as IncidentRecord
+from training.records import KINDS
 from training.records.diagnosis import ProbeResult
+from training.records.job import CheckRecord, Manifest
+from training.records.orchestrator import Incident as IncidentRecord
 from training.spares.directive import Directive
 from training.store.interface import NotFound, ObjectInfo, PreconditionFailed, put_json
 

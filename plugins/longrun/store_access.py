@@ -17,9 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from training.store.sides import JOB, ORCHESTRATOR, SidedStore, side_of
-
-__all__ = ["JOB", "ORCHESTRATOR", "JOB_KEY_ENV", "SidedStore", "job_store_env", "side_of", "two_sided"]
+__all__ = ["JOB_KEY_ENV", "job_store_env", "two_sided"]
 
 #: Where the orchestrator finds the job identity's keys (never exported to a job under these names).
 JOB_KEY_ENV = ("LONGRUN_JOB_ACCESS_KEY_ID", "LONGRUN_JOB_SECRET_ACCESS_KEY")

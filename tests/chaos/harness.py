@@ -20,7 +20,8 @@ import sqlalchemy as sa
 from helpers import airflow_db
 from longrun.dagrun_ids import attempt_run_id, incident_run_id
 from longrun.slurm.client import SlurmClient
-from longrun.stack import Stack, procs
+from longrun.stack import procs
+from longrun.stack.stack import Stack
 
 from training.records import schema
 from training.store.interface import ObjectStore

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from longrun.stack import NODES, PARTITION, Stack, StackError
-from longrun.stack.layout import SLOT_WIDTH, Layout, ports_in_use
+from longrun.stack.layout import NODES, PARTITION, SLOT_WIDTH, Layout, ports_in_use
+from longrun.stack.procs import StackError
+from longrun.stack.stack import Stack
 
 TEST_PORT_BASES = tuple(22000 + SLOT_WIDTH * i for i in range(5))
 """Port bases for test sessions (the default stack uses 21800); all keep SeaweedFS's gRPC ports < 32768."""

@@ -62,8 +62,8 @@ def _job(tmp: Path, partition: str) -> JobSpec:
         f'if [ "$LONGRUN_ATTEMPT" = 0 ]; then touch {out}/verdict; exit 93; fi; '
         f"{py} {out}/segment.py {out}/store; sleep 300"
     )
-    # The job runs until the test's fixture cancels it, not for a fixed time the test must finish in
-    # (was `sleep 5` after the segment, and a 60 s wait for the directive): a loaded host may be slow.
+    # The job runs until the test's fixture cancels it, not for a fixed time the test must finish in:
+    # a loaded host may be slow.
     command = (
         f"{py} -m training.spares.supervisor --run-name ij --width 2 --spares 1 --wait-s 240 --poll-s 0.2"
         f" --step {shlex.quote(step)}"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 from longrun.slurm.models import JobState, JobStatus
-from longrun.slurm.outcomes import SDC_EXIT_CODE, TABLE, Kind, classify, held_after_failed_launch
+from longrun.slurm.outcomes import TABLE, Kind, classify, held_after_failed_launch
+
+from training.records.schema import EXIT_SDC_VERDICT as SDC_EXIT_CODE
 
 
 def state(status, exit_code=None, restarts=0):

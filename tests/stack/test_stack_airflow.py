@@ -8,8 +8,8 @@ import requests
 from helpers.airflow_api import AirflowApi
 from helpers.stack_fixtures import AirflowStack
 from longrun.airflow_rest import AirflowRest
-from longrun.stack import Stack
 from longrun.stack.airflow import DAEMONS, torch_mapped
+from longrun.stack.stack import Stack
 
 from .listening import listeners, process_group_pids
 

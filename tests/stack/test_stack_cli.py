@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from helpers.stack_fixtures import claim_port_base
-from longrun.stack import Stack
 from longrun.stack.layout import SLOT_WIDTH, Layout
+from longrun.stack.stack import Stack
 
 from .listening import listeners, process_group_pids
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from helpers.airflow_api import AirflowApi
 from helpers.stack_fixtures import claim_port_base
-from longrun.stack import Stack, procs
+from longrun.stack import procs
 from longrun.stack.layout import Layout
 from longrun.stack.postgres import IDLE_IN_TRANSACTION_TIMEOUT
+from longrun.stack.stack import Stack
 
 from .listening import listeners, process_group_pids
 

@@ -37,8 +37,6 @@ from typing import Any
 
 import torch
 
-from training.checkpoint.load import LoadedCheckpoint, load_checkpoint
-from training.checkpoint.manifest import EXTRA_FILE, MANIFEST_FILE, MODEL_FILE, OPTIM_FILE, CheckpointError
 from training.checkpoint.settings import CALLER_FIELDS, SaveResult, SaverSettings
 from training.checkpoint.snapshot_queue import STOP, PendingSave, SnapshotQueue
 from training.checkpoint.upload import UploadJob, lower_priority, save_record, write_save_record
@@ -49,18 +47,7 @@ from training.records.job import Save
 from training.store.factory import store_spec
 from training.store.interface import ObjectStore
 
-__all__ = [
-    "CheckpointError",
-    "CheckpointSaver",
-    "LoadedCheckpoint",
-    "SaveResult",
-    "SaverSettings",
-    "load_checkpoint",
-    "EXTRA_FILE",
-    "MANIFEST_FILE",
-    "MODEL_FILE",
-    "OPTIM_FILE",
-]
+__all__ = ["CheckpointSaver"]
 
 log = logging.getLogger(__name__)
 

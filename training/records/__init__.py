@@ -21,16 +21,14 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from training.records.alert import Alert, AlertRef, World
+from training.records.alert import Alert
 from training.records.base import Record, RecordType
-from training.records.job import CheckRecord, FileEntry, Manifest, Progress, Report, ReportOrchestrator, Save
+from training.records.job import CheckRecord, Manifest, Progress, Report, Save
 from training.records.orchestrator import (
     Incident,
-    IncidentStatus,
     Pick,
     Promotion,
     SuspectMark,
-    TimelineEvent,
     Validation,
 )
 from training.records.schema import SchemaError
@@ -107,29 +105,4 @@ def loads(kind: str, data: bytes | str) -> RecordType:
     return parse(kind, obj)
 
 
-__all__ = [
-    "KINDS",
-    "SCHEMA_KINDS",
-    "Alert",
-    "AlertRef",
-    "CheckRecord",
-    "FileEntry",
-    "Incident",
-    "IncidentStatus",
-    "Manifest",
-    "Pick",
-    "Progress",
-    "Promotion",
-    "Record",
-    "RecordType",
-    "Report",
-    "ReportOrchestrator",
-    "Save",
-    "SchemaError",
-    "SuspectMark",
-    "TimelineEvent",
-    "Validation",
-    "World",
-    "loads",
-    "parse",
-]
+__all__ = ["KINDS", "SCHEMA_KINDS", "loads", "parse"]

@@ -204,4 +204,4 @@ class DcgmSummary:
         )
 
 
-__all__ = ["DcgmFailed", "DcgmSummary", "Diagnosis", "NodeCheck", "Part", "Probe", "ProbeResult"]
+__all__ = ["DcgmFailed", "DcgmSummary", "Diagnosis", "NodeCheck", "Probe", "ProbeResult"]

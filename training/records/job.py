@@ -9,7 +9,7 @@ from typing import Any, Self
 
 from training.records import schema
 from training.records.alert import World
-from training.records.base import Record, now
+from training.records.base import Record
 from training.records.fields import ints, opt_bool, opt_dict, opt_float, opt_int, opt_str, strs
 from training.records.schema import SchemaError
 
@@ -211,13 +211,4 @@ class ReportOrchestrator:
         )
 
 
-__all__ = [
-    "CheckRecord",
-    "FileEntry",
-    "Manifest",
-    "Progress",
-    "Report",
-    "ReportOrchestrator",
-    "Save",
-    "now",
-]
+__all__ = ["CheckRecord", "FileEntry", "Manifest", "Progress", "Report", "ReportOrchestrator", "Save"]

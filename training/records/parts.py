@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from training.records.base import Part
-from training.records.fields import ints, opt_int, opt_obj
+from training.records.fields import ints, opt_int
 
 
 def opt_ints(kind: str, obj: Mapping[str, Any], name: str) -> tuple[int, ...] | None:
@@ -41,4 +40,4 @@ PART = dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 """The dataclass decorator of a part (eq=False: parts compare by their JSON, Part.__eq__)."""
 
 
-__all__ = ["PART", "Part", "opt_ints", "opt_job_id", "opt_obj"]
+__all__ = ["PART", "opt_ints", "opt_job_id"]

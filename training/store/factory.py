@@ -12,39 +12,12 @@ import os
 from typing import Any
 
 from training.store.interface import (
-    NotFound,
-    ObjectInfo,
     ObjectStore,
-    PreconditionFailed,
-    StoreAuthError,
     StoreConfigError,
-    StoreError,
-    StoreTerminal,
-    StoreUnavailable,
-    get_json,
-    put_json,
-    sha256_file,
 )
 from training.store.local import LocalDirStore
 
-__all__ = [
-    "LocalDirStore",
-    "NotFound",
-    "ObjectInfo",
-    "ObjectStore",
-    "PreconditionFailed",
-    "StoreAuthError",
-    "StoreConfigError",
-    "StoreError",
-    "StoreTerminal",
-    "StoreUnavailable",
-    "get_json",
-    "put_json",
-    "sha256_file",
-    "store_from_env",
-    "store_from_spec",
-    "store_spec",
-]
+__all__ = ["store_from_env", "store_from_spec", "store_spec"]
 
 
 def store_spec(store: ObjectStore) -> dict[str, Any] | None:

@@ -1,4 +1,4 @@
-"""Where the reservation path's diagnosis gets the probe's reference, in order (issue 14):
+"""Where the reservation path's diagnosis gets the probe's reference, in order:
 
 1. the one this incident recorded (an earlier try), 2. the partition's cached one
    (probe_reference.checked_reference: a garbled, foreign or self-referential cached object is never used),

@@ -90,7 +90,7 @@ def _reference(
     python: str | None,
 ) -> dict[str, Any]:
     # Always computed now, never read back from the store: a node returns to service only on a comparison
-    # with a reference run on a healthy node (a stored one could be forged; docs/reliability.md, issue 14).
+    # with a reference run on a healthy node (a stored one could be forged; docs/reliability.md).
     healthy = diagnose.pick_healthy(client.nodes(), exclude=[node])
     if healthy is None:
         raise RuntimeError(f"no healthy idle node to compute the probe's reference on; {node} stays drained")

@@ -2,9 +2,3 @@
 
 `longrun stack up|down|status|env` is the command; `Stack` is the Python API behind it.
 """
-
-from .layout import COMPONENTS, NODES, PARTITION, Layout, default_state_dir
-from .procs import StackError
-from .stack import Stack
-
-__all__ = ["COMPONENTS", "NODES", "PARTITION", "Layout", "Stack", "StackError", "default_state_dir"]
