@@ -8,6 +8,24 @@ the job bucket and only read its runs' directives in the orchestrator bucket.
 Without an identities file SeaweedFS accepts any key, so one is always written (0600, in the state
 dir, keys generated on first start and kept with the data). Every port is set explicitly; each also
 opens its port + 10000 for gRPC, which the layout keeps inside the stack's range.
+
+One door (docs/security.md "One door into the store"): the S3 gateway is the only way to the data. Behind
+it SeaweedFS answers on its own ports without credentials unless told otherwise, so `weed` starts with
+`-config_dir=<state>/s3/security`, whose `security.toml` (0600, rewritten at each start from keys and
+certificates generated on first start and kept there) sets:
+
+- JWT signing keys: `[jwt.signing]` / `[jwt.signing.read]` (the volume server writes and reads only with a
+  token the master or filer signed for that file id) and `[jwt.filer_signing]` / `[jwt.filer_signing.read]`
+  (the filer's HTTP API only with a token the S3 gateway signed);
+- mutual TLS on every gRPC port (`[grpc]` CA, one certificate every component serves and dials with,
+  the CA's key never written):
+  without it anyone on the host may call the filer's and master's gRPC services (`weed filer.copy` wrote
+  into the orchestrator bucket).
+
+and the flags `-disableHttp` (the master's HTTP API, which hands out write tokens at `/dir/assign` and
+deletes collections at `/col/delete` to anyone, and the filer's; the gateway uses neither) and
+`-admin.ui=false` (the admin UI uploads files and manages S3 users without a login). `WEED_*` variables
+are not passed on: each would override its key in security.toml.
 """
 
 from __future__ import annotations
@@ -20,6 +38,8 @@ import string
 import sys
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime, timedelta
+from ipaddress import ip_address
 from pathlib import Path
 
 from . import procs
@@ -51,6 +71,8 @@ class S3(Component):
         self.job_creds_path = self.dir / "job-credentials.json"
         self.identities_path = self.dir / "identities.json"
         self.log = self.dir / "weed.log"
+        self.security_dir = self.dir / "security"
+        """weed's -config_dir: security.toml, the JWT keys, the gRPC certificates (all 0600, dir 0700)."""
 
     @staticmethod
     def _keys(path: Path, id_prefix: str) -> dict[str, str]:
@@ -155,6 +177,133 @@ class S3(Component):
         ]
         return json.dumps({"identities": idents}, indent=1) + "\n"
 
+    # ---- one door: JWT keys and gRPC mTLS (see the module docstring) --------------------------------
+
+    JWT_SECTIONS = ("jwt.signing", "jwt.signing.read", "jwt.filer_signing", "jwt.filer_signing.read")
+    GRPC_COMPONENTS = ("master", "volume", "filer", "s3", "admin", "worker", "msg_broker", "msg_agent", "mq")
+    """Every [grpc.<component>] of `weed scaffold -config=security`; [grpc.client] is set apart."""
+    JWT_EXPIRES_S = 10
+
+    def _jwt_keys(self) -> dict[str, str]:
+        """One HMAC key per JWT section (generated on first use, then kept with the data)."""
+        path = self.security_dir / "jwt-keys.json"
+        if path.exists():
+            keys = json.loads(path.read_text())
+            if set(keys) == set(self.JWT_SECTIONS) and all(keys.values()):
+                return keys
+        keys = {section: secrets.token_urlsafe(32) for section in self.JWT_SECTIONS}
+        self._private_dir()
+        write_private(path, json.dumps(keys, indent=1) + "\n")
+        return keys
+
+    def _grpc_tls(self) -> dict[str, Path]:
+        """A private CA's certificate and one certificate (server and client) signed by it, for every
+        gRPC listener and dialer of this weed: generated on first use, then kept. The CA's key is never
+        written, so nothing can sign another certificate this weed accepts."""
+        paths = {n: self.security_dir / f"grpc-{n}.pem" for n in ("ca", "cert", "key")}
+        if all(p.exists() for p in paths.values()):
+            return paths
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        self._private_dir()
+        now = datetime.now(UTC)
+        start, end = now - timedelta(hours=1), now + timedelta(days=3650)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "longrun stack s3 grpc ca")])
+        ca = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name)
+            .issuer_name(ca_name)
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "longrun stack weed")]))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            )
+            .add_extension(
+                x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ip_address(HOST))]),
+                critical=False,
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+        pem = serialization.Encoding.PEM
+        key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        # the key first: a half-written set (no CA file) is made again as a whole next time
+        write_private(paths["key"], key_pem.decode())
+        write_private(paths["cert"], cert.public_bytes(pem).decode())
+        write_private(paths["ca"], ca.public_bytes(pem).decode())
+        return paths
+
+    def security_toml(self) -> str:
+        """weed's security.toml: the JWT keys and gRPC mTLS of this stack (written by `up`)."""
+        keys, tls = self._jwt_keys(), self._grpc_tls()
+
+        def q(value: str) -> str:
+            return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+
+        lines = ["# Written by longrun's stack (longrun.stack.s3) at each start; edits are lost.", ""]
+        for section in self.JWT_SECTIONS:
+            lines += [
+                f"[{section}]",
+                f"key = {q(keys[section])}",
+                f"expires_after_seconds = {self.JWT_EXPIRES_S}",
+                "",
+            ]
+        lines += ["[grpc]", f"ca = {q(str(tls['ca']))}", ""]
+        cert, key = q(str(tls["cert"])), q(str(tls["key"]))
+        for comp in self.GRPC_COMPONENTS:
+            lines += [
+                f"[grpc.{comp}]",
+                f"cert = {cert}",
+                f"key = {key}",
+                f"client_cert = {cert}",
+                f"client_key = {key}",
+                "",
+            ]
+        lines += ["[grpc.client]", f"cert = {cert}", f"key = {key}", ""]
+        return "\n".join(lines)
+
+    def _private_dir(self) -> None:
+        self.security_dir.mkdir(parents=True, exist_ok=True)
+        self.security_dir.chmod(0o700)
+
+    def _write_security(self) -> None:
+        text = self.security_toml()
+        self._private_dir()
+        write_private(self.security_dir / "security.toml", text)
+
     def up(self, say: Say) -> None:
         self.forget_dead()
         if self.live_record("weed") and self._answers():
@@ -163,9 +312,12 @@ class S3(Component):
         data = self.dir / "data"
         data.mkdir(parents=True, exist_ok=True)
         write_private(self.identities_path, self._identities())
+        self._write_security()
         ports = self.layout.weed_ports
         argv = [
             find_weed(),
+            # A global flag: searched before ./, $HOME/.seaweedfs and /etc/seaweedfs.
+            f"-config_dir={self.security_dir}",
             "mini",
             f"-dir={data}",
             f"-ip={HOST}",
@@ -174,6 +326,9 @@ class S3(Component):
             f"-bucket={self.layout.bucket},{self.orch_bucket}",
             "-webdav=false",
             "-master.telemetry=false",
+            # One door (module docstring): no master or filer HTTP API, no admin UI.
+            "-disableHttp",
+            "-admin.ui=false",
             # Its default lives in /tmp, shared with any other SeaweedFS on the host.
             f"-filer.localSocket={self.dir / 'filer.sock'}",
         ]
@@ -181,7 +336,8 @@ class S3(Component):
         # regardless of an explicit gRPC flag.
         argv += [f"-{name}.port={port}" for name, port in ports.items() if "." not in name]
         argv += [f"-{name.replace('.', '.port.')}={port}" for name, port in ports.items() if "." in name]
-        rec = procs.spawn(name="weed", argv=argv, log=self.log, env=os.environ, cwd=self.dir)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WEED_")}
+        rec = procs.spawn(name="weed", argv=argv, log=self.log, env=env, cwd=self.dir)
         self._record(rec)
         took = procs.wait_for(
             self._answers, what="s3 (weed)", timeout=READY_TIMEOUT_S, log=self.log, watch=[rec]
