@@ -254,3 +254,45 @@ def test_the_second_hand_import_check_sees_one(tmp_path: Path) -> None:
         "from training.store.factory import ObjectStore\nfrom training.store.interface import NotFound\n"
     )
     assert _second_hand_imports(planted) == ["1: from training.store.factory import ObjectStore"]
+
+
+# --- no long function without a reason ---
+
+#: A function longer than this many lines (def to end, nested functions counted in their parent) says
+#: why it is one function, in its docstring.
+LONG_FUNCTION_LINES = 60
+WHY_ONE_FUNCTION = "Why one function:"
+
+
+def _long_functions_without_why(source: str) -> list[str]:
+    """(line: name, length) of every function or method in `source` over LONG_FUNCTION_LINES lines whose
+    docstring does not say why it is one function."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > LONG_FUNCTION_LINES and WHY_ONE_FUNCTION not in (ast.get_docstring(node) or ""):
+                found.append(f"{node.lineno}: {node.name} ({length} lines)")
+    return found
+
+
+def test_long_functions_say_why() -> None:
+    offenders = []
+    for top in ("plugins/longrun", "training"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            offenders += [f"{rel}:{hit}" for hit in _long_functions_without_why(path.read_text())]
+    assert not offenders, (
+        f"split these, or say in the docstring ({WHY_ONE_FUNCTION} ...) why each is one function:\n"
+        + "\n".join(offenders)
+    )
+
+
+def test_the_long_function_check_sees_one() -> None:
+    def planted(lines: int, doc: str = "Does much.") -> str:
+        """A function of `lines` lines: the def, a one-line docstring, then assignments."""
+        return f'def long():\n    """{doc}"""\n' + "".join(f"    x{i} = {i}\n" for i in range(lines - 2))
+
+    assert _long_functions_without_why(planted(61)) == ["1: long (61 lines)"]
+    assert _long_functions_without_why(planted(60)) == []
+    assert _long_functions_without_why(planted(61, f"Does much. {WHY_ONE_FUNCTION} a table.")) == []

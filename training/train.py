@@ -50,6 +50,9 @@ log = logging.getLogger("training.train")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The trainer's command line; every flag defaults to the job environment longrun's launch exports.
+
+    Why one function: it is the argument table, one `add_argument` per flag in `--help` order."""
     p = argparse.ArgumentParser(prog="longrun-train", description=__doc__.split("\n\n")[0])
     # `--run` is the old spelling, kept for direct starts; behind torchrun or ft_launcher it reads as an
     # ambiguous abbreviation of their `--run-path`, so launchers pass `--run-name` (docs/contracts.md).

@@ -22,7 +22,7 @@ import time
 from longrun.airflow_rest import AirflowApiError
 from longrun.drill import DRILL_CONF, DrillError, Rest, prepare, return_to_service, run_drill
 from longrun.slurm.factory import make_client
-from longrun.stack import Stack
+from longrun.stack.stack import Stack
 from training.records import schema
 from training.store.factory import store_from_env
 from training.store.interface import NotFound, get_json
@@ -33,6 +33,10 @@ def say(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Bring the stack up, run (or reuse) the clean reference run, run the drill, and print the summary.
+
+    Why one function: it is the demo's script, its numbered sections printed in the order they run and
+    sharing the stack's environment, client and store; it reads top to bottom as the demo does."""
     p = argparse.ArgumentParser(prog="python -m longrun.demo", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--kind", default="sick-node", choices=("sick-node", "weight-flip", "nan"), help="the drill"

@@ -279,6 +279,14 @@ def run_drill(
         result.dag_runs.append(("training_run", attempt_run, state))
         if state != "success":
             raise DrillError(f"training_run {attempt_run} ended {state}: {result.summary()}")
+    _fill_from_report(store, run, result)
+    result.wall_s = round(time.monotonic() - t0, 1)
+    return result
+
+
+def _fill_from_report(store: ObjectStore, run: str, result: DrillResult) -> None:
+    """Fill `result` from the run's report (final fingerprint and step, promoted steps, segments), and
+    read the incident record again: the relaunch's finish added the recovery to it."""
     view = RunView(store, run)
     report = view.report
     if report is None:
@@ -289,5 +297,3 @@ def run_drill(
     result.segments = list(report.orchestrator.segments)
     if result.incident:  # the relaunch's finish added the recovery to the incident record
         result.incident = _incident(store, run)
-    result.wall_s = round(time.monotonic() - t0, 1)
-    return result

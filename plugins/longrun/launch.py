@@ -66,6 +66,60 @@ def _launcher_for(python: str) -> str:
     return posixpath.join(posixpath.dirname(python), "ft_launcher") if "/" in python else "ft_launcher"
 
 
+def _launch_script(
+    run: RunSpec, *, run_dir: str, python: str, launcher: str, nvrx: NvrxLaunch, store_flag: str
+) -> list[str]:
+    """The batch script of a launch without spares: one ft_launcher per node (rendezvous on the first
+    node), then the launch's SDC verdict turned into exit 93."""
+    q = shlex.quote
+    ft_args = [
+        f"--nnodes={run.nodes}",
+        f"--nproc-per-node={run.ranks_per_node}",
+        "--rdzv-backend=c10d",
+        '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
+        '--rdzv-id="$SLURM_JOB_ID"',
+        f"--max-restarts={run.max_restarts}",
+        *nvrx.flags(),
+    ]
+    # The entrypoint and its own arguments only: longrun's settings travel in the environment below.
+    entry = ep.launcher_args(run.entrypoint, run.entrypoint_args)
+    once = {ENV_FAULTS: run.drill.flag()} if run.drill else {}  # a relaunch has no drill (RunSpec.relaunch)
+    if run.resume_from:
+        once[ENV_RESUME_FROM] = run.resume_from
+    command = [
+        "set -uo pipefail",
+        f"RUN_DIR={q(run_dir)}",
+        "# The entrypoint's settings (docs/contracts.md, the job's environment): only what this launch sets.",
+        f"unset {' '.join(ep.SOMETIMES_ENV)}",
+        *ep.export_lines({**run.job_env(run_dir=run_dir), **once}),
+        "# Checkpoints and alerts of this launch are those written after this moment (training.nvrx).",
+        "export LONGRUN_LAUNCH_T0=$(date +%s)",
+        'mkdir -p "$RUN_DIR"',
+        "# Every node may share one host name (several slurmd on one host): use the first node's NodeAddr.",
+        'FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "MASTER_ADDR=$(scontrol -o show node \"$FIRST_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
+        'if [ -z "$MASTER_ADDR" ]; then echo "longrun: no NodeAddr for $FIRST_NODE" >&2; exit 1; fi',
+        f"MASTER_PORT=$(({ports.rendezvous_port_bash(base=nvrx.port_base, span=nvrx.port_span)}))",
+        "export MASTER_ADDR MASTER_PORT",
+        'echo "longrun: job $SLURM_JOB_ID (slurm restart ${SLURM_RESTART_COUNT:-0}) rendezvous'
+        ' $MASTER_ADDR:$MASTER_PORT on $SLURM_JOB_NODELIST"',
+        "# One ft_launcher per node; only the first node hosts the rendezvous store (PET_RDZV_CONF is"
+        " ft_launcher's --rdzv-conf, set per node).",
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c"
+        ' \'PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) exec "$0" "$@"\' '
+        f"{q(launcher)} {' '.join(ft_args)} {entry}",
+        "rc=$?",
+        f'if {q(python)} -m training.nvrx launch-verdict --run-dir "$RUN_DIR" --run {q(run.run_name)}'
+        f' --since "$LONGRUN_LAUNCH_T0"{store_flag}; then',
+        '  echo "longrun: SDC verdict in this launch (ft_launcher exit $rc): exit 93"',
+        "  exit 93",
+        "fi",
+        'echo "longrun: ft_launcher exit $rc"',
+        'exit "$rc"',
+    ]
+    return command
+
+
 def job_spec_for_run(
     run: RunSpec,
     *,
@@ -94,54 +148,11 @@ def job_spec_for_run(
                 where, reserved, "the job environment's LONGRUN_* settings come from the run"
             )
     run_dir = run_dir_for(run, run_dir_root)
-    q = shlex.quote
     launcher = _launcher_for(python)
-    ft_args = [
-        f"--nnodes={run.nodes}",
-        f"--nproc-per-node={run.ranks_per_node}",
-        "--rdzv-backend=c10d",
-        '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
-        '--rdzv-id="$SLURM_JOB_ID"',
-        f"--max-restarts={run.max_restarts}",
-        *nvrx.flags(),
-    ]
-    # The entrypoint and its own arguments only: longrun's settings travel in the environment below.
-    entry = ep.launcher_args(run.entrypoint, run.entrypoint_args)
     store = " --store" if env.get("AWS_ENDPOINT_URL") or env.get("LONGRUN_STORE_DIR") else ""
-    once = {ENV_FAULTS: run.drill.flag()} if run.drill else {}  # a relaunch has no drill (RunSpec.relaunch)
-    if run.resume_from:
-        once[ENV_RESUME_FROM] = run.resume_from
-    command = [
-        "set -uo pipefail",
-        f"RUN_DIR={q(run_dir)}",
-        "# The entrypoint's settings (docs/contracts.md, the job's environment): only what this launch sets.",
-        f"unset {' '.join(ep.SOMETIMES_ENV)}",
-        *ep.export_lines({**run.job_env(run_dir=run_dir), **once}),
-        "# Checkpoints and alerts of this launch are those written after this moment (training.nvrx).",
-        "export LONGRUN_LAUNCH_T0=$(date +%s)",
-        'mkdir -p "$RUN_DIR"',
-        "# Every node may share one host name (several slurmd on one host): use the first node's NodeAddr.",
-        'FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "MASTER_ADDR=$(scontrol -o show node \"$FIRST_NODE\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
-        'if [ -z "$MASTER_ADDR" ]; then echo "longrun: no NodeAddr for $FIRST_NODE" >&2; exit 1; fi',
-        f"MASTER_PORT=$(({ports.rendezvous_port_bash(base=nvrx.port_base, span=nvrx.port_span)}))",
-        "export MASTER_ADDR MASTER_PORT",
-        'echo "longrun: job $SLURM_JOB_ID (slurm restart ${SLURM_RESTART_COUNT:-0}) rendezvous'
-        ' $MASTER_ADDR:$MASTER_PORT on $SLURM_JOB_NODELIST"',
-        "# One ft_launcher per node; only the first node hosts the rendezvous store (PET_RDZV_CONF is"
-        " ft_launcher's --rdzv-conf, set per node).",
-        "srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c"
-        ' \'PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) exec "$0" "$@"\' '
-        f"{q(launcher)} {' '.join(ft_args)} {entry}",
-        "rc=$?",
-        f'if {q(python)} -m training.nvrx launch-verdict --run-dir "$RUN_DIR" --run {q(run.run_name)}'
-        f' --since "$LONGRUN_LAUNCH_T0"{store}; then',
-        '  echo "longrun: SDC verdict in this launch (ft_launcher exit $rc): exit 93"',
-        "  exit 93",
-        "fi",
-        'echo "longrun: ft_launcher exit $rc"',
-        'exit "$rc"',
-    ]
+    command = _launch_script(
+        run, run_dir=run_dir, python=python, launcher=launcher, nvrx=nvrx, store_flag=store
+    )
     if run.spare_nodes:  # the job keeps its allocation after an SDC verdict (longrun.hotspare)
         command = hotspare.supervised_command(
             run, run_dir=run_dir, python=python, launcher=launcher, nvrx=nvrx, store_flag=store

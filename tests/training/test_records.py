@@ -11,8 +11,8 @@ import pytest
 
 from training import records
 from training.records import schema
-from training.records.alert import Alert, World
-from training.records.job import Manifest
+from training.records.alert import Alert, AlertRef, World
+from training.records.job import CheckRecord, Manifest
 from training.records.orchestrator import (
     Incident,
     IncidentStatus,
@@ -294,7 +294,7 @@ def test_the_registry_does_not_pull_in_the_orchestrator() -> None:
     ],
 )
 def test_an_alert_copy_reads_tolerantly_and_never_raises(obj: Any, want: tuple) -> None:
-    ref = records.AlertRef.from_json(obj)
+    ref = AlertRef.from_json(obj)
     assert (ref.step, ref.check, ref.suspect_nodes, ref.time) == want
 
 
@@ -302,12 +302,12 @@ def test_an_incident_reads_its_partial_alert_copy_tolerantly() -> None:
     rec = schema.record(
         "incident", run="r1", incident_id="i", alert={"step": 9, "check": 3}, timeline=[], mode="act"
     )
-    ref = records.Incident.from_json(rec).alert_ref
+    ref = Incident.from_json(rec).alert_ref
     assert (ref.step, ref.check, ref.suspect_nodes) == (9, None, ())
 
 
 def test_a_check_records_vote_evidence_reads_as_attributes() -> None:
-    def check(evidence: dict) -> records.CheckRecord:
+    def check(evidence: dict) -> CheckRecord:
         rec = schema.record(
             "check",
             run="r",
@@ -318,7 +318,7 @@ def test_a_check_records_vote_evidence_reads_as_attributes() -> None:
             duration_s=0.1,
             evidence=evidence,
         )
-        return records.CheckRecord.from_json(rec)
+        return CheckRecord.from_json(rec)
 
     rec = check({"replicas": 4, "fingerprints_by_rank": {"0": "a", "1": "b"}})
     assert rec.replicas == 4 and rec.fingerprints_by_rank == {"0": "a", "1": "b"}
@@ -339,7 +339,7 @@ def test_an_alert_names_the_nodes_its_evidence_lists(evidence: dict, want: tuple
     alert = schema.record(
         "alert", run="r1", step=3, check="finite", suspect_ranks=[0], suspect_nodes=["n1"], evidence=evidence
     )
-    assert records.Alert.from_json(alert).evidence_nodes == want
+    assert Alert.from_json(alert).evidence_nodes == want
 
 
 @pytest.mark.parametrize(
@@ -355,7 +355,7 @@ def test_an_alert_names_the_nodes_its_evidence_lists(evidence: dict, want: tuple
     ],
 )
 def test_an_alert_copy_reads_its_world_size_tolerantly(obj: Any, want: int | None) -> None:
-    assert records.AlertRef.from_json(obj).world_size == want
+    assert AlertRef.from_json(obj).world_size == want
 
 
 def test_a_pick_as_pick_pre_incident_writes_it_reads_back(tmp_path: Any) -> None:

@@ -102,6 +102,12 @@ class Guard:
     """One rank's guard of a training run; see the module docstring for the step order."""
 
     def __init__(self, cfg: GuardConfig, *, faults: Sequence[Fault] | None = None) -> None:
+        """Join (or check) the process group, start NVRx, and open the run's records and resume point.
+
+        Why one function: it is the rank's start-up sequence, and its order is the contract: every rank
+        makes the same collectives in the same order (the node gather, the knob gather), a standby claims
+        nothing before its directive, NVRx's restart count decides the faults and the resume point. Each
+        step uses what the ones before it set; it reads top to bottom."""
         self.cfg = cfg
         torch.set_num_threads(cfg.threads)
         if cfg.checks.recompute_loss_rtol == 0:
@@ -196,7 +202,11 @@ class Guard:
     ) -> DistributedDataParallel:
         """Resume (weights, optimizer, scheduler, every object in `state`, this rank's RNG) from the resume
         point, hook the drills into `model`, and wrap it in DDP with longrun's communication hook. Returns
-        the DDP module; `loss_fn` gets it in the real pass and the unwrapped `model` in a recompute."""
+        the DDP module; `loss_fn` gets it in the real pass and the unwrapped `model` in a recompute.
+
+        Why one function: it is one ordered set-up sequence (resume, records and segment, the drills' hooks,
+        DDP and its communication hook, the segment record, saves, an earlier verdict's exit), each step
+        using what the ones before it set on the guard; it reads top to bottom."""
         if self._records is not None:
             raise RuntimeError("Guard.prepare() was already called")
         self.module = model.to(self.device)

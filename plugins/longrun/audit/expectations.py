@@ -69,6 +69,10 @@ def import_gx() -> Any:
 
 
 def build_expectations(cfg: AuditConfig) -> list[Any]:
+    """The audit's expectations, each tagged with the property it checks (PROPERTIES).
+
+    Why one function: it is a table, one GX expectation per property in order, with the row conditions
+    they share; splitting it would only scatter the table."""
     gx = import_gx()
     from great_expectations.expectations.row_conditions import Column
 

@@ -111,6 +111,79 @@ def _row(kind: str, run: str, key: str, **fields: Any) -> dict[str, Any]:
     return row
 
 
+def _manifest_rows(run: str, key: str, obj: dict[str, Any], time_: float | None) -> list[dict[str, Any]]:
+    """A manifest's row, then one `file` row per entry of its file list."""
+    loss = _number(obj["loss"])
+    rows = [
+        _row(
+            "manifest",
+            run,
+            key,
+            step=obj["step"],
+            time=time_,
+            loss=loss,
+            loss_finite=loss is not None and math.isfinite(loss),
+            nan_flag=nan_flag(obj),
+            vote_passed=vote_passed(obj["weight_vote"]),
+            step_matches_key=obj["step"] == schema.step_of_manifest_key(key),
+        )
+    ]
+    for i, entry in enumerate(obj["files"]):
+        f = FileEntry.shown(entry)
+        rows.append(
+            _row(
+                "file",
+                run,
+                # An entry naming no object is still reported, by its place in the manifest.
+                _file_key(run, obj["step"], entry) or f"{key}#files[{i}]",
+                step=obj["step"],
+                sha256=f.sha256 if f.sha256 is not None else "",
+                size=f.size,
+                rehashed=False,
+                manifest_key=key,
+            )
+        )
+    return rows
+
+
+def _suspect_until(obj: dict[str, Any]) -> float:
+    """The last step a suspect mark covers (`until_step`, else the alert's step); inf when it names none."""
+    until_n = _number(obj.get("until_step", obj.get("alert_step")))
+    return until_n if until_n is not None else math.inf
+
+
+def _suspect_row(run: str, key: str, obj: dict[str, Any], time_: float | None) -> dict[str, Any]:
+    until_f = _suspect_until(obj)
+    return _row(
+        "suspect",
+        run,
+        key,
+        time=time_,
+        after_step=obj["after_step"],
+        until_step=None if until_f == math.inf else int(until_f),
+    )
+
+
+def _judge_promotions(
+    promotions: list[tuple[dict[str, Any], dict[str, Any]]],
+    manifests: dict[str, dict[str, Any]],
+    etags: dict[str, str],
+    validations: dict[tuple[str, int], list[tuple[float, bool, str | None]]],
+    suspects: dict[str, list[tuple[int, float, float]]],
+) -> None:
+    """Fill each promotion row's `promoted_validated` and `in_suspect`, once every record has been read."""
+    for row, obj in promotions:
+        if not row["current"] and obj["manifest_key"] not in etags:
+            # Retention deleted this once-promoted model checkpoint; its history entry stays and vouches
+            # for nothing any more. The pointer itself must always name a present, validated one.
+            row["promoted_validated"] = None
+        else:
+            row["promoted_validated"] = _latest_ok(
+                validations.get((row["run"], row["step"]), []), etags.get(obj["manifest_key"])
+            )
+        row["in_suspect"] = _promotion_in_suspect(row, obj, manifests, suspects.get(row["run"], []))
+
+
 def build_table(store: ObjectStore) -> pd.DataFrame:
     """Read every manifest, validation, promotion, suspect and incident record in `store` into one table."""
     rows: list[dict[str, Any]] = []
@@ -130,36 +203,7 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
         if kind == "manifest":
             manifests[key] = obj
             etags[key] = info.etag
-            loss = _number(obj["loss"])
-            rows.append(
-                _row(
-                    kind,
-                    run,
-                    key,
-                    step=obj["step"],
-                    time=time_,
-                    loss=loss,
-                    loss_finite=loss is not None and math.isfinite(loss),
-                    nan_flag=nan_flag(obj),
-                    vote_passed=vote_passed(obj["weight_vote"]),
-                    step_matches_key=obj["step"] == schema.step_of_manifest_key(key),
-                )
-            )
-            for i, entry in enumerate(obj["files"]):
-                f = FileEntry.shown(entry)
-                rows.append(
-                    _row(
-                        "file",
-                        run,
-                        # An entry naming no object is still reported, by its place in the manifest.
-                        _file_key(run, obj["step"], entry) or f"{key}#files[{i}]",
-                        step=obj["step"],
-                        sha256=f.sha256 if f.sha256 is not None else "",
-                        size=f.size,
-                        rehashed=False,
-                        manifest_key=key,
-                    )
-                )
+            rows.extend(_manifest_rows(run, key, obj, time_))
         elif kind == "validation":
             etag = obj.get("manifest_etag")
             validations[(run, obj["step"])].append(
@@ -180,35 +224,14 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
             rows.append(row)
             promotions.append((row, obj))
         elif kind == "suspect":
-            until = obj.get("until_step", obj.get("alert_step"))
-            until_n = _number(until)
-            until_f = until_n if until_n is not None else math.inf
-            suspects[run].append((obj["after_step"], until_f, time_ or 0.0))
-            rows.append(
-                _row(
-                    kind,
-                    run,
-                    key,
-                    time=time_,
-                    after_step=obj["after_step"],
-                    until_step=None if until_f == math.inf else int(until_f),
-                )
-            )
+            suspects[run].append((obj["after_step"], _suspect_until(obj), time_ or 0.0))
+            rows.append(_suspect_row(run, key, obj, time_))
         else:  # incident
             rows.append(_row(kind, run, key, time=time_, incident_id=obj["incident_id"]))
 
     rows.extend(node_event_rows(store))
     _mark_step_order(rows)
-    for row, obj in promotions:
-        if not row["current"] and obj["manifest_key"] not in etags:
-            # Retention deleted this once-promoted model checkpoint; its history entry stays and vouches
-            # for nothing any more. The pointer itself must always name a present, validated one.
-            row["promoted_validated"] = None
-        else:
-            row["promoted_validated"] = _latest_ok(
-                validations.get((row["run"], row["step"]), []), etags.get(obj["manifest_key"])
-            )
-        row["in_suspect"] = _promotion_in_suspect(row, obj, manifests, suspects.get(row["run"], []))
+    _judge_promotions(promotions, manifests, etags, validations, suspects)
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     # NaN, not None, for absent numbers: GX's between-expectations skip nulls, and loss_finite catches them.
     table["loss"] = pd.to_numeric(table["loss"], errors="coerce").astype("float64")

@@ -102,6 +102,38 @@ def last_known_good(
     return out
 
 
+def _newest_usable(
+    store: ObjectStore,
+    run: str,
+    promoted: Sequence[int],
+    bound: int,
+    have: Mapping[int, catalog.Checkpoint],
+    rejected: list[str],
+) -> int | None:
+    """The newest promoted step at or before `bound` whose checkpoint is present (`have`, by step), not
+    suspect, and whose newest validation passed; each newer one passed over is added to `rejected`, with why."""
+    for s in sorted(promoted, reverse=True):
+        if s > bound:
+            continue
+        if s not in have:
+            rejected.append(f"{s}: manifest missing or unreadable")
+            continue
+        mark = catalog.suspect_mark_for(store, run, s, have[s].manifest.time)
+        if mark is not None:
+            rejected.append(f"{s}: suspect (after step {mark.after_step})")
+            continue
+        try:
+            latest = catalog.latest_validation(store, run, s)
+        except ValueError as e:  # it may be the newest: never pick past it
+            rejected.append(f"{s}: a validation does not read ({e})")
+            continue
+        if latest is None or not latest[1].ok:
+            rejected.append(f"{s}: newest validation {'missing' if latest is None else 'failed'}")
+            continue
+        return s
+    return None
+
+
 def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[str, Any]:
     """Work out the pick without writing anything: a dict with `step` (or None), `why`, and the evidence."""
     check, alert_step = _alert_fields(alert)
@@ -126,26 +158,7 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
     rejected: list[str] = []
     step: int | None = None
     if bound is not None:
-        for s in sorted(promoted, reverse=True):
-            if s > bound:
-                continue
-            if s not in have:
-                rejected.append(f"{s}: manifest missing or unreadable")
-                continue
-            mark = catalog.suspect_mark_for(store, run, s, have[s].manifest.time)
-            if mark is not None:
-                rejected.append(f"{s}: suspect (after step {mark.after_step})")
-                continue
-            try:
-                latest = catalog.latest_validation(store, run, s)
-            except ValueError as e:  # it may be the newest: never pick past it
-                rejected.append(f"{s}: a validation does not read ({e})")
-                continue
-            if latest is None or not latest[1].ok:
-                rejected.append(f"{s}: newest validation {'missing' if latest is None else 'failed'}")
-                continue
-            step = s
-            break
+        step = _newest_usable(store, run, promoted, bound, have, rejected)
     if bound is None:
         why = f"{head}; no checkpoint is provably from before the fault: {', '.join(unknown)} never passed on every rank before it"
     elif step is None:

@@ -45,13 +45,11 @@ def _nonfinite(obj: Any) -> list[str]:
     return bad
 
 
-def check_payload(
-    directory: Path, manifest: Mapping[str, Any]
-) -> tuple[list[str], list[str], dict[str, int]]:
-    """Check downloaded files against `manifest`: (errors, warnings, stats). Pure: reads `directory` only."""
-    errors: list[str] = []
-    warnings: list[str] = []
-    stats = {"files": 0, "bytes": 0, "tensors": 0}
+def _check_files(
+    directory: Path, manifest: Mapping[str, Any], errors: list[str], stats: dict[str, int]
+) -> dict[str, Any]:
+    """Check each file the manifest lists (present, size, sha256, loads with weights_only, finite), adding
+    to `errors` and `stats`; the objects of the files that loaded, by name."""
     loaded: dict[str, Any] = {}
     for f in manifest["files"]:
         name = f["name"]
@@ -79,6 +77,45 @@ def check_payload(
         loaded[name] = obj
         stats["tensors"] += sum(1 for _ in _tensors(obj))
         errors.extend(f"{name}: {b}" for b in _nonfinite(obj))
+    return loaded
+
+
+def _check_fingerprints(
+    model: Mapping[str, Any],
+    want: Mapping[str, Any],
+    manifest: Mapping[str, Any],
+    errors: list[str],
+    warnings: list[str],
+) -> None:
+    """Check the model's tensors against the manifest's fingerprints (`want`: per tensor, and combined
+    when no error was found so far), adding to `errors` and `warnings`."""
+    got = fingerprint_state(model)
+    for tname in sorted(want):
+        if tname not in got:
+            errors.append(
+                f"{MODEL_FILE}: tensor {tname!r} is in the manifest's fingerprints, not in the file"
+            )
+        elif got[tname] != want[tname]:
+            errors.append(
+                f"{MODEL_FILE}: tensor {tname!r} fingerprint {got[tname]} != manifest {want[tname]}"
+                " (the weight-vote majority at save time)"
+            )
+    uncovered = sorted(set(got) - set(want))
+    if uncovered:
+        warnings.append(f"{MODEL_FILE}: tensors without a manifest fingerprint: {uncovered[:10]}")
+    combined = manifest.get("fingerprint")
+    if isinstance(combined, str) and not errors and combine({n: got[n] for n in want}) != combined:
+        errors.append(f"{MODEL_FILE}: combined fingerprint != manifest 'fingerprint' {combined}")
+
+
+def check_payload(
+    directory: Path, manifest: Mapping[str, Any]
+) -> tuple[list[str], list[str], dict[str, int]]:
+    """Check downloaded files against `manifest`: (errors, warnings, stats). Pure: reads `directory` only."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    stats = {"files": 0, "bytes": 0, "tensors": 0}
+    loaded = _check_files(directory, manifest, errors, stats)
 
     want = manifest.get("fingerprints") or {}
     if not want:
@@ -88,23 +125,7 @@ def check_payload(
         if not isinstance(model, Mapping):
             errors.append(f"{MODEL_FILE}: expected a state dict, found {type(model).__name__}")
         else:
-            got = fingerprint_state(model)
-            for tname in sorted(want):
-                if tname not in got:
-                    errors.append(
-                        f"{MODEL_FILE}: tensor {tname!r} is in the manifest's fingerprints, not in the file"
-                    )
-                elif got[tname] != want[tname]:
-                    errors.append(
-                        f"{MODEL_FILE}: tensor {tname!r} fingerprint {got[tname]} != manifest {want[tname]}"
-                        " (the weight-vote majority at save time)"
-                    )
-            uncovered = sorted(set(got) - set(want))
-            if uncovered:
-                warnings.append(f"{MODEL_FILE}: tensors without a manifest fingerprint: {uncovered[:10]}")
-            combined = manifest.get("fingerprint")
-            if isinstance(combined, str) and not errors and combine({n: got[n] for n in want}) != combined:
-                errors.append(f"{MODEL_FILE}: combined fingerprint != manifest 'fingerprint' {combined}")
+            _check_fingerprints(model, want, manifest, errors, warnings)
     elif not any(f["name"] == MODEL_FILE for f in manifest["files"]):
         errors.append(f"manifest.json: lists no {MODEL_FILE}, so the fingerprints cannot be checked")
     loss = manifest.get("loss")

@@ -46,6 +46,12 @@ def run_diagnosis(
     timeout_s: float = 600.0,
     partition: str = "default",
 ) -> dict[str, Any]:
+    """The diagnose step (reservation path): the runner (incident/runner.py) calls `done`, then `observe`
+    or `act`.
+
+    Why one function: `done`, `observe` and `act` are the runner's callbacks for this one step and close
+    over its arguments (the node, the relaunch's nodes, the probe's settings); `act` is long for its own
+    reason (below)."""
     if inc.plan.changes:
         restore_drain(store, client, inc)  # a try that died inside the reservation left the node resumed
 
@@ -59,6 +65,12 @@ def run_diagnosis(
         )
 
     def act(rec: Rec) -> Outcome:
+        """Act mode: the probe's reference, then the diagnostic in a MAINT reservation on the node.
+
+        Why one function: it is one ordered sequence (the reference and its event, the diagnostic in
+        the MAINT reservation, the confirmation of a pass against a stored reference, the outcome). Most
+        of its length is the keyword arguments handed to reference_for, diagnose and confirm_pass, which
+        already hold the logic; each part uses what the one before found."""
         t0 = time.time()
         ref, source = reference_for(
             store,

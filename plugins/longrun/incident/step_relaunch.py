@@ -41,6 +41,11 @@ def relaunch(
     make_job: Callable[[RunSpec, JobTag], JobSpec],
     running_timeout_s: float = 300.0,
 ) -> dict[str, Any]:
+    """The relaunch step: the runner (incident/runner.py) calls `done`, then `observe` or `act`.
+
+    Why one function: `done`, `plan`, `observe` and `act` are the runner's callbacks for this one step and
+    close over its arguments (the node, the picked checkpoint, `make_job`); `act` is long for its own
+    reason (below)."""
     exclude = (node,) if node else ()
 
     def done(rec: Rec) -> dict[str, Any] | None:
@@ -64,6 +69,12 @@ def relaunch(
         )
 
     def act(rec: Rec) -> Outcome:
+        """Act mode: recover inside the kept job, else resubmit without the suspect and wait for RUNNING.
+
+        Why one function: it is one ordered sequence of Slurm calls and store writes (refuse an undrained
+        node, the in-job path, end the kept job, authenticate, reattach by the tag or submit and bind,
+        wait for RUNNING, the outcome). Each part uses what the one before found, and a rerun depends on
+        that order (the tag, the bind, `relaunch_submitted` before the wait), so it reads top to bottom."""
         if not record.has_event(rec, Event.DRAINED):
             # Our own check, not only the DAG's wiring: an approval operator skips just its direct
             # downstream on "Reject", and this task's trigger rule runs it past skipped upstreams (with no

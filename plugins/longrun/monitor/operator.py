@@ -203,50 +203,61 @@ class RunMonitorOperator(BaseOperator):
             self._emit_asset_events(context, seen.run, carry.promoted)
             raise AirflowFailException(str(ev.message))
         if ev.type == watch.ALERT:
-            assert ev.alert is not None  # MonitorEvent refuses an alert event without one
-            if not self._authentic(seen, ev):
-                self._defer(watch.handled(seen, event), carry)  # keep watching the real job
-                return None
-            a = Alert.from_json(ev.alert)
-            # Checkpoints from before the alert's step that are not gated yet are left to sdc_incident
-            # (its freeze gates them beside the attribution and the drain, its pick gates any it missed):
-            # validating one here (torch, a download, a load) held the hand-over back by seconds.
-            self._emit_asset_events(context, seen.run, carry.promoted)
-            self.log.error(
-                "SDC ALERT in run %s: %s at step %s, suspect nodes %s; handing over to sdc_incident (runbook: %s)",
-                seen.run,
-                a.check,
-                a.step,
-                list(a.suspect_nodes),
-                runbook_path(a.check),
-            )
-            return {
-                "outcome": ALERTED,
-                "run": seen.run,
-                "job_id": seen.job_id,
-                "alert_key": ev.alert_key,
-                "alert": ev.alert,
-                "seen_at": ev.at,
-                "promoted": list(carry.promoted),
-                "rejected": list(carry.rejected),
-            }
+            return self._on_alert(context, event, ev, seen, carry)
         if ev.type == watch.JOB_DONE:
-            self._emit_asset_events(context, seen.run, carry.promoted)
-            if ev.outcome != "success":
-                raise AirflowFailException(
-                    f"run {seen.run}: Slurm job ended {ev.message}"
-                    + (" without an alert record in the store" if ev.label == "sdc_verdict" else "")
-                )
-            self.log.info("run %s: job %s completed", seen.run, seen.job_id)
-            return {
-                "outcome": COMPLETED,
-                "run": seen.run,
-                "job_id": seen.job_id,
-                "state": ev.state,
-                "promoted": list(carry.promoted),
-                "rejected": list(carry.rejected),
-            }
+            return self._on_job_done(context, ev, seen, carry)
         raise AirflowFailException(f"unknown monitor event type {ev.type!r}")
+
+    def _on_alert(
+        self, context: Any, event: Any, ev: MonitorEvent, seen: watch.Seen, carry: Carry
+    ) -> dict[str, Any] | None:
+        """An alert: hand it over to sdc_incident (the task's result), or, when it is not authentic, defer
+        again past it (None)."""
+        assert ev.alert is not None  # MonitorEvent refuses an alert event without one
+        if not self._authentic(seen, ev):
+            self._defer(watch.handled(seen, event), carry)  # keep watching the real job
+            return None
+        a = Alert.from_json(ev.alert)
+        # Checkpoints from before the alert's step that are not gated yet are left to sdc_incident
+        # (its freeze gates them beside the attribution and the drain, its pick gates any it missed):
+        # validating one here (torch, a download, a load) held the hand-over back by seconds.
+        self._emit_asset_events(context, seen.run, carry.promoted)
+        self.log.error(
+            "SDC ALERT in run %s: %s at step %s, suspect nodes %s; handing over to sdc_incident (runbook: %s)",
+            seen.run,
+            a.check,
+            a.step,
+            list(a.suspect_nodes),
+            runbook_path(a.check),
+        )
+        return {
+            "outcome": ALERTED,
+            "run": seen.run,
+            "job_id": seen.job_id,
+            "alert_key": ev.alert_key,
+            "alert": ev.alert,
+            "seen_at": ev.at,
+            "promoted": list(carry.promoted),
+            "rejected": list(carry.rejected),
+        }
+
+    def _on_job_done(self, context: Any, ev: MonitorEvent, seen: watch.Seen, carry: Carry) -> dict[str, Any]:
+        """The job ended without an alert: the task's result when it succeeded, else the task fails."""
+        self._emit_asset_events(context, seen.run, carry.promoted)
+        if ev.outcome != "success":
+            raise AirflowFailException(
+                f"run {seen.run}: Slurm job ended {ev.message}"
+                + (" without an alert record in the store" if ev.label == "sdc_verdict" else "")
+            )
+        self.log.info("run %s: job %s completed", seen.run, seen.job_id)
+        return {
+            "outcome": COMPLETED,
+            "run": seen.run,
+            "job_id": seen.job_id,
+            "state": ev.state,
+            "promoted": list(carry.promoted),
+            "rejected": list(carry.rejected),
+        }
 
     def _authentic(self, seen: watch.Seen, event: MonitorEvent) -> bool:
         """Hand over only an alert signed by this job's key, about this run and job, naming nodes of its

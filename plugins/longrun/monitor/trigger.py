@@ -125,6 +125,12 @@ class RunMonitorTrigger(BaseTrigger):
         return TriggerEvent(event_json(fields, self._seen, self._carry))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Look until there is an event to fire, then fire it (one event; the module docstring says when).
+
+        Why one function: it is one polling loop whose branches (store outage, Slurm hiccup, failure, bad
+        alert, held event, back-off) each end in yield-and-return, `continue` or the next sleep, and share
+        the loop's state (seen, delay, error count, outage start, the held-event log). Moved into helpers,
+        each would have to hand that state and its control flow back to the loop."""
         seen = self._seen
         started = self._clock()
         held_logged = False

@@ -120,15 +120,9 @@ def no_records_message(seen: Seen, how: str) -> str:
     )
 
 
-def look(
-    store: ObjectStore, client: SlurmClient, seen: Seen, *, now: float | None = None
-) -> tuple[dict[str, Any] | None, Any]:
-    """(event or None, an activity key that changes while the run makes progress: for back-off)."""
-    now = time.time() if now is None else now
-    try:
-        state: JobState | None = client.job(seen.job_id)
-    except JobNotFoundError:
-        state = None  # just submitted and not visible yet
+def _new_alert(store: ObjectStore, seen: Seen) -> tuple[dict[str, Any], str] | None:
+    """(the event, its key) of the first alert under alerts/ not handled yet: an alert, or a bad_alert when
+    the object does not read as one; None when there is none (or none readable at this look)."""
     for key in alert_keys(store, seen.run):
         if key not in seen.alerts:
             try:
@@ -146,56 +140,78 @@ def look(
             except ValueError as e:  # a SchemaError, or not an object at all
                 return _bad_alert(key, NOT_AN_ALERT, e), key
             return {"type": ALERT, "alert_key": key, "alert": alert}, key
+    return None
+
+
+def _job_event(
+    store: ObjectStore, seen: Seen, state: JobState | None, prog: dict[str, Any] | None, now: float
+) -> dict[str, Any] | None:
+    """The event the job's state calls for (no_records, job_done, launch_held, stale), or None."""
+    if state is None:
+        return None
+    outcome = classify(state)
+    if outcome.kind is Kind.SUCCESS and seen.entrypoint and not wrote_records(store, seen):
+        return {
+            "type": NO_RECORDS,
+            "outcome": outcome.kind.value,
+            "label": NO_RECORDS,
+            "message": no_records_message(seen, f"ended ({state.describe()})"),
+            "state": state.to_dict(),
+        }
+    if outcome.kind is not Kind.RUNNING:
+        return {
+            "type": JOB_DONE,
+            "outcome": outcome.kind.value,
+            "label": outcome.label,
+            "message": outcome.message,
+            "state": state.to_dict(),
+        }
+    if held_after_failed_launch(state):
+        # Pending "by the table", but nothing will start it: without this the monitor waits forever.
+        return {
+            "type": LAUNCH_HELD,
+            "message": f"run {seen.run}: Slurm holds job {seen.job_id} after a failed launch"
+            f" ({state.describe()}); it will not start until it is released",
+            "state": state.to_dict(),
+        }
+    if state.status is JobStatus.RUNNING:
+        last = float(prog["time"]) if prog and isinstance(prog.get("time"), int | float) else seen.since
+        age = now - max(last, seen.since)
+        if age > seen.stale_after_s and seen.entrypoint and not wrote_records(store, seen):
+            return {
+                "type": NO_RECORDS,
+                "age_s": round(age, 1),
+                "progress": prog,
+                "message": no_records_message(seen, f"has run {age:.0f} s"),
+            }
+        if age > seen.stale_after_s:
+            return {
+                "type": STALE,
+                "age_s": round(age, 1),
+                "progress": prog,
+                "message": f"run {seen.run}: no progress for {age:.0f} s (job {seen.job_id} still running)",
+            }
+    return None
+
+
+def look(
+    store: ObjectStore, client: SlurmClient, seen: Seen, *, now: float | None = None
+) -> tuple[dict[str, Any] | None, Any]:
+    """(event or None, an activity key that changes while the run makes progress: for back-off)."""
+    now = time.time() if now is None else now
+    try:
+        state: JobState | None = client.job(seen.job_id)
+    except JobNotFoundError:
+        state = None  # just submitted and not visible yet
+    if (found := _new_alert(store, seen)) is not None:
+        return found
     manifests = manifest_steps(store, seen.run)
     new = sorted(set(manifests) - set(seen.steps))
     if new:
         return {"type": CHECKPOINT, "step": new[0], "manifest_key": manifests[new[0]]}, new[0]
     prog = progress(store, seen.run)
     activity = (state.status.value if state else None, prog.get("step") if prog else None)
-    if state is not None:
-        outcome = classify(state)
-        if outcome.kind is Kind.SUCCESS and seen.entrypoint and not wrote_records(store, seen):
-            return {
-                "type": NO_RECORDS,
-                "outcome": outcome.kind.value,
-                "label": NO_RECORDS,
-                "message": no_records_message(seen, f"ended ({state.describe()})"),
-                "state": state.to_dict(),
-            }, activity
-        if outcome.kind is not Kind.RUNNING:
-            return {
-                "type": JOB_DONE,
-                "outcome": outcome.kind.value,
-                "label": outcome.label,
-                "message": outcome.message,
-                "state": state.to_dict(),
-            }, activity
-        if held_after_failed_launch(state):
-            # Pending "by the table", but nothing will start it: without this the monitor waits forever.
-            return {
-                "type": LAUNCH_HELD,
-                "message": f"run {seen.run}: Slurm holds job {seen.job_id} after a failed launch"
-                f" ({state.describe()}); it will not start until it is released",
-                "state": state.to_dict(),
-            }, activity
-        if state.status is JobStatus.RUNNING:
-            last = float(prog["time"]) if prog and isinstance(prog.get("time"), int | float) else seen.since
-            age = now - max(last, seen.since)
-            if age > seen.stale_after_s and seen.entrypoint and not wrote_records(store, seen):
-                return {
-                    "type": NO_RECORDS,
-                    "age_s": round(age, 1),
-                    "progress": prog,
-                    "message": no_records_message(seen, f"has run {age:.0f} s"),
-                }, activity
-            if age > seen.stale_after_s:
-                return {
-                    "type": STALE,
-                    "age_s": round(age, 1),
-                    "progress": prog,
-                    "message": f"run {seen.run}: no progress for {age:.0f} s (job {seen.job_id} still running)",
-                }, activity
-    return None, activity
+    return _job_event(store, seen, state, prog, now), activity
 
 
 def _bad_alert(key: str, reason: str, err: Exception) -> dict[str, Any]:

@@ -20,7 +20,10 @@ def render_airflow_cfg(
     secrets_: dict[str, str],
     db_url: str | None = None,
 ) -> str:
-    """The airflow.cfg text: only what differs from Airflow's defaults."""
+    """The airflow.cfg text: only what differs from Airflow's defaults.
+
+    Why one function: it is the config template, section by section, each setting beside the comment
+    that says why it differs from Airflow's default."""
     url = layout.airflow_url
     cfg = configparser.ConfigParser(interpolation=None)
     cfg["core"] = {

@@ -199,7 +199,10 @@ class S3(Component):
     def _grpc_tls(self) -> dict[str, Path]:
         """A private CA's certificate and one certificate (server and client) signed by it, for every
         gRPC listener and dialer of this weed: generated on first use, then kept. The CA's key is never
-        written, so nothing can sign another certificate this weed accepts."""
+        written, so nothing can sign another certificate this weed accepts.
+
+        Why one function: the CA key exists only in this function's frame, between signing the
+        certificate and returning; split up, it would have to be passed around."""
         paths = {n: self.security_dir / f"grpc-{n}.pem" for n in ("ca", "cert", "key")}
         if all(p.exists() for p in paths.values()):
             return paths

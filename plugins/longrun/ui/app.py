@@ -129,7 +129,12 @@ def create_app(
     run_target: Callable[[str, str], tuple[str | None, str | None]] = airflow_run_target,
 ) -> FastAPI:
     """Build the app. Every collaborator is a factory called per request, so the environment the API
-    server was started with is read late, and tests pass a local store and no Airflow auth."""
+    server was started with is read late, and tests pass a local store and no Airflow auth.
+
+    Why one function: it is the app's route table. Each handler is a short closure over this app's
+    collaborators (store, nodes, runbooks, run_target) and its permission check; FastAPI reads each
+    handler's own signature, so module-level handlers would need a wrapper per route all the same, and
+    the routes are easiest to audit (every one has its `guard`) when listed together."""
     app = FastAPI(title="longrun run health", docs_url=None, redoc_url=None, openapi_url=None)
 
     def guard(dag_id: str | None) -> list[Any]:

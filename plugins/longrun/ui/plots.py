@@ -48,21 +48,13 @@ def _short(incident_id: str) -> str:
     return "-".join(incident_id.split("-")[:2])
 
 
-def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
-    """Loss over steps; passes as ticks along the bottom (one row per check), failed checks and alerts
-    as red lines, incidents as an orange band from the alert step, checkpoints as triangles."""
-    fig = _figure()
-    ax = fig.add_subplot()
-    ax.set_title(title or f"{health.run}: loss over steps")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    if health.loss_series:
-        steps, losses = zip(*health.loss_series, strict=True)
-        ax.plot(steps, losses, color="#333333", linewidth=1.4, marker="." if len(steps) < 60 else None)
-    else:
-        ax.text(0.5, 0.5, "no loss records yet", transform=ax.transAxes, ha="center", va="center")
-    # Check passes: short ticks in a strip at the bottom of the axes, one row per check.
-    trans = ax.get_xaxis_transform()  # x in data, y in axes fraction
+def _side(step: int, last: int) -> dict[str, str]:
+    """Labels near the right edge go left of their line, clear of the legend."""
+    return {"ha": "right"} if step > 0.7 * (last + 1) else {"ha": "left"}
+
+
+def _draw_passes(ax, trans, health: RunHealth) -> None:  # noqa: ANN001
+    """Check passes: short ticks in a strip at the bottom of the axes, one row per check."""
     for row, check in enumerate(schema.CHECKS):
         passed = [c.step for c in health.checks if c.check == check and c.verdict == "pass"]
         if passed:
@@ -76,12 +68,10 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
                 linewidth=1,
                 label=f"{check} pass ({len(passed)})",
             )
-    last = _last_step(health)
 
-    def side(step: int) -> dict[str, str]:
-        """Labels near the right edge go left of their line, clear of the legend."""
-        return {"ha": "right"} if step > 0.7 * (last + 1) else {"ha": "left"}
 
+def _draw_alerts(ax, trans, health: RunHealth, last: int) -> None:  # noqa: ANN001
+    """Failed checks and alerts: a red dashed line each, labelled at the top."""
     bad = [c for c in health.checks if c.verdict in ("fail", "alert")]
     for i, c in enumerate(bad):
         ax.axvline(
@@ -99,8 +89,12 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
             color=ALERT_COLOUR,
             fontsize=8,
             va="top",
-            **side(c.step),
+            **_side(c.step, last),
         )
+
+
+def _draw_incidents(ax, trans, health: RunHealth, last: int) -> None:  # noqa: ANN001
+    """Incidents: an orange band from the alert step, and a dotted line at the step relaunched from."""
     for i, (inc, step) in enumerate((x, x.step) for x in health.incidents if x.step is not None):
         ax.axvspan(
             step,
@@ -116,7 +110,7 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
             transform=trans,
             color=INCIDENT_COLOUR,
             fontsize=8,
-            **side(step),
+            **_side(step, last),
         )
         if inc.restart_step is not None:
             ax.axvline(
@@ -126,6 +120,10 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
                 linestyle=":",
                 label="relaunched from checkpoint" if i == 0 else None,
             )
+
+
+def _draw_checkpoints(ax, trans, health: RunHealth) -> None:  # noqa: ANN001
+    """Checkpoints: green triangles (validated, promoted), red ones pointing down (suspect, invalid)."""
     good = [c.step for c in health.checkpoints if c.state in ("validated", "promoted")]
     suspect = [c.step for c in health.checkpoints if c.state in ("suspect", "invalid")]
     if good:
@@ -139,6 +137,28 @@ def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
             color=ALERT_COLOUR,
             label="checkpoint (suspect/invalid)",
         )
+
+
+def loss_png(health: RunHealth, *, title: str | None = None) -> bytes:
+    """Loss over steps; passes as ticks along the bottom (one row per check), failed checks and alerts
+    as red lines, incidents as an orange band from the alert step, checkpoints as triangles."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    ax.set_title(title or f"{health.run}: loss over steps")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    if health.loss_series:
+        steps, losses = zip(*health.loss_series, strict=True)
+        ax.plot(steps, losses, color="#333333", linewidth=1.4, marker="." if len(steps) < 60 else None)
+    else:
+        ax.text(0.5, 0.5, "no loss records yet", transform=ax.transAxes, ha="center", va="center")
+    trans = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    # drawn in this order, so the legend lists them in this order
+    _draw_passes(ax, trans, health)
+    last = _last_step(health)
+    _draw_alerts(ax, trans, health, last)
+    _draw_incidents(ax, trans, health, last)
+    _draw_checkpoints(ax, trans, health)
     ax.set_xlim(0, last + 1)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
