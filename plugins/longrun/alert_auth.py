@@ -33,7 +33,8 @@ from longrun.slurm.models import JobState
 from longrun.slurm.spec import JobTag
 from training.records import schema, signing
 from training.records.fields import need, opt_float, opt_int, opt_str, stamped
-from training.store.interface import NotFound, ObjectStore, PreconditionFailed, StoreError, put_json
+from training.store.interface import NotFound, ObjectStore, StoreError
+from training.store.update import create_once, create_or_read, dump_json
 
 KEY_FOLDER = "ops/alert-keys/"
 #: DAGs whose jobs carry longrun's tag for a run (the first launch and every relaunch).
@@ -95,9 +96,15 @@ class AlertKey:
 def _load(store: ObjectStore, key: str) -> AlertKey | None:
     """The key record at `key`; None when there is none or it is not a well-formed one."""
     try:
-        return AlertKey.from_json(store.get_bytes(key))
+        return _parse(store.get_bytes(key))
     except NotFound:
         return None
+
+
+def _parse(data: bytes) -> AlertKey | None:
+    """A key record's bytes as one; None when they are not a well-formed one."""
+    try:
+        return AlertKey.from_json(data)
     except ValueError:  # bad JSON or a SchemaError naming the field
         return None
 
@@ -110,14 +117,13 @@ def issue(store: ObjectStore, *, run: str, tag: str) -> bytes:
         return signing.key_from_hex(rec.key)
     fresh = signing.new_key()
     body = AlertKey(run=run, tag=tag, key=fresh.hex(), time=time.time())
-    try:
-        put_json(store, key, body.to_json(), if_none_match=True)
-    except PreconditionFailed:
-        rec = _load(store, key)
-        if rec is None or rec.run != run:
-            raise RuntimeError(f"alert key for tag {tag!r} exists but belongs to another run") from None
-        return signing.key_from_hex(rec.key)
-    return fresh
+    first = create_or_read(store, key, dump_json(body.to_json()))  # of two racing tries, one key
+    if first.created:
+        return fresh
+    rec = _parse(first.data)
+    if rec is None or rec.run != run:
+        raise RuntimeError(f"alert key for tag {tag!r} exists but belongs to another run")
+    return signing.key_from_hex(rec.key)
 
 
 def bind(store: ObjectStore, *, run: str, tag: str, job_id: int) -> None:
@@ -126,10 +132,8 @@ def bind(store: ObjectStore, *, run: str, tag: str, job_id: int) -> None:
     if rec is None:
         return
     bound = dataclasses.replace(rec, job_id=int(job_id))
-    try:
-        put_json(store, _job_key(job_id), bound.to_json(), if_none_match=True)
-    except PreconditionFailed:
-        pass  # bound before (a retry); never overwritten
+    # once: bound before (a retry) is never overwritten
+    create_once(store, _job_key(job_id), dump_json(bound.to_json()))
 
 
 def submit_env(store: ObjectStore, *, run: str, tag: str, env: Mapping[str, str]) -> dict[str, str]:

@@ -20,7 +20,8 @@ from typing import Any
 from training.records import schema
 from training.records.fields import need, opt_float, opt_str, stamped
 from training.records.schema import SchemaError
-from training.store.interface import NotFound, ObjectStore, PreconditionFailed, put_json
+from training.store.interface import NotFound, ObjectStore
+from training.store.update import UpdateConflict, create_or_read, dump_json
 
 KIND = "run_claim"
 CLAIM_PATH = "claim.json"
@@ -99,17 +100,12 @@ def _other_records(store: ObjectStore, run: str) -> list[str]:
 
 
 def claim(store: ObjectStore, run: str, dag_run_id: str, *, continues: bool) -> RunClaim:
-    """Claim `run` for `dag_run_id`, or confirm it is ours (or continued); raise RunNameInUse otherwise."""
-    for _ in range(2):  # a lost race re-reads the winner's claim once
-        held = read_claim(store, run)
-        if held is not None:
-            if held.dag_run_id == dag_run_id or continues:
-                return held
-            raise RunNameInUse(
-                f"run name {run!r} is in use: training_run run {held.dag_run_id!r} claimed it at"
-                f" {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(held.claimed_at))}. Pick another"
-                " run_name; only a relaunch of that run (attach_job_id, attempt >= 1) may continue it"
-            )
+    """Claim `run` for `dag_run_id`, or confirm it is ours (or continued); raise RunNameInUse otherwise.
+
+    The claim is created only if absent; of two racing, the loser reads the winner's claim and is judged
+    by it (training.store.update.create_or_read)."""
+    held = read_claim(store, run)
+    if held is None:
         if not continues and (found := _other_records(store, run)):
             raise RunNameInUse(
                 f"run name {run!r} is in use: the store already holds its records ({', '.join(found)}),"
@@ -117,8 +113,18 @@ def claim(store: ObjectStore, run: str, dag_run_id: str, *, continues: bool) -> 
             )
         mine = RunClaim(run=run, dag_run_id=dag_run_id, claimed_at=time.time())
         try:
-            put_json(store, claim_key(run), mine.to_json(), if_none_match=True)
+            first = create_or_read(store, claim_key(run), dump_json(mine.to_json()))
+        except UpdateConflict:
+            raise RunNameInUse(
+                f"run name {run!r}: the claim changed twice while reading it; try again"
+            ) from None
+        if first.created:
             return mine
-        except PreconditionFailed:
-            continue
-    raise RunNameInUse(f"run name {run!r}: the claim changed twice while reading it; try again")
+        held = RunClaim.from_json(json.loads(first.data))
+    if held.dag_run_id == dag_run_id or continues:
+        return held
+    raise RunNameInUse(
+        f"run name {run!r} is in use: training_run run {held.dag_run_id!r} claimed it at"
+        f" {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(held.claimed_at))}. Pick another"
+        " run_name; only a relaunch of that run (attach_job_id, attempt >= 1) may continue it"
+    )

@@ -20,6 +20,7 @@ from training.records.base import Record
 from training.records.job import CheckRecord, Manifest
 from training.records.orchestrator import Incident, Promotion, SuspectMark, Validation
 from training.store.interface import NotFound, ObjectStore
+from training.store.update import UpdateConflict, read_versioned
 
 _STEP_DIR = re.compile(r"checkpoints/step-(\d{8})/([^/]+)$")
 R = TypeVar("R", bound=Record)
@@ -172,22 +173,15 @@ def promotion_history(
 
 
 def current_pointer(store: ObjectStore, run: str) -> tuple[Promotion, str] | None:
-    """(pointer record, its ETag), or None before the first promotion. A pointer that does not read
-    raises a ValueError."""
+    """(pointer record, its ETag), or None before the first promotion. The ETag is that of the bytes
+    read (training.store.update.read_versioned), so a caller's If-Match means what it read. A pointer
+    that does not read raises a ValueError."""
     key = schema.store_key(run, schema.PROMOTED_POINTER_PATH)
-    for _ in range(8):
-        info = store.head(key)
-        if info is None:
-            return None
-        try:
-            data = store.get_bytes(key)
-        except NotFound:
-            continue
-        # The ETag must be that of the bytes we read, so a caller's If-Match means what it read.
-        again = store.head(key)
-        if again is not None and again.etag == info.etag:
-            return Promotion.from_json(json.loads(data)), info.etag
-    raise RuntimeError(f"{key} kept changing while being read in {store.describe()}")
+    try:
+        cur = read_versioned(store, key, what="promotion pointer")
+    except UpdateConflict:
+        raise RuntimeError(f"{key} kept changing while being read in {store.describe()}") from None
+    return None if cur is None else (Promotion.from_json(cur.value), cur.etag)
 
 
 def promoted_steps(store: ObjectStore, run: str) -> list[int]:

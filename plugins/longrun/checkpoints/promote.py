@@ -1,8 +1,9 @@
 """Promotion (the pointer `promoted/current.json`) and demotion (suspect marks).
 
 The pointer is only ever written with a conditional write: `If-None-Match: *` for the first promotion,
-`If-Match: <ETag read>` after, so of two writers racing from the same state exactly one wins and the
-other gets `PromotionConflict`; a reader sees the old or the new pointer, never a mix. Every promotion is
+`If-Match: <ETag read>` after (training.store.update), so of two writers racing from the same state
+exactly one wins and the other gets `PromotionConflict` (or, where it retries, decides again on the
+winner's pointer); a reader sees the old or the new pointer, never a mix. Every promotion is
 also kept under `promoted/history/<seq>.json` (written after the pointer; a missing entry is filled in
 by the next promotion from the pointer it replaces).
 
@@ -12,6 +13,7 @@ be of the manifest as it is now) or that is suspect.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -21,7 +23,8 @@ from training.checkpoint.manifest import CheckpointError, read_manifest
 from training.records import schema
 from training.records.job import Manifest
 from training.records.orchestrator import Promotion, SuspectMark, Validation
-from training.store.interface import ObjectStore, PreconditionFailed, put_json
+from training.store.interface import ObjectStore, PreconditionFailed
+from training.store.update import UpdateConflict, create_once, dump_json, put_if_unchanged, update_json
 
 POINTER_ATTEMPTS = 8
 
@@ -38,11 +41,13 @@ def _history_key(run: str, seq: int) -> str:
     return schema.store_key(run, schema.promotion_history_path(seq))
 
 
+def _pointer_key(run: str) -> str:
+    return schema.store_key(run, schema.PROMOTED_POINTER_PATH)
+
+
 def _put_history(store: ObjectStore, run: str, rec: dict[str, Any]) -> None:
-    try:
-        put_json(store, _history_key(run, rec["seq"]), rec, if_none_match=True)
-    except PreconditionFailed:
-        pass  # already recorded (a retry, or a backfill by the next promotion)
+    # once: else already recorded (a retry, or a backfill by the next promotion)
+    create_once(store, _history_key(run, rec["seq"]), dump_json(rec))
 
 
 def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, tuple[str, Validation]]:
@@ -85,16 +90,45 @@ def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, tupl
     return manifest_key, latest
 
 
-def promote(store: ObjectStore, run: str, step: int, *, by: str = "longrun") -> dict[str, Any]:
+def promote(
+    store: ObjectStore, run: str, step: int, *, by: str = "longrun", attempts: int = 1
+) -> dict[str, Any]:
     """Point `promoted/current.json` at checkpoint `step`; returns the promotion record. Promoting the
-    step the pointer already names returns the current record and writes nothing."""
-    manifest_key, (validation_key, _v) = check_promotable(store, run, step)
-    cur = catalog.current_pointer(store, run)
-    if cur is not None and cur[0].step == step:
-        return cur[0].to_json()
-    return write_pointer(
-        store, run, step, manifest_key, cur, by=by, validation_key=validation_key, reason="promoted"
-    )
+    step the pointer already names returns the current record and writes nothing.
+
+    `attempts`: tries when another writer moves the pointer between our read and our write; each try
+    checks `step` again against the pointer and records as they are then (a demotion may have won).
+    After the last lost try, PromotionConflict; PromotionRefused as soon as a try refuses."""
+    pointer = _pointer_key(run)
+
+    def change(raw: bytes | None) -> dict[str, Any] | None:
+        manifest_key, (validation_key, _v) = check_promotable(store, run, step)
+        cur = None if raw is None else Promotion.from_json(json.loads(raw))
+        if cur is not None and cur.step == step:
+            return None
+        return _pointer_record(
+            store, run, step, manifest_key, cur, by=by, validation_key=validation_key, reason="promoted"
+        )
+
+    try:  # the pointer's bytes are decoded in `change`: a refusal comes before a pointer that does not read
+        res = update_json(
+            store,
+            pointer,
+            change,
+            dump=dump_json,
+            load=bytes,
+            create=True,
+            attempts=attempts,
+            what="promotion pointer",
+        )
+    except UpdateConflict:
+        raise PromotionConflict(
+            f"{pointer} changed while promoting step {step}: another writer promoted first; re-read and retry"
+        ) from None
+    if not res.written:  # the pointer names `step` already
+        return Promotion.from_json(json.loads(res.value)).to_json()
+    _put_history(store, run, res.value)
+    return res.value
 
 
 def write_pointer(
@@ -107,29 +141,34 @@ def write_pointer(
 ) -> dict[str, Any]:
     """Compare-and-swap the pointer: write a promotion of `step` if the pointer is still `cur` (the
     (record, ETag) the caller read, or None for "no pointer yet"); PromotionConflict otherwise."""
-    if cur is not None:
-        _put_history(store, run, cur[0].to_json())  # backfill if its writer died before recording it
-    rec = schema.record(
-        "promotion",
-        run=run,
-        step=step,
-        manifest_key=manifest_key,
-        seq=cur[0].seq + 1 if cur else 1,
-        previous_step=cur[0].step if cur else None,
-        **fields,
-    )
-    pointer = schema.store_key(run, schema.PROMOTED_POINTER_PATH)
+    rec = _pointer_record(store, run, step, manifest_key, None if cur is None else cur[0], **fields)
+    pointer = _pointer_key(run)
     try:
-        if cur is None:
-            put_json(store, pointer, rec, if_none_match=True)
-        else:
-            put_json(store, pointer, rec, if_match=cur[1])
+        put_if_unchanged(store, pointer, dump_json(rec), None if cur is None else cur[1])
     except PreconditionFailed:
         raise PromotionConflict(
             f"{pointer} changed while promoting step {step}: another writer promoted first; re-read and retry"
         ) from None
     _put_history(store, run, rec)
     return rec
+
+
+def _pointer_record(
+    store: ObjectStore, run: str, step: int, manifest_key: str, cur: Promotion | None, **fields: Any
+) -> dict[str, Any]:
+    """The promotion record of `step` that replaces pointer `cur` (None: the first). Backfills `cur`'s
+    history entry first, in case its writer died before recording it."""
+    if cur is not None:
+        _put_history(store, run, cur.to_json())
+    return schema.record(
+        "promotion",
+        run=run,
+        step=step,
+        manifest_key=manifest_key,
+        seq=cur.seq + 1 if cur else 1,
+        previous_step=cur.step if cur else None,
+        **fields,
+    )
 
 
 def mark_suspect(
@@ -142,10 +181,8 @@ def mark_suspect(
         raise ValueError(f"after_step={after_step!r}: expected an int >= 0")
     ident = f"{after_step:08d}-{incident_id or uuid.uuid4().hex[:12]}"
     rec = schema.record("suspect", run=run, after_step=after_step, reason=reason, incident_id=incident_id)
-    try:
-        put_json(store, schema.store_key(run, schema.suspect_path(ident)), rec, if_none_match=True)
-    except PreconditionFailed:
-        pass  # the same incident marked it already
+    # once: else the same incident marked it already
+    create_once(store, schema.store_key(run, schema.suspect_path(ident)), dump_json(rec))
     rec["pointer"] = _repoint_after_demotion(store, run)
     return rec
 
@@ -158,11 +195,18 @@ def _suspect(store: ObjectStore, run: str, marks: Sequence[SuspectMark], step: i
 
 
 def _repoint_after_demotion(store: ObjectStore, run: str) -> str:
-    for _ in range(POINTER_ATTEMPTS):
-        cur = catalog.current_pointer(store, run)
+    """Move the pointer off a suspect checkpoint to the newest promoted one that is not; what was done.
+    Decided again on the winner's pointer when another writer moves it meanwhile (POINTER_ATTEMPTS
+    tries, then PromotionConflict)."""
+    said = "unchanged"  # what the last run of `change` decided
+
+    def change(raw: Any) -> dict[str, Any] | None:
+        nonlocal said
+        said = "unchanged"
+        cur = None if raw is None else Promotion.from_json(raw)
         marks = catalog.suspect_marks(store, run)
-        if cur is None or not _suspect(store, run, marks, cur[0].step):
-            return "unchanged"
+        if cur is None or not _suspect(store, run, marks, cur.step):
+            return None
         fallback = next(
             (
                 s
@@ -172,21 +216,34 @@ def _repoint_after_demotion(store: ObjectStore, run: str) -> str:
             None,
         )
         if fallback is None:
-            return f"unchanged: it names suspect step {cur[0].step} and no earlier promoted checkpoint exists"
-        try:
-            write_pointer(
-                store,
-                run,
-                fallback,
-                schema.store_key(run, schema.manifest_path(fallback)),
-                cur,
-                reason="demoted",
-                demoted_from=cur[0].step,
-                by="mark_suspect",
-            )
-            return f"moved from step {cur[0].step} back to step {fallback}"
-        except PromotionConflict:
-            continue
-    raise PromotionConflict(
-        f"pointer of run {run} kept changing while demoting ({POINTER_ATTEMPTS} attempts)"
-    )
+            said = f"unchanged: it names suspect step {cur.step} and no earlier promoted checkpoint exists"
+            return None
+        said = f"moved from step {cur.step} back to step {fallback}"
+        return _pointer_record(
+            store,
+            run,
+            fallback,
+            schema.store_key(run, schema.manifest_path(fallback)),
+            cur,
+            reason="demoted",
+            demoted_from=cur.step,
+            by="mark_suspect",
+        )
+
+    try:
+        res = update_json(
+            store,
+            _pointer_key(run),
+            change,
+            dump=dump_json,
+            create=True,
+            attempts=POINTER_ATTEMPTS,
+            what="promotion pointer",
+        )
+    except UpdateConflict:
+        raise PromotionConflict(
+            f"pointer of run {run} kept changing while demoting ({POINTER_ATTEMPTS} attempts)"
+        ) from None
+    if res.written:
+        _put_history(store, run, res.value)
+    return said

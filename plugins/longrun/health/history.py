@@ -22,7 +22,8 @@ from training.records.diagnosis import Diagnosis
 from training.records.fields import need, opt_dict, opt_float, opt_str, versioned
 from training.records.schema import SchemaError
 from training.store.factory import store_from_env
-from training.store.interface import NotFound, ObjectStore, PreconditionFailed, StoreError
+from training.store.interface import NotFound, ObjectStore, StoreError
+from training.store.update import create_once
 
 RECORD_KIND = "node_event"  # the registry's name (training.records.KINDS); not stored: `kind` is the event
 SCHEMA_VERSION = 1
@@ -163,10 +164,8 @@ def append(store: ObjectStore, ev: NodeEvent) -> NodeEvent:
     """Write `ev` unless the same source already recorded this kind for the node; the stored event."""
     if (old := _existing(store, ev)) is not None:
         return old
-    try:
-        store.put_bytes(ev.key, json.dumps(ev.to_json(), sort_keys=True).encode(), if_none_match=True)
-    except PreconditionFailed:
-        pass  # a concurrent try wrote the same key
+    # once: else a concurrent try wrote the same key
+    create_once(store, ev.key, json.dumps(ev.to_json(), sort_keys=True).encode())
     return ev
 
 

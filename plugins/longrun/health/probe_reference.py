@@ -33,7 +33,8 @@ from longrun.slurm.models import CommandResult
 from training.records.diagnosis import ProbeResult
 from training.records.orchestrator import Incident as IncidentRecord
 from training.records.schema import SchemaError
-from training.store.interface import ObjectStore, PreconditionFailed, StoreError, put_json
+from training.store.interface import ObjectStore, StoreError
+from training.store.update import create_once, dump_json, update_json
 
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -114,25 +115,26 @@ def remember_reference(store: ObjectStore, partition: str, ref: Mapping[str, Any
     if checked_reference(dict(ref)) is None:
         return  # never cache what would not be used
     key = _reference_key(partition)
-    try:
-        put_json(store, key, dict(ref), if_none_match=True)
+    if create_once(store, key, dump_json(dict(ref))):
         return
-    except PreconditionFailed:
-        pass  # one is there already (ours, or a concurrent incident's: equal by construction)
-    try:
-        info = store.head(key)
-        if info is None:
-            return  # deleted meanwhile: the next fresh reference writes it
+    # One is there already (ours, or a concurrent incident's: equal by construction, unless bad).
+
+    def replace_unless_same(data: bytes) -> dict[str, Any] | None:
         try:
-            old = checked_reference(json.loads(store.get_bytes(key)))
+            old = checked_reference(json.loads(data))
         except ValueError:
-            old = None  # garbled: replaced below
+            old = None  # garbled: replaced
         new = ProbeResult.from_json(dict(ref))
         if old is not None and (old.fingerprint, old.env) == (new.fingerprint, new.env):
-            return
-        put_json(store, key, dict(ref), if_match=info.etag)
-    except (PreconditionFailed, StoreError, ValueError):
-        pass  # changed meanwhile, or unreadable: the next fresh reference tries again
+            return None
+        return dict(ref)
+
+    try:  # one try, on condition of the version compared
+        update_json(
+            store, key, replace_unless_same, dump=dump_json, load=bytes, attempts=1, what="probe reference"
+        )
+    except (StoreError, ValueError):
+        pass  # deleted or changed meanwhile, or unreadable: the next fresh reference tries again
 
 
 def comparable(known: ProbeResult, probe: Mapping[str, Any]) -> bool:

@@ -8,8 +8,8 @@ Two rules, both enforced before any `scontrol update state=drain`:
   operator (`operator_override=True`, which the approve mode's human decision supplies).
 
 The ledger is one JSON object (`LEDGER_KEY`); each reservation reads it with its ETag and writes it back
-with If-Match (If-None-Match for the first), retrying when another writer won. Reserving is idempotent:
-the same (incident, node) again returns the existing grant and counts once.
+with If-Match (If-None-Match for the first), retrying when another writer won (training.store.update).
+Reserving is idempotent: the same (incident, node) again returns the existing grant and counts once.
 
 The ledger lives on the orchestrator side of the store (training.store.sides), which a job's identity can
 neither write nor delete. An entry dated in the future (beyond `CLOCK_SKEW_S`) or unreadable counts for
@@ -30,7 +30,8 @@ from longrun import security_events
 from training.records import schema
 from training.records.fields import need, opt_float, opt_str
 from training.records.schema import SchemaError
-from training.store.interface import NotFound, ObjectStore, PreconditionFailed
+from training.store.interface import NotFound, ObjectStore
+from training.store.update import UpdateConflict, dump_json, update_json
 
 LEDGER_KEY = "ops/drain-ledger.json"
 #: Airflow Variable holding the policy as JSON, e.g. {"max_drains": 2, "window_s": 3600}: a cluster
@@ -115,20 +116,28 @@ class DrainEntry:
         return {"incident_id": self.incident_id, "node": self.node, **self.extra, "time": self.time}
 
 
-def _read(store: ObjectStore) -> tuple[dict[str, Any], str | None]:
-    info = store.head(LEDGER_KEY)
-    if info is None:
-        return {"schema_version": 1, "kind": "drain_ledger", "entries": []}, None
-    try:
-        data = json.loads(store.get_bytes(LEDGER_KEY))
-    except NotFound:
-        return {"schema_version": 1, "kind": "drain_ledger", "entries": []}, None
+def _ledger(store: ObjectStore, data: Any) -> dict[str, Any]:
+    """The stored ledger `data` (None: there is none yet, an empty one), or ValueError."""
+    if data is None:
+        return {"schema_version": 1, "kind": "drain_ledger", "entries": []}
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         raise ValueError(
             f"{LEDGER_KEY} in {store.describe()} is not a drain ledger (an object whose field 'entries' is"
             " a list): fix or delete it"
         )
-    return data, info.etag
+    return data
+
+
+def _read(store: ObjectStore) -> tuple[dict[str, Any], str | None]:
+    """(the ledger, its ETag; None when there is none yet), for readers."""
+    info = store.head(LEDGER_KEY)
+    if info is None:
+        return _ledger(store, None), None
+    try:
+        data = json.loads(store.get_bytes(LEDGER_KEY))
+    except NotFound:
+        return _ledger(store, None), None
+    return _ledger(store, data), info.etag
 
 
 def _bad(e: Any, now: float) -> str | None:
@@ -186,85 +195,132 @@ def reserve_drain(
     operator_override: bool = False,
     now: float | None = None,
 ) -> DrainGrant:
-    """Record a drain of `node` for `incident_id`, or raise DrainRefused. Safe against concurrent callers."""
+    """Record a drain of `node` for `incident_id`, or raise DrainRefused. Safe against concurrent callers.
+
+    Bad entries leave the count first, in a write of their own (kept whatever this call then decides,
+    and reported after it), and the ledger is read again; then the grant is decided and written. Both
+    writes are conditional on the version read; MAX_ATTEMPTS tries in all.
+
+    Why one function: the conditional write's `change` is a closure that leaves what it decided (the
+    quarantined entries, the grant) for the code after the write; both halves read the same state."""
     policy = policy or DrainPolicy()
-    for _ in range(MAX_ATTEMPTS):
-        t = time.time() if now is None else now
-        ledger, etag = _read(store)
-        bad = [(why, e) for e in ledger["entries"] if (why := _bad(e, t))]
-        if bad and etag is not None:
+    tries = 0
+    # What the last run of `change` decided (the run whose write went through, or that wrote nothing).
+    at = 0.0
+    bad: list[tuple[str, Any]] = []  # entries it quarantined
+    grant: DrainGrant | None = None
+
+    def change(raw: Any) -> dict[str, Any] | None:
+        nonlocal tries, at, bad, grant
+        tries += 1
+        at = t = time.time() if now is None else now
+        ledger = _ledger(store, raw)
+        bad, grant = [(why, e) for e in ledger["entries"] if (why := _bad(e, t))], None
+        if bad:
             # Out of the count first, whatever this call decides; reported once, after the write.
             seen = list(ledger.get("quarantined") or [])
             moved = [{"reason": w, "entry": e, "at": t} for w, e in bad]
             ledger["entries"] = [e for e in ledger["entries"] if not _bad(e, t)]
             ledger["quarantined"] = [*seen, *moved][-QUARANTINE_KEEP:]
-            try:
-                store.put_bytes(
-                    LEDGER_KEY, json.dumps(ledger, sort_keys=True, indent=1).encode(), if_match=etag
-                )
-            except PreconditionFailed:
-                continue
-            _report(store, bad, run=run, now=t)
-            continue
-        parsed = [DrainEntry.from_json(e) for e in ledger["entries"]]  # every bad one went above
-        kept = [e for e in parsed if t - e.time < KEEP_S]
-        for e in kept:
-            if e.incident_id == incident_id and e.node == node:
-                in_window = sum(1 for x in kept if t - x.time < policy.window_s)
-                return DrainGrant(
-                    incident_id=incident_id,
-                    node=node,
-                    time=float(e.time),
-                    already=True,
-                    in_window=in_window,
-                )
-        mine = sorted({e.node for e in kept if e.incident_id == incident_id})
-        if len(mine) >= policy.max_nodes_per_incident and not operator_override:
-            raise DrainRefused(
-                f"incident {incident_id} already drained {mine}; draining {node} too needs an operator "
-                f"(at most {policy.max_nodes_per_incident} node(s) per incident): approve it by hand"
-            )
-        window = [e for e in kept if t - e.time < policy.window_s]
-        if len(window) >= policy.max_drains and not operator_override:
-            raise DrainRefused(
-                f"drain rate limit: {len(window)} drains in the last {policy.window_s:.0f} s "
-                f"(limit {policy.max_drains}): {[e.node for e in window]}; not draining {node} for "
-                f"{incident_id}. Many drains at once suggest software, not hardware: see the runbook"
-            )
-        entry = DrainEntry(
-            incident_id=incident_id, node=node, time=t, extra={"run": run, "override": operator_override}
+            return ledger
+        grant, entries = _decide(
+            [DrainEntry.from_json(e) for e in ledger["entries"]],  # every bad one went above
+            incident_id=incident_id,
+            node=node,
+            run=run,
+            policy=policy,
+            operator_override=operator_override,
+            t=t,
         )
-        ledger["entries"] = [e.to_json() for e in (*kept, entry)][-1000:]
-        body = json.dumps(ledger, sort_keys=True, indent=1).encode()
+        if entries is None:
+            return None
+        ledger["entries"] = entries
+        return ledger
+
+    while tries < MAX_ATTEMPTS:
         try:
-            if etag is None:
-                store.put_bytes(LEDGER_KEY, body, if_none_match=True)
-            else:
-                store.put_bytes(LEDGER_KEY, body, if_match=etag)
-        except PreconditionFailed:
-            continue  # another writer won; read again and re-decide
-        return DrainGrant(
-            incident_id=incident_id, node=node, time=t, already=False, in_window=len(window) + 1
-        )
+            update_json(
+                store,
+                LEDGER_KEY,
+                change,
+                dump=dump_json,
+                create=True,
+                attempts=MAX_ATTEMPTS - tries,
+                what="drain ledger",
+            )
+        except UpdateConflict:
+            break
+        if bad:
+            _report(store, bad, run=run, now=at)
+            continue  # read the cleaned ledger again and decide on it
+        assert grant is not None  # the last run of `change` found nothing bad, so it decided
+        return grant
     raise DrainRefused(f"drain ledger {LEDGER_KEY} kept changing under us ({MAX_ATTEMPTS} attempts); retry")
+
+
+def _decide(
+    parsed: list[DrainEntry],
+    *,
+    incident_id: str,
+    node: str,
+    run: str,
+    policy: DrainPolicy,
+    operator_override: bool,
+    t: float,
+) -> tuple[DrainGrant, list[dict[str, Any]] | None]:
+    """(the grant, the ledger's new entries) on the entries `parsed` at time `t`, or DrainRefused. The
+    entries are None when the grant is `already` there: nothing to write."""
+    kept = [e for e in parsed if t - e.time < KEEP_S]
+    for e in kept:
+        if e.incident_id == incident_id and e.node == node:
+            in_window = sum(1 for x in kept if t - x.time < policy.window_s)
+            grant = DrainGrant(
+                incident_id=incident_id, node=node, time=float(e.time), already=True, in_window=in_window
+            )
+            return grant, None
+    mine = sorted({e.node for e in kept if e.incident_id == incident_id})
+    if len(mine) >= policy.max_nodes_per_incident and not operator_override:
+        raise DrainRefused(
+            f"incident {incident_id} already drained {mine}; draining {node} too needs an operator "
+            f"(at most {policy.max_nodes_per_incident} node(s) per incident): approve it by hand"
+        )
+    window = [e for e in kept if t - e.time < policy.window_s]
+    if len(window) >= policy.max_drains and not operator_override:
+        raise DrainRefused(
+            f"drain rate limit: {len(window)} drains in the last {policy.window_s:.0f} s "
+            f"(limit {policy.max_drains}): {[e.node for e in window]}; not draining {node} for "
+            f"{incident_id}. Many drains at once suggest software, not hardware: see the runbook"
+        )
+    entry = DrainEntry(
+        incident_id=incident_id, node=node, time=t, extra={"run": run, "override": operator_override}
+    )
+    grant = DrainGrant(incident_id=incident_id, node=node, time=t, already=False, in_window=len(window) + 1)
+    return grant, [e.to_json() for e in (*kept, entry)][-1000:]
 
 
 def release_drain(store: ObjectStore, *, incident_id: str, node: str) -> bool:
     """Take back the grant of (incident, node) when the drain did not happen (someone else drained the
     node first): a drain that longrun did not do uses no slot. True when an entry was removed."""
-    for _ in range(MAX_ATTEMPTS):
-        ledger, etag = _read(store)
+
+    def change(raw: Any) -> dict[str, Any] | None:
+        if raw is None:
+            return None
+        ledger = _ledger(store, raw)
         kept = [
             e
             for e in ledger["entries"]
             if not (e.get("incident_id") == incident_id and e.get("node") == node)
         ]
-        if etag is None or len(kept) == len(ledger["entries"]):
-            return False
+        if len(kept) == len(ledger["entries"]):
+            return None
         ledger["entries"] = kept
-        try:
-            store.put_bytes(LEDGER_KEY, json.dumps(ledger, sort_keys=True, indent=1).encode(), if_match=etag)
-        except PreconditionFailed:
-            continue
-        return True
-    raise DrainRefused(f"drain ledger {LEDGER_KEY} kept changing under us ({MAX_ATTEMPTS} attempts); retry")
+        return ledger
+
+    try:
+        return update_json(
+            store, LEDGER_KEY, change, dump=dump_json, create=True, attempts=MAX_ATTEMPTS, what="drain ledger"
+        ).written
+    except UpdateConflict:
+        raise DrainRefused(
+            f"drain ledger {LEDGER_KEY} kept changing under us ({MAX_ATTEMPTS} attempts); retry"
+        ) from None

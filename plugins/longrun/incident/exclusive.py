@@ -31,7 +31,8 @@ from training.records import schema
 from training.records.fields import need, opt_float, opt_int, opt_str, stamped
 from training.records.orchestrator import IncidentStatus
 from training.records.schema import SchemaError
-from training.store.interface import NotFound, ObjectStore, PreconditionFailed, put_json
+from training.store.interface import NotFound, ObjectStore, put_json
+from training.store.update import UpdateConflict, dump_json, update_json
 
 LOCK_PATH = "incident-lock.json"
 SCHEMA_VERSION = 1
@@ -159,29 +160,36 @@ def _expired(store: ObjectStore, lock: IncidentLock, now: float) -> tuple[bool, 
 
 
 def enter(store: ObjectStore, *, run: str, incident_id: str, job_id: int | None) -> Decision:
-    """Take the run's lock for `incident_id`, or say whom to join or wait for."""
+    """Take the run's lock for `incident_id`, or say whom to join or wait for.
+
+    The lock is created only if absent, and an expired one replaced only if it is still the version
+    judged (training.store.update); a lost race re-reads the winner, three tries in all."""
     mine = IncidentLock(run=run, incident_id=incident_id, job_id=job_id, acquired_at=time.time())
-    for _ in range(3):  # a lost race re-reads the winner once or twice
-        found = read(store, run)
-        if found is None:
-            try:
-                put_json(store, lock_key(run), mine.to_json(), if_none_match=True)
-                return Decision("act", mine)
-            except PreconditionFailed:
-                continue
-        held, etag = found
+    decision = Decision("act", mine)  # what the last run of `decide` said
+
+    def decide(raw: Any) -> dict[str, Any] | None:
+        nonlocal decision
+        decision = Decision("act", mine)
+        if raw is None:
+            return mine.to_json()
+        held = IncidentLock.from_json(raw)
         if held.incident_id == incident_id:
-            return Decision("act", held)
+            decision = Decision("act", held)
+            return None
         free, why = _expired(store, held, time.time())
         if free:
-            try:  # replace exactly the lock we judged, never a newer one
-                put_json(store, lock_key(run), mine.to_json(), if_match=etag)
-                return Decision("act", mine)
-            except PreconditionFailed:
-                continue
+            return mine.to_json()
         same_job = held.job_id is not None and held.job_id == job_id and not why
-        return Decision("join" if same_job else "wait", held, why)
-    raise RuntimeError(f"incident lock of run {run}: changed three times while reading it")
+        decision = Decision("join" if same_job else "wait", held, why)
+        return None
+
+    try:
+        update_json(
+            store, lock_key(run), decide, dump=dump_json, create=True, attempts=3, what="incident lock"
+        )
+    except UpdateConflict:
+        raise RuntimeError(f"incident lock of run {run}: changed three times while reading it") from None
+    return decision
 
 
 def release(store: ObjectStore, *, run: str, incident_id: str) -> bool:

@@ -58,7 +58,7 @@ from longrun.incident import record
 from longrun.incident.events import Event
 from longrun.incident.jobstep import job_steps, run_step
 from longrun.incident.relaunch_plan import relaunch_spec, run_spec
-from longrun.incident.runner import Incident, Outcome, authenticate, write
+from longrun.incident.runner import Incident, Outcome, Rec, authenticate, write
 from longrun.monitor.lifecycle import conf_of
 from longrun.monitor.segments import job_step, segments
 from longrun.slurm import ops
@@ -71,7 +71,8 @@ from training.records.incident import RestartCheckpoint
 from training.records.schema import SchemaError
 from training.segment import Segment
 from training.spares.directive import DIRECTIVES_DIR, Directive, attempt_of_step_name, directed_nodes
-from training.store.interface import ObjectStore, PreconditionFailed
+from training.store.interface import ObjectStore
+from training.store.update import create_or_read
 
 #: How long relaunch waits for the supervisor to start the directed attempt (it polls every 0.5 s).
 FOLLOW_TIMEOUT_S = 120.0
@@ -115,11 +116,8 @@ def _next_attempt(store: ObjectStore, run: str, job_id: int) -> int:
 
 def _write(store: ObjectStore, d: Directive) -> Directive:
     key = schema.store_key(d.run, d.relative_path)
-    try:
-        store.put_bytes(key, json.dumps(d.to_json(), sort_keys=True).encode(), if_none_match=True)
-        return d
-    except PreconditionFailed:  # a rerun: the first write stands
-        return Directive.from_json(store.get_bytes(key))
+    first = create_or_read(store, key, json.dumps(d.to_json(), sort_keys=True).encode())
+    return d if first.created else Directive.from_json(first.data)  # a rerun: the first write stands
 
 
 def attempt_segment(segs: list[Segment], d: Directive) -> Segment | None:
@@ -219,9 +217,26 @@ def direct(
     if seg is None:
         inc.event(store, Event.DIRECTIVE_NOT_FOLLOWED, state=client.job(inc.job_id).describe())
         return None
-    relaunched, _ = relaunch_spec(inc, resume_from=str(resume), exclude=(node,), healthy=len(keep))
+    return _relaunched_running(store, inc, d, seg, node=node, resume=str(resume), keep=keep, world=spec.nodes)
+
+
+def _relaunched_running(
+    store: ObjectStore,
+    inc: Incident,
+    d: Directive,
+    seg: Segment,
+    *,
+    node: str,
+    resume: str,
+    keep: list[str],
+    world: int,
+) -> dict[str, Any]:
+    """Record the directed attempt, started as `seg`, as the full relaunch records a RUNNING job (event
+    `relaunched_running`, fields `relaunch` and `time_to_recover_s`, status relaunched); the relaunch result.
+    `keep`: the job's nodes the directive could use; `world`: the run's node count."""
+    relaunched, _ = relaunch_spec(inc, resume_from=resume, exclude=(node,), healthy=len(keep))
     # the declared params only (closed conf): what reenter_monitoring hands to training_run
-    params = conf_of(dataclasses.replace(relaunched, spare_nodes=max(0, len(keep) - spec.nodes)))
+    params = conf_of(dataclasses.replace(relaunched, spare_nodes=max(0, len(keep) - world)))
     result = {
         "job_id": inc.job_id,
         "nodes": list(d.nodes),
@@ -373,6 +388,34 @@ def healthy_in(client: SlurmClient, held: tuple[str, ...], suspect: str) -> tupl
     )
 
 
+def _reference(
+    store: ObjectStore,
+    client: SlurmClient,
+    inc: Incident,
+    rec: Rec,
+    node: str,
+    healthy: tuple[str, ...],
+    partition: str,
+    **probe: Any,
+) -> tuple[dict[str, Any], bool] | str:
+    """(the probe's reference for diagnosing `node`, whether it was read back) or why there is none.
+
+    The reference an earlier try recorded, else the partition's cached one: both read back (a stored
+    reference may convict; a pass against it needs a fresh reference too). Else one computed now as a step
+    on a healthy node of the kept job (`_fresh`), which is cached."""
+    recorded = reference_of(rec)
+    ref = recorded.to_json() if recorded else None
+    if ref is None or checked_reference(ref, suspect=node) is None:
+        ref = cached_reference(store, partition, suspect=node)
+    if ref is not None:
+        return ref, True
+    got = _fresh(client, inc, node, healthy, **probe)
+    if isinstance(got, str):
+        return got
+    remember_reference(store, partition, got)
+    return got, False
+
+
 def diagnose_in_job(
     store: ObjectStore,
     client: SlurmClient,
@@ -384,7 +427,14 @@ def diagnose_in_job(
     python: str | None = None,
     timeout_s: float = 600.0,
 ) -> dict[str, Any] | None:
-    """Diagnose `node` inside the kept job; None when the caller must take the reservation path."""
+    """Diagnose `node` inside the kept job; None when the caller must take the reservation path.
+
+    Why one function: it is the in-job counterpart of the reservation path's steps, in their order:
+    the reference, the node_check step on the suspect, the verdict (confirmed by a fresh reference when a
+    stored one passed it), the drain with the verdict, the record, the release. Each step uses what the
+    ones before it found (the job, the healthy nodes, the reference, the step's output), and several end
+    the diagnosis with `_skip`; kept in one place, the order of the Slurm calls and store writes reads
+    top to bottom."""
     rec = inc.rec(store)
     if done := rec.diagnosis:
         if done.where == IN_JOB and inc.plan.changes:
@@ -398,18 +448,22 @@ def diagnose_in_job(
     authenticate(store, client, inc, node=node)  # act only on a node of the signed alert's job
     t0 = time.time()
     healthy = healthy_in(client, state.nodes, node)
-    recorded = reference_of(rec)
-    ref = recorded.to_json() if recorded else None
-    if ref is None or checked_reference(ref, suspect=node) is None:
-        ref = cached_reference(store, partition, suspect=node)
-    stored = ref is not None  # read back: it may convict, a pass needs a fresh reference too
-    if ref is None:
-        got = _fresh(client, inc, node, healthy, python=python, state_dir=state_dir, timeout_s=timeout_s)
-        if isinstance(got, str):
-            _skip(store, client, inc, node, f"reference: {got}")
-            return None
-        ref = got
-        remember_reference(store, partition, ref)
+    got = _reference(
+        store,
+        client,
+        inc,
+        rec,
+        node,
+        healthy,
+        partition,
+        python=python,
+        state_dir=state_dir,
+        timeout_s=timeout_s,
+    )
+    if isinstance(got, str):
+        _skip(store, client, inc, node, f"reference: {got}")
+        return None
+    ref, stored = got
     known = ProbeResult.from_json(ref)
     inc.event(
         store,

@@ -24,7 +24,8 @@ from training.records import schema
 from training.records.alert import Alert, AlertRef
 from training.records.orchestrator import Incident as IncidentRecord
 from training.records.orchestrator import IncidentStatus
-from training.store.interface import ObjectStore, PreconditionFailed
+from training.store.interface import NotFound, ObjectStore
+from training.store.update import UpdateConflict, create_or_read, update_json
 
 MAX_ATTEMPTS = 8
 
@@ -63,15 +64,17 @@ def open_incident(
         status=OPEN,
         runbooks=[runbooks.for_check(str(ref.check))],
     )
-    try:
-        store.put_bytes(key, _dump(rec), if_none_match=True)
+    first = create_or_read(store, key, _dump(rec))
+    if first.created:
         return rec
-    except PreconditionFailed:
-        return load(store, run=run, incident_id=incident_id)
+    return _checked(json.loads(first.data))
 
 
 def load(store: ObjectStore, *, run: str, incident_id: str) -> dict[str, Any]:
-    rec = json.loads(store.get_bytes(record_key(run, incident_id)))
+    return _checked(json.loads(store.get_bytes(record_key(run, incident_id))))
+
+
+def _checked(rec: Any) -> dict[str, Any]:
     schema.validate("incident", rec)
     return rec
 
@@ -81,21 +84,23 @@ def update(
 ) -> dict[str, Any]:
     """Apply `change` to the stored record with a conditional write; re-read and retry if someone else won.
 
-    `change` must be safe to call more than once (it may run again on a fresh copy)."""
+    `change` edits the JSON in place and must be safe to call more than once (it may run again on a
+    fresh copy). A change that leaves the record's bytes as they were writes nothing. FileNotFoundError
+    when there is no record; RuntimeError after MAX_ATTEMPTS lost races (training.store.update)."""
     key = record_key(run, incident_id)
-    for _ in range(MAX_ATTEMPTS):
-        info = store.head(key)
-        if info is None:
-            raise FileNotFoundError(f"incident record {key} does not exist in {store.describe()}")
-        rec = json.loads(store.get_bytes(key))
+
+    def apply(rec: dict[str, Any]) -> dict[str, Any]:
         change(rec)
-        schema.validate("incident", rec)
-        try:
-            store.put_bytes(key, _dump(rec), if_match=info.etag)
-            return rec
-        except PreconditionFailed:
-            continue
-    raise RuntimeError(f"incident record {key} kept changing under us ({MAX_ATTEMPTS} attempts)")
+        return _checked(rec)
+
+    try:
+        return update_json(store, key, apply, dump=_dump, attempts=MAX_ATTEMPTS, what="incident record").value
+    except NotFound:
+        raise FileNotFoundError(f"incident record {key} does not exist in {store.describe()}") from None
+    except UpdateConflict:
+        raise RuntimeError(
+            f"incident record {key} kept changing under us ({MAX_ATTEMPTS} attempts)"
+        ) from None
 
 
 def load_typed(store: ObjectStore, *, run: str, incident_id: str) -> IncidentRecord:

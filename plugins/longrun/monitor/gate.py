@@ -39,30 +39,28 @@ def gate_checkpoint(
         )
         out["errors"] = v["errors"][:5]
         return out
-    for _ in range(3):
-        try:
-            rec = promote(store, run, step, by=by)
-        except PromotionConflict as e:
-            log.warning("promotion of step %s raced another writer (%s); retrying", step, e)
-            continue
-        except PromotionRefused as e:
-            log.warning("checkpoint step %s of run %s not promoted: %s", step, run, e)
-            out["refused"] = str(e)
-            return out
-        out.update(promoted=True, manifest_key=rec["manifest_key"], seq=rec["seq"])
-        try:
-            m = catalog.checkpoints(store, run).by_step().get(step)
-            if m is not None:
-                out.update(
-                    loss=m.manifest.loss,
-                    saved_at=m.manifest.time,
-                    world=m.manifest.world.to_json(),
-                )
-        except Exception as e:  # metadata is a nicety; the promotion stands
-            log.warning("could not read manifest metadata of step %s: %s", step, e)
-        log.info("checkpoint step %s of run %s validated and promoted (seq %s)", step, run, rec["seq"])
+    try:  # a lost race is decided again on the winner's pointer, three tries in all
+        rec = promote(store, run, step, by=by, attempts=3)
+    except PromotionConflict as e:
+        log.warning("promotion of step %s kept racing another writer: %s", step, e)
+        out["refused"] = "promotion kept racing another writer"
         return out
-    out["refused"] = "promotion kept racing another writer"
+    except PromotionRefused as e:
+        log.warning("checkpoint step %s of run %s not promoted: %s", step, run, e)
+        out["refused"] = str(e)
+        return out
+    out.update(promoted=True, manifest_key=rec["manifest_key"], seq=rec["seq"])
+    try:
+        m = catalog.checkpoints(store, run).by_step().get(step)
+        if m is not None:
+            out.update(
+                loss=m.manifest.loss,
+                saved_at=m.manifest.time,
+                world=m.manifest.world.to_json(),
+            )
+    except Exception as e:  # metadata is a nicety; the promotion stands
+        log.warning("could not read manifest metadata of step %s: %s", step, e)
+    log.info("checkpoint step %s of run %s validated and promoted (seq %s)", step, run, rec["seq"])
     return out
 
 
