@@ -80,7 +80,7 @@ RULES: tuple[Rule, ...] = (
     Rule("environment", r".", r"(^|\.)environ$|^env$|^_environ\(|^os\.environ", "process environment"),
     Rule(
         "typed layer",
-        r"^training/records/|^training/schema\.py$|^training/manifest\.py$",
+        r"^training/records/|^training/checkpoint/manifest\.py$",
         None,
         "the record types' own parsing (from_json, validate)",
     ),
@@ -109,12 +109,15 @@ RULES: tuple[Rule, ...] = (
     Rule("rest", r"/airflow_rest\.py$", None, "the Airflow REST client: its replies and its own get()"),
     Rule("rest", r"/drill\.py$", r"^ti$", "Airflow REST replies (task instances)"),
     Rule("rest", r"/stack/airflow\.py$", r"^v$", "Airflow health endpoint reply"),
-    Rule("boto", r"^training/s3_store\.py$", None, "boto3 replies and errors"),
+    Rule("boto", r"^training/store/s3\.py$", None, "boto3 replies and errors"),
     Rule("expectations", r"/audit/expectations\.py$", None, "Great Expectations validation results"),
     Rule("config", r"/stack/layout\.py$", r"^saved$", "the stack's saved layout"),
     Rule("tally", r"/ui/page\.py$", r"^v$", "check_counts(): check -> verdict -> count, computed", "_tiles"),
     Rule(
-        "config", r"^training/(local_)?store\.py$", r"^(spec|cached)$", "the store spec, the local hash cache"
+        "config",
+        r"^training/store/(local|factory)\.py$",
+        r"^(spec|cached)$",
+        "the store spec, the local hash cache",
     ),
 )
 
