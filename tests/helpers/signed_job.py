@@ -41,7 +41,7 @@ class SignedJob:
 
 def _alert_code(run: str, run_dir: Path, suspect: str) -> str:
     return (
-        "from pathlib import Path;from training import schema;from training.events import EventWriter;"
+        "from pathlib import Path;from training.records import schema;from training.events import EventWriter;"
         "from training.store.factory import store_from_env;"
         f"w=EventWriter(run={run!r},run_dir=Path({str(run_dir)!r}),store=store_from_env(),rank=0,"
         "flush_every=1,progress_interval_s=1.0);"
