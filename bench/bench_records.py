@@ -42,13 +42,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-from longrun.incident import record as incident_record
 from msgspec import UNSET, UnsetType
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from training.checkpoint.upload import json_bytes
 from training.records.job import Manifest, Progress
 from training.records.orchestrator import Incident, Promotion
+from training.store.interface import dump_json
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "fixtures" / "records"
@@ -453,19 +452,19 @@ LIBS = [
     Lib(
         "dataclass",
         lambda kind, data: DATACLASS[kind].from_json(json.loads(data)),
-        lambda obj: json_bytes(obj.to_json()),
+        lambda obj: dump_json(obj.to_json()),
         lambda obj: json.dumps(obj.to_json()).encode(),
     ),
     Lib(
         "pydantic",
         lambda kind, data: PYDANTIC[kind].model_validate_json(data),
-        lambda obj: json_bytes(obj.model_dump(mode="json", exclude_unset=True)),
+        lambda obj: dump_json(obj.model_dump(mode="json", exclude_unset=True)),
         lambda obj: obj.model_dump_json(exclude_unset=True).encode(),
     ),
     Lib(
         "msgspec",
         lambda kind, data: _DECODERS[kind].decode(data),
-        lambda obj: json_bytes(msgspec.to_builtins(obj)),
+        lambda obj: dump_json(msgspec.to_builtins(obj)),
         _ENCODER.encode,
     ),
 ]
@@ -563,10 +562,6 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
     files = corpus()
-    # The store's bytes: put_json, json_bytes and the incident's _dump are one format.
-    sample = json.loads(files["incident"][0][1])
-    assert json_bytes(sample) == incident_record._dump(sample)
-
     print(f"command: {' '.join(['python', 'bench/bench_records.py', *sys.argv[1:]])}")
     print(f"python {sys.version.split()[0]}, pydantic {md.version('pydantic')} (core {md.version('pydantic_core')}), "
           f"msgspec {md.version('msgspec')}; corpus {CORPUS.relative_to(REPO)}; best of {args.repeats}")  # fmt: skip

@@ -4,7 +4,7 @@ writer to the same bytes; every record kind has a corpus entry; a corrupted reco
 error that names the field.
 
 A kind's reader and writer are the ones the code uses on the store (`CODECS`): the writer's bytes come
-from the writer's own function (`put_json`, `incident.record._dump`, `checkpoint.upload.json_bytes`,
+from the writer's own function (`put_json`, `training.store.interface.dump_json`,
 `history.append`, `hot_spare._write`, `EventWriter.flush`), called on an in-memory store, never from a copy
 of its format. A case today's code fails is a strict xfail naming the gap (`ROUND_TRIP_GAPS`,
 `NAMING_GAPS`): the one left is `incident_join`, a kind without a reader.
@@ -24,11 +24,9 @@ from typing import Any
 import pytest
 from longrun.health import history, probe_reference, ratelimit
 from longrun.incident import hot_spare
-from longrun.incident import record as incident_record
 from longrun.monitor.event import MonitorEvent
 from longrun.nodes.outcome import NodeProbe, NodeReturn
 
-from training.checkpoint import upload
 from training.checkpoint.manifest import read_manifest
 from training.events import EventWriter
 from training.records import KINDS
@@ -36,7 +34,7 @@ from training.records.diagnosis import ProbeResult
 from training.records.job import CheckRecord, Manifest
 from training.records.orchestrator import Incident as IncidentRecord
 from training.spares.directive import Directive
-from training.store.interface import NotFound, ObjectInfo, PreconditionFailed, put_json
+from training.store.interface import NotFound, ObjectInfo, PreconditionFailed, dump_json, put_json
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "fixtures" / "records"
@@ -125,7 +123,7 @@ def _write_checks(recs: list[CheckRecord]) -> bytes:
 
 
 def _write_incident(rec: IncidentRecord) -> bytes:
-    return incident_record._dump(rec.to_json())
+    return dump_json(rec.to_json())
 
 
 def _write_node_event(ev: history.NodeEvent) -> bytes:
@@ -192,10 +190,10 @@ CODECS: dict[str, Codec] = {
     "check": Codec(_read_checks, _write_checks, "training.records.job:CheckRecord (checks/*.jsonl)"),
     "manifest": Codec(
         lambda data: Manifest.from_json(read_manifest(data, "corpus")),
-        lambda m: upload.json_bytes(m.to_json()),
+        lambda m: dump_json(m.to_json()),
         "training.records.job:Manifest",
     ),
-    "save": _record(KINDS["save"], "training.records.job:Save", lambda r: upload.json_bytes(r.to_json())),
+    "save": _record(KINDS["save"], "training.records.job:Save", lambda r: dump_json(r.to_json())),
     "incident": _record(IncidentRecord, "training.records.orchestrator:Incident", _write_incident),
     "directive": _record(Directive, "training.spares.directive", _write_directive),
     "node_event": _record(history.NodeEvent, "longrun.health.history", _write_node_event),

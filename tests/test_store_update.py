@@ -10,13 +10,19 @@ from typing import Any
 
 import pytest
 
-from training.store.interface import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, put_json
+from training.store.interface import (
+    NotFound,
+    ObjectInfo,
+    ObjectStore,
+    PreconditionFailed,
+    dump_json,
+    put_json,
+)
 from training.store.local import LocalDirStore
 from training.store.update import (
     UpdateConflict,
     create_once,
     create_or_read,
-    dump_json,
     put_if_unchanged,
     read_versioned,
     update_json,
@@ -72,7 +78,7 @@ def _add(item: str) -> Any:
     return change
 
 
-def test_dump_json_is_put_json_bytes(store: ObjectStore, key: str) -> None:
+def test_dump_json_is_put_dump_json(store: ObjectStore, key: str) -> None:
     obj = {"b": [1, 2], "a": {"z": None, "y": 1.5}}
     put_json(store, key, obj)
     assert store.get_bytes(key) == dump_json(obj)

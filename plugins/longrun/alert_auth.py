@@ -33,8 +33,8 @@ from longrun.slurm.models import JobState
 from longrun.slurm.spec import JobTag
 from training.records import schema, signing
 from training.records.fields import need, opt_float, opt_int, opt_str, stamped
-from training.store.interface import NotFound, ObjectStore, StoreError
-from training.store.update import create_once, create_or_read, dump_json
+from training.store.interface import NotFound, ObjectStore, StoreError, dump_json
+from training.store.update import create_once, create_or_read
 
 KEY_FOLDER = "ops/alert-keys/"
 #: DAGs whose jobs carry longrun's tag for a run (the first launch and every relaunch).

@@ -20,8 +20,8 @@ from typing import Any
 from training.records import schema
 from training.records.fields import need, opt_float, opt_str, stamped
 from training.records.schema import SchemaError
-from training.store.interface import NotFound, ObjectStore
-from training.store.update import UpdateConflict, create_or_read, dump_json
+from training.store.interface import NotFound, ObjectStore, dump_json
+from training.store.update import UpdateConflict, create_or_read
 
 KIND = "run_claim"
 CLAIM_PATH = "claim.json"

@@ -27,6 +27,7 @@ from training.store.interface import (
     PreconditionFailed,
     StoreError,
     StoreUnavailable,
+    dump_json,
     sha256_file,
 )
 
@@ -103,10 +104,6 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, indent=1).encode()
-
-
 def run_upload_job(job: UploadJob, store: ObjectStore | None = None) -> dict[str, Any]:
     """Hash, write the local manifest, upload files then manifest, write the `save` record. Never raises:
     the record (returned too) says what happened. `store`: the store object to use (in the saver's own
@@ -125,7 +122,7 @@ def run_upload_job(job: UploadJob, store: ObjectStore | None = None) -> dict[str
             nbytes += size
             files.append({"name": name, "key": rel_dir + name, "size": size, "sha256": sha256_file(path)})
         manifest = schema.record("manifest", run=job.run, step=job.step, files=files, **job.manifest_fields)
-        data = json_bytes(manifest)
+        data = dump_json(manifest)
         write_atomic(ckpt_dir / MANIFEST_FILE, data)  # local copy complete: manifest last
         if store is None and job.store is not None:
             store = _store_for(job.store)
@@ -137,7 +134,7 @@ def run_upload_job(job: UploadJob, store: ObjectStore | None = None) -> dict[str
     write_save_record(job, result)
     if store is not None and uploaded:
         try:  # best effort: the local record is the one the saver reads
-            store.put_bytes(schema.store_key(job.run, schema.save_path(job.step)), json_bytes(result))
+            store.put_bytes(schema.store_key(job.run, schema.save_path(job.step)), dump_json(result))
         except StoreError as e:
             log.warning("save record for step %d not uploaded: %s", job.step, e)
     return result
@@ -166,7 +163,7 @@ def write_save_record(job: UploadJob, record: dict[str, Any]) -> None:
     try:
         out = Path(job.run_dir) / schema.save_path(job.step)
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(out, json_bytes(record))
+        write_atomic(out, dump_json(record))
     except OSError as e:
         log.error("cannot write the save record for step %d: %s", job.step, e)
 

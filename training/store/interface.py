@@ -104,9 +104,14 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 8 << 20) -> str:
     return h.hexdigest()
 
 
+def dump_json(obj: Any) -> bytes:
+    """A JSON record as the store holds it: sorted keys, indent 1. The one byte format of every record
+    written whole (the check batches are lines of their own); readers and the record corpus rely on it."""
+    return json.dumps(obj, sort_keys=True, indent=1).encode()
+
+
 def put_json(store: ObjectStore, key: str, obj: Any, **conditions: Any) -> ObjectInfo:
-    data = json.dumps(obj, sort_keys=True, indent=1).encode()
-    return store.put_bytes(key, data, **conditions)
+    return store.put_bytes(key, dump_json(obj), **conditions)
 
 
 def get_json(store: ObjectStore, key: str) -> Any:

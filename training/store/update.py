@@ -16,7 +16,7 @@ so of two writers racing from the same version exactly one wins, and the other d
 the winner wrote (or, out of tries, gets UpdateConflict); nothing is ever written over a version that
 was not read.
 
-Bytes are the caller's: `update_json` takes a `dump` (each record keeps its exact byte format; the
+Bytes are the caller's: `update_json` takes a `dump` (`training.store.interface.dump_json` for most; each record keeps its exact byte format; the
 corpus in tests/fixtures/records holds them) and a `load` (json.loads unless the caller must see
 undecodable bytes itself).
 """
@@ -76,11 +76,6 @@ class Created:
 
     data: bytes
     created: bool
-
-
-def dump_json(obj: Any) -> bytes:
-    """The bytes `training.store.interface.put_json` writes (sorted keys, indent 1), for a `dump`."""
-    return json.dumps(obj, sort_keys=True, indent=1).encode()
 
 
 def read_versioned(

@@ -23,8 +23,8 @@ from training.checkpoint.manifest import CheckpointError, read_manifest
 from training.records import schema
 from training.records.job import Manifest
 from training.records.orchestrator import Promotion, SuspectMark, Validation
-from training.store.interface import ObjectStore, PreconditionFailed
-from training.store.update import UpdateConflict, create_once, dump_json, put_if_unchanged, update_json
+from training.store.interface import ObjectStore, PreconditionFailed, dump_json
+from training.store.update import UpdateConflict, create_once, put_if_unchanged, update_json
 
 POINTER_ATTEMPTS = 8
 

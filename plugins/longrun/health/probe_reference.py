@@ -33,8 +33,8 @@ from longrun.slurm.models import CommandResult
 from training.records.diagnosis import ProbeResult
 from training.records.orchestrator import Incident as IncidentRecord
 from training.records.schema import SchemaError
-from training.store.interface import ObjectStore, StoreError
-from training.store.update import create_once, dump_json, update_json
+from training.store.interface import ObjectStore, StoreError, dump_json
+from training.store.update import create_once, update_json
 
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

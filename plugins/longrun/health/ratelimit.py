@@ -30,8 +30,8 @@ from longrun import security_events
 from training.records import schema
 from training.records.fields import need, opt_float, opt_str
 from training.records.schema import SchemaError
-from training.store.interface import NotFound, ObjectStore
-from training.store.update import UpdateConflict, dump_json, update_json
+from training.store.interface import NotFound, ObjectStore, dump_json
+from training.store.update import UpdateConflict, update_json
 
 LEDGER_KEY = "ops/drain-ledger.json"
 #: Airflow Variable holding the policy as JSON, e.g. {"max_drains": 2, "window_s": 3600}: a cluster

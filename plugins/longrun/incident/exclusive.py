@@ -31,8 +31,8 @@ from training.records import schema
 from training.records.fields import need, opt_float, opt_int, opt_str, stamped
 from training.records.orchestrator import IncidentStatus
 from training.records.schema import SchemaError
-from training.store.interface import NotFound, ObjectStore, put_json
-from training.store.update import UpdateConflict, dump_json, update_json
+from training.store.interface import NotFound, ObjectStore, dump_json, put_json
+from training.store.update import UpdateConflict, update_json
 
 LOCK_PATH = "incident-lock.json"
 SCHEMA_VERSION = 1

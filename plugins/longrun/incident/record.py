@@ -24,7 +24,7 @@ from training.records import schema
 from training.records.alert import Alert, AlertRef
 from training.records.orchestrator import Incident as IncidentRecord
 from training.records.orchestrator import IncidentStatus
-from training.store.interface import NotFound, ObjectStore
+from training.store.interface import NotFound, ObjectStore, dump_json
 from training.store.update import UpdateConflict, create_or_read, update_json
 
 MAX_ATTEMPTS = 8
@@ -64,7 +64,7 @@ def open_incident(
         status=OPEN,
         runbooks=[runbooks.for_check(str(ref.check))],
     )
-    first = create_or_read(store, key, _dump(rec))
+    first = create_or_read(store, key, dump_json(rec))
     if first.created:
         return rec
     return _checked(json.loads(first.data))
@@ -94,7 +94,9 @@ def update(
         return _checked(rec)
 
     try:
-        return update_json(store, key, apply, dump=_dump, attempts=MAX_ATTEMPTS, what="incident record").value
+        return update_json(
+            store, key, apply, dump=dump_json, attempts=MAX_ATTEMPTS, what="incident record"
+        ).value
     except NotFound:
         raise FileNotFoundError(f"incident record {key} does not exist in {store.describe()}") from None
     except UpdateConflict:
@@ -194,7 +196,3 @@ def summary(rec: IncidentRecord | Mapping[str, Any]) -> str:
     for book in r.runbooks:
         lines.append(f"  runbook: {book}")
     return "\n".join(lines)
-
-
-def _dump(rec: Mapping[str, Any]) -> bytes:
-    return json.dumps(rec, sort_keys=True, indent=1).encode()
