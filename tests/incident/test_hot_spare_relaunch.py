@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from longrun import alert_auth
-from longrun.incident import hot_spare, jobstep, record
+from longrun.incident import hot_spare, record
 from longrun.incident.events import Event
 from longrun.incident.runner import Incident, IncidentStop
 from longrun.monitor import lifecycle
@@ -201,7 +201,7 @@ def _step(slurm_cluster, job_id: int, node: str, name: str) -> subprocess.Popen:
 
 def _listed(client, job_id: int, name: str) -> None:
     deadline = time.monotonic() + 60
-    while name not in [n for _, n in jobstep.job_steps(client, job_id)]:
+    while name not in [n for _, n in client.job_steps(job_id)]:
         assert time.monotonic() < deadline, f"step {name} never started"
         time.sleep(0.2)
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from longrun.incident import hot_spare
-from longrun.incident.jobstep import job_steps
 from longrun.launch import job_spec_for_run, run_dir_for
 from longrun.runspec import Drill, RunSpec
 from longrun.slurm import ops
@@ -128,7 +127,7 @@ def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp,
         )
         # the directive comes while the next attempt's standby waits for it, as after an incident's steps
         _wait("the standby", lambda: "standby: waiting" in _log(launcher, run.run_name, job_id))
-        assert "longrun-attempt-1" in [name for _, name in job_steps(client, job_id)]  # the waiting standby
+        assert "longrun-attempt-1" in [name for _, name in client.job_steps(job_id)]  # the waiting standby
         log = _direct_and_finish(launcher, run.run_name, job_id, nodes=tuple(keep), exclude=suspect)
         assert "the standby is directed: it trains" in log and "stopping the standby" not in log
         node = client.node(suspect)

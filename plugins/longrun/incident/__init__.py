@@ -11,7 +11,7 @@ The steps of `sdc_incident` as plain functions over a store and a Slurm client, 
     reference_source, keep_drained   the diagnosis's probe reference; what longrun drained stays drained
     relaunch_plan   the relaunch's RunSpec
     hot_spare       with spares: the job is kept, the node diagnosed and released inside it, the run
-                    directed onto a spare (jobstep: the commands it runs inside the job)
+                    directed onto a spare
     exclusive       one incident per run acts at a time
     approval        what an approval shows, and who may lift the drain rate limit
     recovery, closing   the time to recover, measured once the relaunch trains; closing the incident

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -56,7 +55,6 @@ from longrun.health.probe_reference import (
 )
 from longrun.incident import record
 from longrun.incident.events import Event
-from longrun.incident.jobstep import job_steps, run_step
 from longrun.incident.relaunch_plan import relaunch_spec, run_spec
 from longrun.incident.runner import Incident, Outcome, Rec, authenticate, write
 from longrun.monitor.lifecycle import conf_of
@@ -140,11 +138,11 @@ def earlier_steps(client: SlurmClient, job_id: int, attempt: int, *, timeout_s: 
         try:
             left = [
                 f"{sid} ({name})"
-                for sid, name in job_steps(client, job_id)
+                for sid, name in client.job_steps(job_id)
                 if (a := attempt_of_step_name(name)) is not None and a < attempt
             ]
-        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-            left = [f"unknown: {e}"]  # unproven is not ended
+        except (SlurmCommandError, SlurmUnavailableError, OSError) as e:
+            left = [f"unknown: the steps of job {job_id} are unknown: {e}"]  # unproven is not ended
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
@@ -317,7 +315,7 @@ def release(store: ObjectStore, client: SlurmClient, inc: Incident, node: str) -
     keep = [n for n in state.nodes if n != node]
     try:
         release_node(client, inc.job_id, keep)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
+    except RuntimeError as e:
         # Slurm 22.05 without accounting shrinks a job once; a second update is refused ("DB index")
         inc.event(store, Event.RELEASE_REFUSED, node=node, why=str(e)[:500])
         return False
@@ -351,7 +349,7 @@ def reference_in_job(
         raise RuntimeError("no healthy node in the allocation for the probe's reference")
     node = nodes[0]
     return run_reference(
-        lambda argv: run_step(client, job_id, node, argv, timeout_s=timeout_s, overlap=True),
+        lambda argv: client.run_in_job(job_id, node, argv, timeout_s=timeout_s, overlap=True),
         node=node,
         python=python,
         state_dir=state_dir,
@@ -482,7 +480,7 @@ def diagnose_in_job(
         state_dir=state_dir,
     )
     started = time.monotonic()
-    result = run_step(client, inc.job_id, node, argv, timeout_s=timeout_s)
+    result = client.run_in_job(inc.job_id, node, argv, timeout_s=timeout_s)
     seen = node_check.last_json_line(result.stdout)
     checked = None if seen is None else _node_check(seen)
     if (
