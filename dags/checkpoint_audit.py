@@ -34,6 +34,13 @@ from airflow.sdk import Param, dag, task
             description="Stored payload files to download and re-hash",
         ),
         "seed": Param(0, type="integer", description="Seed of the re-hash sample (same seed, same files)"),
+        "runs": Param(
+            [],
+            type="array",
+            items={"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"},
+            maxItems=1000,
+            description="Audit only these runs (empty: every run in the store, as the daily audit does)",
+        ),
         "loss_min": Param(0.0, type="number", description="Lowest loss a manifest may record"),
         "loss_max": Param(10000.0, type="number", description="Highest loss a manifest may record"),
         "healthy_steps": Param(

@@ -2,7 +2,8 @@
 # The Slurm 25.11 tier: builds Slurm 25.11.7 and pyslurm 25.11.2 once (scripts/build-slurm-25.11.sh), then
 # runs the whole tests/slurm suite against a four-node cluster started from those binaries, with both
 # backends (pyslurm may not be skipped here: LONGRUN_REQUIRE_PYSLURM=1 turns a skip into a failure).
-# Skips with its reason (exit 0) when the Slurm source tarball is absent. Extra pytest arguments: $PYTEST_ARGS.
+# Without the Slurm source tarball it cannot run: under CI (CI=true) that fails (exit 3); elsewhere it says
+# NOT RUN with the reason and exits 0. Extra pytest arguments: $PYTEST_ARGS.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -12,7 +13,11 @@ export LONGRUN_SLURM_PREFIX="$prefix"
 rc=0
 scripts/build-slurm-25.11.sh || rc=$?
 if [ "$rc" = 3 ]; then
-  echo "test-slurm-25.11: SKIPPED (no Slurm 25.11 source; see docs/slurm.md)"
+  if [ "${CI:-}" = true ]; then
+    echo "test-slurm-25.11: FAILED: no Slurm 25.11 source, and CI runs every tier (docs/slurm.md)" >&2
+    exit 3
+  fi
+  echo "test-slurm-25.11: NOT RUN (no Slurm 25.11 source; see docs/slurm.md)"
   exit 0
 elif [ "$rc" != 0 ]; then
   exit "$rc"

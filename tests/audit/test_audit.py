@@ -280,6 +280,20 @@ def test_flipped_byte_outside_the_sample_is_not_seen(store: LocalDirStore) -> No
     assert run_audit(store, cfg("nosample", sample_size=0)).rehashed == 0
 
 
+def test_an_audit_of_named_runs_reads_only_those_runs(store: LocalDirStore) -> None:
+    """`runs` scopes the audit: a broken run elsewhere in the store neither fails nor enters it."""
+    healthy_run(store, "gamma")
+    _nan_loss(store)  # breaks run "alpha" (the fixture's)
+    report = run_audit(store, cfg("only-gamma", runs=("gamma",)))
+    assert report.success
+    assert set(build_table(store, ["gamma"])["run"]) == {"gamma"}
+    assert get_json(store, "audit/only-gamma/summary.json")["runs"] == ["gamma"]
+    with pytest.raises(AuditFailed, match="nan"):
+        run_audit(store, cfg("only-alpha", runs=("alpha",)))
+    with pytest.raises(AuditFailed):
+        run_audit(store, cfg("all"))
+
+
 def test_empty_store_passes(tmp_path: Path) -> None:
     report = run_audit(LocalDirStore(tmp_path / "empty"), cfg("empty"))
     assert report.success and report.rows == 0
@@ -293,6 +307,8 @@ def test_empty_store_passes(tmp_path: Path) -> None:
         ({"audit_id": "a", "loss_min": 5.0, "loss_max": 1.0}, "loss_min"),
         ({"audit_id": "a", "loss_max": math.inf}, "loss_max"),
         ({"audit_id": "a", "prefix": "runs/audit/"}, "prefix"),
+        ({"audit_id": "a", "runs": ("../other",)}, "runs"),
+        ({"audit_id": "a", "runs": ["alpha"]}, "runs"),
     ],
 )
 def test_config_rejects_bad_values_naming_the_field(kwargs: dict[str, object], field: str) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cluster_state import restore_clean_cluster
+from helpers.pyslurm_required import skip_without_pyslurm
 from longrun.slurm import pyslurm_backend, pyslurm_loader
 from longrun.slurm.cli_backend import CliSlurmClient
 from longrun.slurm.client import SlurmClient
@@ -33,9 +34,7 @@ def make(backend: str, slurm_conf: str) -> SlurmClient:
         return cli
     reason = pyslurm_loader.unavailable_reason(cluster_version=cli.version(), slurm_conf=slurm_conf)
     if reason:
-        if os.environ.get("LONGRUN_REQUIRE_PYSLURM") == "1":  # the Slurm 25.11 tier: no silent skip
-            pytest.fail(f"pyslurm backend required here but unusable: {reason}")
-        pytest.skip(f"pyslurm backend: {reason}")
+        skip_without_pyslurm(f"pyslurm backend: {reason}")
     return pyslurm_backend.PyslurmClient(slurm_conf=slurm_conf)
 
 

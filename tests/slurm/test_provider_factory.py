@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.pyslurm_required import skip_without_pyslurm
 from longrun.provider import get_provider_info
 from longrun.slurm import pyslurm_loader
 from longrun.slurm.cli_backend import CliSlurmClient
@@ -89,7 +90,7 @@ def test_availability_check_without_slurm_conf_says_why_and_the_caller_survives(
 def test_availability_check_with_a_broken_slurm_conf_survives(tmp_path):
     """A conf libslurm cannot use (empty: no ClusterName, no controller) must not kill the caller either."""
     if importlib.util.find_spec("pyslurm") is None:
-        pytest.skip("pyslurm is not installed: nothing could abort (the 25.11 tier runs this)")
+        skip_without_pyslurm("pyslurm is not installed: nothing could abort (the 25.11 tier runs this)")
     broken = tmp_path / "slurm.conf"
     broken.write_text("# nothing useful\n")
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
@@ -104,7 +105,7 @@ def test_one_process_one_cluster_for_pyslurm(slurm_cluster, tmp_path):
     silently pointed at the first one."""
     conf = slurm_cluster.env["SLURM_CONF"]
     if pyslurm_loader.unavailable_reason(cluster_version=None, slurm_conf=conf):
-        pytest.skip("pyslurm is not usable here (the 25.11 tier runs this)")
+        skip_without_pyslurm("pyslurm is not usable here (the 25.11 tier runs this)")
     PyslurmClient(slurm_conf=conf)
     other = tmp_path / "slurm.conf"
     shutil.copy(conf, other)

@@ -26,12 +26,15 @@ EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="longrun audit", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    sp = sub.add_parser("run", help="audit every run in the store now")
+    sp = sub.add_parser("run", help="audit every run in the store (or the --run ones) now")
     sp.add_argument("--id", help="report id (default: cli-<UTC time>); the report goes under audit/<id>/")
     sp.add_argument("--sample-size", type=int, default=16, help="stored files to re-hash (default 16)")
     sp.add_argument("--seed", type=int, default=0, help="seed of the re-hash sample (default 0)")
     sp.add_argument("--loss-min", type=float, default=0.0, help="lowest loss a manifest may record")
     sp.add_argument("--loss-max", type=float, default=1.0e4, help="highest loss a manifest may record")
+    sp.add_argument(
+        "--run", action="append", default=[], help="audit only this run (repeat for more; default: every run)"
+    )
     sp = sub.add_parser("fetch", help="copy an audit report (Data Docs, JSON, table) to a local directory")
     sp.add_argument("--id", required=True, help="report id (the audit/<id>/ prefix)")
     sp.add_argument("--dest", required=True, help="local directory to copy into")
@@ -46,6 +49,7 @@ def _run(store: ObjectStore, args: argparse.Namespace) -> int:
         seed=args.seed,
         loss_min=args.loss_min,
         loss_max=args.loss_max,
+        runs=tuple(args.run),
     )
     try:
         report = run_audit(store, cfg)

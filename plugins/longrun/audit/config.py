@@ -6,6 +6,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from training.records import schema
+
 _AUDIT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -33,6 +35,8 @@ class AuditConfig:
     """Store prefix of audit reports; outside `runs/`, so the audit never reads its own output."""
     max_report_keys: int = 5
     """How many offending keys the failure message names per property."""
+    runs: tuple[str, ...] = ()
+    """The runs to audit (their `runs/<run>/` records); empty: every run in the store (the daily audit)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.audit_id, str) or not _AUDIT_ID.match(self.audit_id):
@@ -66,3 +70,10 @@ class AuditConfig:
             or self.max_report_keys < 1
         ):
             raise ValueError(f"AuditConfig.max_report_keys = {self.max_report_keys!r}; expected an int >= 1")
+        if not isinstance(self.runs, tuple):
+            raise ValueError(f"AuditConfig.runs = {self.runs!r}; expected a tuple of run names")
+        for run in self.runs:
+            try:
+                schema.check_run_name(run)
+            except schema.SchemaError as e:
+                raise ValueError(f"AuditConfig.runs has {run!r}: {e}") from None

@@ -35,10 +35,12 @@ def classify(key: str) -> tuple[str, str] | None:
 
 
 def read_records(
-    store: ObjectStore,
+    store: ObjectStore, runs: Iterable[str] = ()
 ) -> Iterable[tuple[str, str, ObjectInfo, dict[str, Any] | None, str | None]]:
-    """(kind, run, object info, record or None, parse error or None) for every record the audit reads."""
-    for info in store.list("runs/"):
+    """(kind, run, object info, record or None, parse error or None) for every record the audit reads: of
+    the named `runs` (names checked by the caller: longrun.audit.config), else of every run."""
+    prefixes = [f"runs/{run}/" for run in runs] or ["runs/"]
+    for info in (info for prefix in prefixes for info in store.list(prefix)):
         found = classify(info.key)
         if found is None:
             continue

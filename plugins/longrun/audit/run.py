@@ -62,9 +62,10 @@ class AuditReport:
 
 
 def run_audit(store: ObjectStore, cfg: AuditConfig) -> AuditReport:
-    """Audit every run in `store`. Raises AuditFailed (after publishing the report) when a property broke."""
+    """Audit every run in `store` (or `cfg.runs`). Raises AuditFailed (after publishing the report) when a
+    property broke."""
     started = time.monotonic()
-    table = build_table(store)
+    table = build_table(store, cfg.runs)
     rehashed = rehash_sample(store, table, sample_size=cfg.sample_size, seed=cfg.seed)
     prefix = f"{cfg.prefix}{cfg.audit_id}/"
     with tempfile.TemporaryDirectory(prefix="longrun-audit-docs-") as docs_dir:
@@ -81,6 +82,7 @@ def run_audit(store: ObjectStore, cfg: AuditConfig) -> AuditReport:
             "rehashed": rehashed,
             "sample_size": cfg.sample_size,
             "seed": cfg.seed,
+            "runs": list(cfg.runs),
             "loss_band": [cfg.loss_min, cfg.loss_max],
             "docs_site": DOCS_SITE,
             "time": time.time(),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 import pandas as pd
@@ -184,8 +185,9 @@ def _judge_promotions(
         row["in_suspect"] = _promotion_in_suspect(row, obj, manifests, suspects.get(row["run"], []))
 
 
-def build_table(store: ObjectStore) -> pd.DataFrame:
-    """Read every manifest, validation, promotion, suspect and incident record in `store` into one table."""
+def build_table(store: ObjectStore, runs: Iterable[str] = ()) -> pd.DataFrame:
+    """Read every manifest, validation, promotion, suspect and incident record in `store` (of the named
+    `runs`, else of every run) into one table."""
     rows: list[dict[str, Any]] = []
     manifests: dict[str, dict[str, Any]] = {}  # key -> record
     etags: dict[str, str] = {}  # manifest key -> its ETag now
@@ -193,7 +195,7 @@ def build_table(store: ObjectStore) -> pd.DataFrame:
     validations: dict[tuple[str, int], list[tuple[float, bool, str | None]]] = defaultdict(list)
     suspects: dict[str, list[tuple[int, float, float]]] = defaultdict(list)  # run -> (after, until, time)
     promotions: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (row, record)
-    for kind, run, info, obj, error in read_records(store):
+    for kind, run, info, obj, error in read_records(store, runs):
         key = info.key
         if obj is None:
             step = schema.step_of_manifest_key(key) if kind == "manifest" else None

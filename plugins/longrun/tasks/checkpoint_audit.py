@@ -28,6 +28,10 @@ def config_from_params(params: Mapping[str, Any], run_id: str) -> AuditConfig:
     for name in ("loss_min", "loss_max"):
         if name in fields:
             fields[name] = float(fields[name])
+    runs = params.get("runs") or []
+    if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
+        raise ValueError(f"Param runs = {runs!r}: expected a list of run names")
+    fields["runs"] = tuple(runs)
     return AuditConfig(audit_id=audit_id_from(run_id), **fields)
 
 
