@@ -54,7 +54,9 @@ def test_node_page_shows_the_cli_history(store, capsys):
     r = get(build(store), "/longrun/nodes/n2")
     assert r.status_code == 200
     html = r.text
-    assert "repeat offender" in html and "longrun:diag-fail:drill-1:25" in html
+    # Its first and only incident, marked by a failed diagnostic: named for that, not a repeat offender.
+    assert "failed diagnostic: marked for replacement, never returned automatically" in html
+    assert "repeat offender" not in html and "longrun:diag-fail:drill-1:25" in html
     assert "<td class='bad'>idle+DRAIN</td>" in html  # as the run page's nodes table shows it
     assert "&lt;b&gt;ab&lt;/b&gt;" in html and "<b>ab</b>" not in html  # evidence is escaped
     assert "href='/longrun/runs/drill-1#incident-inc-1'" in html
@@ -64,6 +66,19 @@ def test_node_page_shows_the_cli_history(store, capsys):
     assert page_kinds == cli_kinds == ["suspected", "diagnosed", "marked_for_replacement"]
     assert get(build(store), "/longrun/nodes").status_code == 200
     assert get(build(store), "/longrun/nodes/n%5B1-4%5D").status_code == 404
+
+
+def test_the_node_page_says_repeat_offender_only_for_repeated_suspicions(store):
+    """Two incidents naming n3, every diagnosis passed: the policy's suspicion limit marks it, and the page
+    says so in those words; one suspicion and a passed diagnosis mark nothing."""
+    h.record(store, "n3", h.SUSPECTED, "inc-a", run="r", incident_id="inc-a")
+    h.record(store, "n3", h.DIAGNOSED, "inc-a", run="r", incident_id="inc-a", verdict="pass")
+    once = get(build(store), "/longrun/nodes/n3").text
+    assert "never returned automatically" not in once
+    h.record(store, "n3", h.SUSPECTED, "inc-b", run="r", incident_id="inc-b")
+    twice = get(build(store), "/longrun/nodes/n3").text
+    assert "repeat offender: marked for replacement, never returned automatically" in twice
+    assert "suspected 2 times within 30 days (limit 2)" in twice
 
 
 def test_every_route_checks_the_permission_of_its_dag(store):

@@ -70,3 +70,42 @@ def test_the_timeline_is_in_time_order_and_an_entry_that_does_not_read_still_sho
     assert "drained" in rows[1] and "+5.0" in rows[1] and "&quot;node&quot;: &quot;n2&quot;" in rows[1]
     assert "yesterday" in rows[2] + rows[3] and "no event" in rows[2] + rows[3]
     assert "later" in rows[2] + rows[3]
+
+
+def closing_note(h) -> str:
+    html = page.run_html(h, base="/longrun", store="test")
+    return (
+        html.split("class='muted incident-closing'>", 1)[1].split("</p>", 1)[0]
+        if "incident-closing" in html
+        else ""
+    )
+
+
+def test_an_open_incident_says_when_it_will_close(store):
+    """After the relaunched run finished, "open" comes with what it waits for and when it closes; a closed
+    incident says nothing more; every open status says who or what closes it."""
+    fill_drill(store)
+    h = data.load_run_health(store, "drill-1")
+    (inc,) = h.incidents
+    assert inc.status == "relaunched" and h.finished
+    note = closing_note(h)
+    assert note.startswith("The relaunched run has finished. Open until the relaunched run has trained")
+    assert f"now {h.step - inc.restart_step} steps past its resume point (step {inc.restart_step})" in note
+    assert "daily <code>checkpoint_audit</code> (00:00 UTC) then closes it" in note
+    assert "longrun incidents close --run drill-1 --incident " + inc.incident_id in note
+    closed = dataclasses.replace(h, incidents=(dataclasses.replace(inc, status="closed"),))
+    assert closing_note(closed) == ""
+    for status_, words in (
+        ("observed", "Observe mode acted on nothing"),
+        ("ambiguous", "nothing was drained"),
+        ("failed", "A step of the incident failed"),
+        ("open", "In progress"),
+    ):
+        other = dataclasses.replace(h, incidents=(dataclasses.replace(inc, status=status_),))
+        assert words in closing_note(other), status_
+
+
+def test_the_pages_healthy_steps_default_is_the_closers():
+    from longrun.incident.closing import HEALTHY_STEPS
+
+    assert page.HEALTHY_STEPS_DEFAULT == HEALTHY_STEPS

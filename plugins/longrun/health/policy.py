@@ -78,9 +78,13 @@ class Standing:
     failed_diagnostics: int
     """Diagnostics with verdict fail, ever (since the last return)."""
     repeat_offender: bool
-    """Never return automatically."""
+    """Never return automatically (marked for replacement), for any of the reasons in `why`."""
     why: str
     """One line for people and records."""
+    headline: str = ""
+    """The first reason in a few words, for pages and refusals: `repeat offender` only when the suspicions
+    reached the limit; `failed diagnostic` when a diagnostic failed (a node can fail its first one);
+    `marked for replacement earlier` when only an earlier mark holds; empty when none holds."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +118,12 @@ def standing(
     if marked and not reasons:
         reasons.append("marked for replacement earlier")
     offender = bool(reasons)
+    if len(suspected) >= policy.max_suspicions:
+        headline = "repeat offender"
+    elif failed:
+        headline = "failed diagnostic"
+    else:
+        headline = "marked for replacement earlier" if marked else ""
     why = (
         "; ".join(reasons)
         if offender
@@ -125,4 +135,5 @@ def standing(
         failed_diagnostics=len(failed),
         repeat_offender=offender,
         why=why,
+        headline=headline,
     )

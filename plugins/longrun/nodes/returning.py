@@ -49,7 +49,7 @@ def refusal(client: SlurmClient, hist: ObjectStore, node: str, policy: NodePolic
         return f"{node}'s last diagnostic failed ({st.reason}): it goes to the vendor, not back to service"
     s = standing(node, h.events(hist, node), policy)
     if s.repeat_offender:
-        return f"{node} is a repeat offender: {s.why}"
+        return f"{node} is marked for replacement ({s.headline}): {s.why}"
     return None
 
 
@@ -75,7 +75,7 @@ def select(
             continue
         refused[node] = why
         h.record(hist, node, h.RETURN_REFUSED, source, reason=why)
-        if "repeat offender" in why or "diagnostic failed" in why:
+        if "marked for replacement" in why or "diagnostic failed" in why:
             h.record(hist, node, h.REPLACE, source, reason=why)
     return {"nodes": chosen, "refused": refused}
 

@@ -52,7 +52,7 @@ def node_html(
         for e in events
     )
     offender = (
-        "<b class='bad'>repeat offender: never returned automatically</b>; "
+        f"<b class='bad'>{escape(standing.headline)}: marked for replacement, never returned automatically</b>; "
         if standing.repeat_offender
         else ""
     )

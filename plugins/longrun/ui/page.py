@@ -11,7 +11,7 @@ import time
 from html import escape
 from typing import Any
 
-from longrun.ui.model import CheckEvent, RunHealth
+from longrun.ui.model import CheckEvent, IncidentView, RunHealth
 from training.records.orchestrator import TimelineEvent
 
 REFRESH_S = 15
@@ -186,6 +186,7 @@ def _incidents(h: RunHealth, *, base: str, run_url: str) -> str:
             f"<p>alert: {escape(str(inc.check))} at step {inc.step}, suspect nodes "
             f"{', '.join(node_link(base, n) for n in inc.suspect_nodes) or '-'}; diagnosis: "
             f"<b>{escape(inc.verdict or 'pending')}</b>; {runbook}</p>"
+            + _closing_note(h, inc)
             + (f"<table class='facts'>{facts}</table>" if facts else "")
             + f"<p>Timeline:</p><table class='timeline'><tr><th>time</th><th>+s</th><th>event</th><th>details</th></tr>"
             f"{rows}</table>{plots}"
@@ -193,6 +194,44 @@ def _incidents(h: RunHealth, *, base: str, run_url: str) -> str:
             "</div>"
         )
     return "".join(out)
+
+
+#: checkpoint_audit's default `healthy_steps` (longrun.incident.closing.HEALTHY_STEPS; a test pins the two
+#: together: the page sits beside `incident` in the layers and does not import it).
+HEALTHY_STEPS_DEFAULT = 20
+
+
+def _closing_note(h: RunHealth, inc: IncidentView) -> str:
+    """When an open incident closes, and what it waits for: an operator reading "open" after the relaunched
+    run finished must not have to guess whether something is stuck."""
+    if inc.status in _CLOSED:
+        return ""
+    by_hand = (
+        f"<code>longrun incidents close --run {escape(h.run)} --incident {escape(inc.incident_id)}"
+        " --reason TEXT</code>"
+    )
+    if inc.status == "relaunched":
+        if h.step is not None and inc.restart_step is not None:
+            progress = f"now {max(h.step - inc.restart_step, 0)} steps past its resume point (step {inc.restart_step})"
+        else:
+            progress = "no progress heartbeat read since the relaunch"
+        finished = "The relaunched run has finished. " if h.finished else ""
+        text = (
+            f"{finished}Open until the relaunched run has trained <code>healthy_steps</code> steps past its"
+            f" resume point with no new alert ({progress}; <code>healthy_steps</code> is the Variable"
+            f" <code>longrun_healthy_steps</code>, {HEALTHY_STEPS_DEFAULT} unless set). The daily"
+            " <code>checkpoint_audit</code> (00:00 UTC) then closes it; trigger <code>checkpoint_audit</code>"
+            f" to close it now, or close it by hand: {by_hand}."
+        )
+    elif inc.status == "observed":
+        text = f"Observe mode acted on nothing: it stays open until a person closes it: {by_hand}."
+    elif inc.status == "ambiguous":
+        text = f"The evidence named no single node, so nothing was drained: it stays open until a person closes it: {by_hand}."
+    elif inc.status == "failed":
+        text = f"A step of the incident failed (the runbook says what to do): it stays open until a person closes it: {by_hand}."
+    else:
+        text = "In progress: the incident's steps are running (DAG <code>sdc_incident</code>); it can close only after its relaunch."
+    return f"<p class='muted incident-closing'>{text}</p>"
 
 
 def _timeline_row(e: TimelineEvent, t0: float | None) -> str:
