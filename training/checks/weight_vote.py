@@ -26,7 +26,7 @@ from training.checks.base import CheckBase, CheckResult, StepContext, majority
 from training.checks.replicas import ReplicaLayout
 from training.dist import all_gather_int64
 from training.fingerprint import device as dfp
-from training.fingerprint.host import combine, fingerprint_state, from_int64, hex64, to_int64
+from training.fingerprint.host import combine, fingerprint_state, from_int64, hex64, local_state, to_int64
 
 XXH3 = "xxh3-64"
 ALGORITHMS = (XXH3, dfp.ALGORITHM)
@@ -66,7 +66,7 @@ class WeightVoteCheck(CheckBase):
     ) -> tuple[str, list[int], dict[str, str] | None, list[str], torch.Tensor]:
         """(algorithm, every replica's combined value, this replica's per-tensor hex for the manifest or
         None, tensor names, this replica's per-tensor int64 values)."""
-        state = {name: local_part(t) for name, t in ctx.model.state_dict().items()}
+        state = local_state(ctx.model.state_dict())
         algo = self.algorithm or algorithm_for(ctx.device)
         if algo == XXH3:
             fps = fingerprint_state(state)
@@ -158,12 +158,6 @@ def _failure(
         },
     }
     return evidence, sorted(r for g in groups for r in g.dissent)
-
-
-def local_part(t: torch.Tensor) -> torch.Tensor:
-    """What this rank holds of a state tensor: a `DTensor`'s local shard, else the tensor itself."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
 
 
 @dataclass(frozen=True, slots=True)

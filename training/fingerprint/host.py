@@ -43,6 +43,17 @@ def hex64(fp: int) -> str:
     return f"{fp & _MASK:016x}"
 
 
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of a state tensor: a sharded `DTensor`'s local shard, else the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def local_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict with every tensor replaced by this rank's local part of it."""
+    return {name: local_part(t) for name, t in state.items() if isinstance(t, torch.Tensor)}
+
+
 def fingerprint_state(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
     """Hex fingerprint of each tensor in a state dict, keyed by name."""
     return {name: hex64(fingerprint_tensor(t)) for name, t in state.items() if isinstance(t, torch.Tensor)}

@@ -1,0 +1,216 @@
+"""Sharded checkpoints: `torch.distributed.checkpoint` (DCP) files in one folder, and a manifest that lists
+every file and every rank's shard fingerprints, so a partial or corrupted checkpoint is never taken for whole.
+
+    manifest = save_sharded(folder, model, optimizer, step=..., mesh=mesh)   # every rank calls it
+    problems = validate_sharded(folder)                                     # anyone, any time: [] = whole
+    step = load_sharded(folder, model, optimizer, mesh=mesh)                 # every rank calls it
+
+What is in the folder: DCP's own files (`.metadata`, written by the coordinator, and one `__<rank>_0.distcp`
+per rank; DCP writes a replicated shard once, so some rank files are smaller than others) and
+`sharded-manifest.json`, written last by rank 0 after every rank's files are closed: no manifest, no
+checkpoint. The manifest holds, per file, its size and SHA-256; the world size and the mesh (dimension
+names and shape) it was saved from; and per rank, the xxh3-64 fingerprint of each local model shard.
+
+Validation (pure Python, no process group) refuses, naming the file: a missing manifest; a file the manifest
+lists that is missing, of another size or another SHA-256; a rank file or `.metadata` that the manifest does
+not list (a checkpoint saved by fewer ranks than it claims); and any file in the folder the manifest does not
+know.
+
+Loading validates first (rank 0, its verdict broadcast), then refuses a world or mesh other than the one
+saved: DCP could reshard onto another mesh, but each rank's shard would then differ from the fingerprints
+taken at save time, and nothing could prove the resumed weights are the saved ones. After DCP loads, every
+rank compares its local shards with the manifest's fingerprints for its rank: the resume is bit-identical or
+it fails, naming the rank and the tensor.
+
+Status: the module and its tests on real FSDP2 ranks; the guard does not save or resume through it yet, and
+the orchestrator's validation, promotion and audit read the unsharded manifest (docs/checkpoints.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.checkpoint.manifest import CheckpointError
+from training.fingerprint.host import fingerprint_state, local_state
+
+MANIFEST = "sharded-manifest.json"
+FORMAT = "dcp-v1"
+DCP_METADATA = ".metadata"
+_RANK_FILE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+
+
+def mesh_shape(mesh: Any) -> dict[str, Any]:
+    """The mesh as the manifest records it: dimension names and shape."""
+    names = list(mesh.mesh_dim_names or ())
+    return {"dims": names, "shape": list(mesh.mesh.shape)}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def save_sharded(
+    folder: str | os.PathLike[str],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    step: int,
+    mesh: Any,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Save `model` and `optimizer` (sharded or not) into `folder` with DCP, then the manifest. Every rank
+    calls it; every rank returns the manifest. `extra` (JSON) goes into the manifest as is."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(folder)
+    if (folder / MANIFEST).exists():
+        raise CheckpointError(f"{folder} already holds a checkpoint (its manifest exists): not overwritten")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dcp.save(_state(model, optimizer), checkpoint_id=str(folder))
+    mine = fingerprint_state(local_state(model.state_dict()))
+    every: list[object] = [None] * world
+    dist.all_gather_object(every, mine)  # also: every rank's files are closed once this returns
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "step": step,
+        "world_size": world,
+        "mesh": mesh_shape(mesh),
+        "shard_fingerprints": {str(r): fps for r, fps in enumerate(every)},
+        "extra": dict(extra or {}),
+    }
+    if rank == 0:
+        manifest["files"] = [
+            {"name": p.name, "size": p.stat().st_size, "sha256": _sha256(p)}
+            for p in sorted(folder.iterdir())
+            if p.is_file() and p.name != MANIFEST
+        ]
+        tmp = folder / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        os.replace(tmp, folder / MANIFEST)  # last, and whole: no manifest, no checkpoint
+    shared: list[object] = [manifest if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    return dict(shared[0])  # type: ignore[call-overload]
+
+
+def read_sharded_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """The folder's manifest, checked for shape; CheckpointError names the folder and what is wrong."""
+    path = Path(folder) / MANIFEST
+    try:
+        manifest = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path} is missing: the checkpoint is incomplete (the manifest is written last)"
+        ) from None
+    except ValueError as e:
+        raise CheckpointError(f"{path} is unreadable: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a {FORMAT} manifest")
+    world = manifest.get("world_size")
+    files = manifest.get("files")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise CheckpointError(f"{path}: world_size = {world!r} is not a positive integer")
+    if not isinstance(files, list) or not all(
+        isinstance(f, dict)
+        and isinstance(f.get("name"), str)
+        and "/" not in f["name"]
+        and f["name"] not in ("", ".", "..")
+        and isinstance(f.get("size"), int)
+        and isinstance(f.get("sha256"), str)
+        for f in files
+    ):
+        raise CheckpointError(f"{path}: files is not a list of {{name, size, sha256}} entries")
+    return manifest
+
+
+def validate_sharded(folder: str | os.PathLike[str]) -> list[str]:
+    """Every reason the checkpoint in `folder` is not whole and unchanged, each naming its file; [] when it
+    is. Reads every byte (SHA-256 of each file)."""
+    folder = Path(folder)
+    try:
+        manifest = read_sharded_manifest(folder)
+    except CheckpointError as e:
+        return [str(e)]
+    problems = []
+    listed = {f["name"]: f for f in manifest["files"]}
+    for name, entry in sorted(listed.items()):
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name}: listed in the manifest, missing from {folder}")
+            continue
+        size = path.stat().st_size
+        if size != entry["size"]:
+            problems.append(f"{name}: {size} bytes, the manifest says {entry['size']}")
+        elif _sha256(path) != entry["sha256"]:
+            problems.append(f"{name}: SHA-256 differs from the manifest's (the file changed after the save)")
+    expected = {DCP_METADATA} | {f"__{r}_0.distcp" for r in range(manifest["world_size"])}
+    for name in sorted(expected - set(listed)):
+        problems.append(f"{name}: not in the manifest of a {manifest['world_size']}-rank checkpoint")
+    for name in sorted(set(listed) - expected):
+        m = _RANK_FILE.match(name)
+        if m is None or int(m.group(1)) >= manifest["world_size"]:
+            problems.append(
+                f"{name}: listed, but not a file of a {manifest['world_size']}-rank DCP checkpoint"
+            )
+    on_disk = {p.name for p in folder.iterdir() if p.is_file()} - {MANIFEST}
+    for name in sorted(on_disk - set(listed)):
+        problems.append(f"{name}: in {folder}, not in its manifest")
+    return problems
+
+
+def load_sharded(
+    folder: str | os.PathLike[str], model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, mesh: Any
+) -> dict[str, Any]:
+    """Load the checkpoint in `folder` into `model` and `optimizer` (every rank calls it) and return its
+    manifest. CheckpointError, on every rank alike, when it is not whole, was saved from another world or
+    mesh, or a loaded shard differs from the fingerprint saved for this rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    verdict: list[object] = [validate_sharded(folder) if rank == 0 else None]
+    dist.broadcast_object_list(verdict, src=0)
+    problems = verdict[0]
+    if problems:
+        raise CheckpointError(f"{folder} is not a whole checkpoint: " + "; ".join(problems))  # type: ignore[arg-type]
+    manifest = read_sharded_manifest(folder)
+    here = mesh_shape(mesh)
+    if manifest["world_size"] != world or manifest["mesh"] != here:
+        raise CheckpointError(
+            f"{folder} was saved by {manifest['world_size']} ranks on mesh {manifest['mesh']}; this run has"
+            f" {world} ranks on mesh {here}. Resharding is refused: the shards would not compare with the"
+            " fingerprints taken at save time. Resume on the same mesh (a spare node in place of a lost one)"
+        )
+    state = _state(model, optimizer)
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    want = manifest["shard_fingerprints"].get(str(rank), {})
+    got = fingerprint_state(local_state(model.state_dict()))
+    differ = sorted(n for n in set(want) | set(got) if want.get(n) != got.get(n))
+    report: list[object] = [None] * world
+    dist.all_gather_object(report, differ)
+    bad = {r: d for r, d in enumerate(report) if d}
+    if bad:
+        raise CheckpointError(
+            f"{folder}: after loading, these ranks' shards differ from the fingerprints saved for them: {bad}"
+        )
+    return manifest
