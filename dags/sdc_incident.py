@@ -8,9 +8,11 @@ the verdict) and pick the pre-incident checkpoint ->
 run attached to the job) -> summary.
 
 Triggered by `training_run` with the alert as conf (run id `incident__<alert id>`), or by hand with
-`run_name`, `alert_key` and `job_id`. Nothing is acted on unless the alert is signed by that job's key,
-names this run and job, and its suspect nodes are in the job's allocation (else a security event); conf
-keys the DAG does not declare are refused. Modes (the run's `incident_mode`): act, approve (human-in-the-loop approval
+`run_name` and `alert_key`. The alert, its run and job, and the mode and spec of the launch that ran
+that job are read from the store (longrun.incident.origin); conf values that disagree with them are
+refused. Nothing is acted on unless the alert is signed by that job's key, names this run and job, and
+its suspect nodes are in the job's allocation (else a security event); conf keys the DAG does not
+declare are refused. An alert whose content another incident already handles joins that incident. Modes (the run's `incident_mode`): act, approve (human-in-the-loop approval
 before the drain and before the relaunch), observe (records what would be done, changes nothing).
 Every step is idempotent through the incident record; the work is in `longrun.incident`, the task bodies
 in `longrun.tasks.sdc_incident`.
@@ -72,7 +74,7 @@ SUMMARY = "{{ ti.xcom_pull(task_ids='attribute') | longrun_safe }}"
             {},
             type="object",
             title="The run's training_run params",
-            description="incident_mode decides act / approve / observe; the relaunch reuses the rest",
+            description="A claim, checked against the run's launch record (its mode and spec are used)",
             section=RUN,
         ),
         "alert_seen_at": Param(

@@ -13,12 +13,15 @@ By default a session runs its own stack in a temporary state dir on a port range
 every component it started at the end, also when tests fail. Its Airflow starts no scheduled runs (the
 midnight `checkpoint_audit` closes healthy incidents; a drill across midnight saw its incident closed). With LONGRUN_TEST_REUSE_STACK=1 it uses
 the default state dir (that of `longrun stack up`): components already running there are reused and
-left running; ones it had to start are stopped at the end. That stack keeps its schedules.
+left running; ones it had to start are stopped at the end. That stack keeps its schedules. The session's
+Airflow submits jobs as the orchestrator (root) unless LONGRUN_TEST_JOB_USER names a job user
+(docs/security.md, item 14); tests/security/test_job_identity.py submits as job users itself.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,33 +31,40 @@ import pytest
 from helpers.cluster_state import restore_snapshot, snapshot
 from helpers.fleet_records import fleet_records_set_aside
 from helpers.stack_fixtures import AirflowStack, SlurmCluster, claim_port_base
-from longrun.stack.layout import default_state_dir
+from longrun.stack.layout import NO_JOB_USER, default_state_dir
 from longrun.stack.procs import StackError
 from longrun.stack.stack import Stack
 
 
 @pytest.fixture(scope="session")
-def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def local_stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     """The session's Stack object (no component is started by this fixture itself)."""
     if os.environ.get("LONGRUN_TEST_REUSE_STACK") == "1":
         yield Stack(default_state_dir())
         return
     db = os.environ.get("LONGRUN_TEST_DB", "sqlite")
-    if db == "postgres":
-        # PostgreSQL runs as the postgres user when we are root: it must reach the state dir, and
-        # pytest's temp root is 0700. Short path, as below.
-        state_dir = Path(tempfile.mkdtemp(prefix="lr-pg-"))
-        state_dir.chmod(0o711)
-    else:
-        # Short path: the munge socket path must fit in a Unix socket address (108 bytes).
-        state_dir = tmp_path_factory.mktemp("stack")
+    # Not under pytest's temp root (0700): jobs that run as a job user (and PostgreSQL, which runs as the
+    # postgres user when we are root) must reach Slurm's config and munge's socket in the state dir, which
+    # the stack makes searchable, not listable (longrun.stack.job_access). Short path: the munge socket
+    # path must fit in a Unix socket address (108 bytes). Removed at the end when every test passed and
+    # every component stopped; else kept, with its logs.
+    state_dir = Path(tempfile.mkdtemp(prefix="lr-st-"))
+    state_dir.chmod(0o711)
+    # The session's Airflow submits as a job user only when asked (LONGRUN_TEST_JOB_USER=<name>): this
+    # machine's interpreter lies under a home dir (0700) that no job user can search (docs/security.md).
+    job_user = os.environ.get("LONGRUN_TEST_JOB_USER") or NO_JOB_USER
     base, lock = claim_port_base(state_dir)
     try:
         # No scheduled DAG runs: midnight's checkpoint_audit closed a drill's incident mid-test. The
         # scheduler imports torch once, so the many validation tasks a session runs do not.
-        yield Stack(state_dir, port_base=base, db=db, schedules=False, preload_torch=True)
+        stack = Stack(
+            state_dir, port_base=base, db=db, schedules=False, preload_torch=True, job_user=job_user
+        )
+        yield stack
     finally:
         lock.close()
+    if request.session.testsfailed == 0 and not any(c.is_recorded() for c in stack.components.values()):
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def _progress(stack: Stack):  # noqa: ANN202

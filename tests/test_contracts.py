@@ -151,8 +151,9 @@ CONTRACT_ENV = {
 }
 # Not in the pinned list: boto3 needs a region for SeaweedFS's S3 (`AWS_DEFAULT_REGION`), and `airflow ...`
 # commands in a shell must see the stack's config (`AIRFLOW_HOME`). The store's two sides
-# (docs/security.md): the orchestrator's bucket and the job identity's keys, which only jobs get. The run
-# dirs' root: the stack's workers put run dirs there, and a shell that looks at them must see the same one.
+# (docs/security.md): the orchestrator's bucket, the shared job identity's keys and the switch to per-run
+# job identities (`LONGRUN_RUN_IDENTITIES`). The run dirs' root: the stack's workers put run dirs there,
+# and a shell that looks at them must see the same one.
 EXTRA_ENV = {
     "AWS_DEFAULT_REGION",
     "AIRFLOW_HOME",
@@ -160,6 +161,7 @@ EXTRA_ENV = {
     "LONGRUN_ORCH_BUCKET",
     "LONGRUN_JOB_ACCESS_KEY_ID",
     "LONGRUN_JOB_SECRET_ACCESS_KEY",
+    "LONGRUN_RUN_IDENTITIES",
 }
 
 
@@ -349,6 +351,9 @@ CONTRACT_NEWER_RECORD_KINDS = {
     "security_event",
     "alert_key",
     "incident_lock",
+    "run_launch",
+    "alert_claim",
+    "drill_grant",
 }
 
 

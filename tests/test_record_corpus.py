@@ -183,7 +183,8 @@ CODECS: dict[str, Codec] = {
     **{
         kind: _record(KINDS[kind], f"training.records ({KINDS[kind].__name__})")
         for kind in ("alert", "progress", "report", "validation", "promotion", "pick", "suspect")
-        + ("run_claim", "security_event", "alert_key", "incident_lock")
+        + ("run_claim", "security_event", "alert_key", "incident_lock", "run_launch", "alert_claim")
+        + ("drill_grant",)
     },
     "segment": _record(KINDS["segment"], "training.segment"),
     "fault": _record(KINDS["fault"], "training.segment"),
@@ -239,6 +240,9 @@ RECORD_CLASSES: dict[str, str] = {
     "longrun.security_events:SecurityEvent": "security_event",
     "longrun.alert_auth:AlertKey": "alert_key",
     "longrun.incident.exclusive:IncidentLock": "incident_lock",
+    "longrun.monitor.launches:RunLaunch": "run_launch",
+    "longrun.incident.alert_identity:AlertClaim": "alert_claim",
+    "longrun.drill_grant:DrillGrant": "drill_grant",
     "longrun.health.ratelimit:DrainEntry": "drain_ledger",
     "longrun.monitor.event:MonitorEvent": "monitor_event",
     "longrun.nodes.outcome:NodeProbe": "node_probe",
@@ -410,6 +414,9 @@ CORRUPTIONS: dict[str, list[Corruption]] = {
     "security_event": [_missing("bad_signature", "reason"), _wrong("bad_signature", "details", "x")],
     "alert_key": [_missing("bound_to_job", "key"), _wrong("bound_to_job", "job_id", "4242")],
     "incident_lock": [_missing("held", "job_id"), _wrong("held", "acquired_at", True)],
+    "run_launch": [_missing("relaunch", "params"), _wrong("relaunch", "job_id", "4243")],
+    "alert_claim": [_missing("claimed", "incident_id"), _wrong("claimed", "claimed_at", "now")],
+    "drill_grant": [_missing("ended", "dag_run_id"), _wrong("ended", "step", "17")],
     "drain_ledger": [_missing("two_entries", "entries"), _wrong("two_entries", "entries.0.time", "now")],
     # every field of a probe result is optional: only a wrong type can be refused
     "probe_reference": [_wrong("h200", "fingerprint", 123)],

@@ -136,12 +136,22 @@ def bind(store: ObjectStore, *, run: str, tag: str, job_id: int) -> None:
     create_once(store, _job_key(job_id), dump_json(bound.to_json()))
 
 
+def bound_tag(store: ObjectStore, *, run: str, job_id: int) -> str | None:
+    """The tag the orchestrator submitted Slurm job `job_id` of `run` with, from the record `bind` wrote
+    (orchestrator side); None when it bound none. Unlike the job's `--comment`, no job can write it."""
+    rec = _load(store, _job_key(job_id))
+    if rec is None or rec.run != run or rec.job_id != int(job_id):
+        return None
+    return rec.tag
+
+
 def submit_env(store: ObjectStore, *, run: str, tag: str, env: Mapping[str, str]) -> dict[str, str]:
     """The secret part of a job's environment, for the sbatch process only: the job's alert key and the
-    store credentials of the job identity (`longrun.store_access.job_store_env`)."""
-    from longrun.store_access import job_store_env
+    store credentials of its run (`longrun.run_identity`: the run's own identity, created now, where the
+    orchestrator's `env` sets per-run identities; else the shared job identity)."""
+    from longrun.run_identity import identities_from_env
 
-    store_env = job_store_env(env)
+    store_env = identities_from_env(env).issue(run)
     out = {k: store_env[k] for k in SECRET_STORE_ENV if store_env.get(k)}
     out[signing.KEY_ENV] = issue(store, run=run, tag=tag).hex()
     return out

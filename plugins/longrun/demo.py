@@ -22,6 +22,7 @@ import time
 from longrun.airflow_rest import AirflowApiError
 from longrun.drill import DRILL_CONF, DrillError, Rest, prepare, return_to_service, run_drill
 from longrun.slurm.factory import make_client
+from longrun.stack.layout import DEFAULT_JOB_USER
 from longrun.stack.stack import Stack
 from training.records import schema
 from training.store.factory import store_from_env
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     say("== 1. the local stack (Slurm n1..n4, SeaweedFS S3, Airflow)")
-    stack = Stack()
+    stack = Stack(default_job_user=DEFAULT_JOB_USER)  # jobs as `longrun-job`, as `longrun stack up`
     stack.up(say=say)
     os.environ.update(stack.env())
     env = stack.env()

@@ -128,15 +128,16 @@ def job_spec_for_run(
     env: Mapping[str, str],
     nvrx: NvrxLaunch | None = None,
     python: str = "python",
+    job_user: str | None = None,
 ) -> JobSpec:
     """The JobSpec of one launch of `run` (render it with `longrun.slurm.render.render_sbatch`).
 
     `env` is exported by the script (store endpoint, bucket: no secrets, the script is readable through
     Slurm); the rest of the job's environment is `JOB_EXPORT` plus the secrets given at submit. `python` is the
     interpreter of the environment that has longrun's job side and NVRx (its `ft_launcher` is used);
-    the run's `job_python`, when set, wins. `nvrx`
-    defaults to `NvrxLaunch()` for GPU runs and `NvrxLaunch.for_step_time(CPU_STEP_S)` for CPU runs.
-    """
+    the run's `job_python`, when set, wins. `nvrx` defaults to `NvrxLaunch()` for GPU runs and
+    `NvrxLaunch.for_step_time(CPU_STEP_S)` for CPU runs. `job_user`: the Unix user the job runs as
+    (`JobSpec.run_as`; None: the submitter), who must write `run_dir_root` and run `python`."""
     if nvrx is None:
         # CPU ranks run the small presets (sub-second steps): detect a hang in seconds, not minutes.
         nvrx = NvrxLaunch() if run.gpus_per_node else NvrxLaunch.for_step_time(CPU_STEP_S)
@@ -177,4 +178,5 @@ def job_spec_for_run(
         output=f"{run_dir}.slurm-%j.out",
         env={**dict(run.extra_env), **dict(env), **nvrx.worker_env()},
         export=JOB_EXPORT,
+        run_as=job_user,
     )

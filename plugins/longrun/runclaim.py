@@ -5,9 +5,10 @@ Two runs under one name would mix their checkpoints (a relaunch could resume fro
 their incidents. So preflight claims the name with a conditional write (`runs/<run>/claim.json`, on the
 orchestrator's side of the store, created only if absent: of two runs racing, exactly one wins).
 
-Allowed with a claim in place: the same DAG run again (a retried or cleared preflight), and a trigger
-that says it continues the run (a relaunch attempt from `sdc_incident`: `attach_job_id` set, attempt
->= 1). Records of the name without any claim (a run from before claims existed) also count as in use.
+Allowed with a claim in place: the same DAG run again (a retried or cleared preflight), and a relaunch
+attempt from `sdc_incident` (`continues`: the caller has checked the DAG run against the orchestrator's
+own record of that relaunch, longrun.monitor.launches; the conf alone never decides it). Records of the
+name without any claim (a run from before claims existed) also count as in use.
 """
 
 from __future__ import annotations
@@ -126,5 +127,5 @@ def claim(store: ObjectStore, run: str, dag_run_id: str, *, continues: bool) -> 
     raise RunNameInUse(
         f"run name {run!r} is in use: training_run run {held.dag_run_id!r} claimed it at"
         f" {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(held.claimed_at))}. Pick another"
-        " run_name; only a relaunch of that run (attach_job_id, attempt >= 1) may continue it"
+        " run_name; only sdc_incident's relaunch of that run may continue it"
     )

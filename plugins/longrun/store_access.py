@@ -4,7 +4,8 @@ Which side a key lives on is decided in `training.store.sides` (both packages im
 the orchestrator's half: the store entries of a job's environment. The launcher exports these and nothing
 else of the worker's store configuration, so a rank holds only the job identity's keys.
 
-Where the job's keys come from, in order:
+Where per-run identities are on (`LONGRUN_RUN_IDENTITIES`), `longrun.run_identity` replaces these keys by
+the run's own. Otherwise, where the job's keys come from, in order:
     LONGRUN_JOB_ACCESS_KEY_ID / LONGRUN_JOB_SECRET_ACCESS_KEY   (`longrun stack env` prints them)
     nothing, when the store has two sides but no job keys are set: the job then uses the credentials the
         node itself provides (an instance profile or a role the job assumes; see docs/security.md)

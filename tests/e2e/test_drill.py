@@ -44,6 +44,7 @@ from longrun.health import history as h
 from longrun.health.cli import main as nodes_main
 from longrun.health.policy import POLICY_VARIABLE
 from longrun.monitor import lifecycle
+from longrun.run_identity import SeaweedRunIdentities
 from longrun.runview import RunView
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.factory import make_client
@@ -284,8 +285,9 @@ def assert_resumed_as_picked(result):
 
 
 def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
-    """spare_nodes=1: the job holds 4 nodes and trains on 3. The sick node is drained, diagnosed as a step
-    of the same job (no MAINT reservation), released from the job still drained with the failing verdict,
+    """spare_nodes=1: the job holds 4 nodes and trains on 3. The sick node is drained, probed as a step of
+    the same job (no MAINT reservation), released from the job still drained, probed again in a MAINT
+    reservation (no idle node is left for a reference outside the job, so the verdict stays unconfirmed),
     and the run continues INSIDE the same job (no new job, no queue) from the pick."""
     client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
     return_to_service(client)
@@ -304,23 +306,29 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
     first, again = result.segments[0], result.segments[-1]
     assert first["job_id"] == again["job_id"] == str(relaunch.job_id), "the job id changed"
     assert node in first["nodes"] and node not in again["nodes"]
-    # the diagnosis ran inside the job's allocation (longrun.incident.hot_spare), not in a MAINT reservation,
-    # and convicted the sick node (its fault persists: the probe's fingerprint differs from the reference's)
-    diag = inc.diagnosis
-    assert diag.where == "in_job", diag
-    assert diag.job_id == relaunch.job_id and diag.node == node, diag
-    assert diag.verdict == "fail", diag.summary
-    probe = diag.details.probe if diag.details else None
-    assert probe is not None and probe.verdict == "fail", diag.details
-    assert diag.reference_node and diag.reference_node != node, diag
+    # the probe ran first inside the job's allocation (longrun.incident.hot_spare) and failed the sick node:
+    # evidence only, since the job can reach the steps in its allocation (docs/security.md, item 5)
+    in_job = inc.event("diagnosed_in_job")
+    assert in_job is not None and in_job.details["verdict"] == "fail", in_job
+    assert in_job.details["job_id"] == relaunch.job_id and in_job.details["node"] == node, in_job
+    assert in_job.details["reference"]["node"] != node, in_job
     assert "diagnosis_in_job_skipped" not in events and "diagnosed" in events, events
-    assert inc.event("diagnosed").details.get("where") == "in_job"
-    # released from the job after the verdict (a release before it would have killed the probe step)
+    # released from the job after that probe (a release before it would have killed the probe step)
     released = inc.event("released")
     assert released is not None and released.details["node"] == node, released
     assert node not in released.details["kept"] and len(released.details["kept"]) == 3, released
-    # ... still drained, the reason carrying the failing verdict, the run and the detection step
-    reason = f"longrun:diag-fail:{name('hotspare')}:{result.detection_step}"
+    assert events.index("diagnosed_in_job") < events.index("released") < events.index("diagnosed"), events
+    # then diagnosed in a MAINT reservation: the node's probe fails again, but the job holds every other
+    # node, so no reference computed in isolation can confirm it: the verdict is unconfirmed
+    diag = inc.diagnosis
+    assert diag.where is None and diag.node == node, diag
+    probe = diag.details.probe if diag.details else None
+    assert probe is not None and probe.verdict == "fail", diag.details
+    assert diag.reference_node and diag.reference_node != node, diag
+    assert diag.verdict == "unconfirmed", diag.summary
+    assert diag.extra.get("in_job_verdict") == "fail", diag
+    # ... still drained, the reason saying so, with the run and the detection step
+    reason = f"longrun:diag-unconfirmed:{name('hotspare')}:{result.detection_step}"
     assert diag.reason == reason
     state = client.node(node)
     assert state.drain_flag and state.reason == reason, (state.state, state.reason)
@@ -430,6 +438,8 @@ def test_a_rejected_drain_drains_nothing_and_relaunches_nothing(rest):
     ((_key, inc),) = RunView(store_from_env(), run).incidents
     events = [e.event for e in inc.timeline]
     assert str(inc.status) == "rejected" and "drain_rejected" in events and "drained" not in events, events
+    # the run ended without a relaunch: its own store identity is gone (longrun.run_identity)
+    assert SeaweedRunIdentities(dict(os.environ)).key_ids(run) == []
 
 
 def test_a_job_held_after_a_failed_launch_fails_the_monitor_and_its_runbook_recovers_it(

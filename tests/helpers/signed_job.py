@@ -122,9 +122,11 @@ def keyed_job(
     workdir: Path,
     partition: str,
     timeout_s: float = 60.0,
+    command: tuple[str, ...] = ("true",),
 ) -> tuple[int, bytes]:
-    """A longrun-tagged job of `run` with an issued alert key that has already ended (Slurm still lists
-    its allocation): (job id, key), for signing an alert in the test as the job would have."""
+    """A longrun-tagged job of `run` (submitted by `training_run` DAG run `test__<run>`) with an issued
+    alert key that has already ended (Slurm still lists its allocation): (job id, key), for signing an
+    alert in the test as the job would have. `command`: what the job ran (its script's lines)."""
     tag = JobTag(dag_id="training_run", run_id=f"test__{run}", task_id="submit").render()
     spec = JobSpec(
         name=run,
@@ -137,7 +139,7 @@ def keyed_job(
         time_limit_min=5,
         workdir=str(workdir),
         output=f"{workdir}/slurm-%j.out",
-        command=("true",),
+        command=command,
     )
     key = alert_auth.issue(store, run=run, tag=tag)
     job_id = client.submit(spec)

@@ -93,12 +93,12 @@ def test_diagnosis_convicts_a_sick_node(tmp_path, client):
     assert client.reservations() == []
     # A rerun returns the recorded diagnosis and runs nothing.
     assert step_diagnose.run_diagnosis(store, client, inc, node="n2", state_dir=str(state_dir)) == out
-    # A healthy node passes against the cached reference.
+    # A healthy node passes, against a fresh isolated reference (a cached one decides nothing alone).
     ok = incident(tmp_path, client, store, node="n3", run="it3", step=9, nodes=("n1", "n3", "n4"))
     steps.open_record(store, ok)
     step_drain.drain(store, client, ok, node="n3", policy=DrainPolicy(max_drains=5))
     out = step_diagnose.run_diagnosis(
         store, client, ok, node="n3", state_dir=str(state_dir), python=sys.executable
     )
-    assert out["verdict"] == "pass", out["summary"]
+    assert out["verdict"] == "pass" and out["reference_from"] == "idle_node", out["summary"]
     assert client.node("n3").reason == "longrun:diag-pass:it3:9"

@@ -1,8 +1,10 @@
 """`node_return` through a real Airflow scheduler on the real four-node Slurm cluster and SeaweedFS.
 
 The nodes start where an incident leaves them (drained with longrun's `diag-pass` reason) and their
-history is seeded in the store, as the sdc_incident hooks write it; the sick node is the drill's real
-sick-node marker, which the real replay probe on that node reads. (The full drill before each return,
+history is seeded in the store, as the sdc_incident hooks write it; the sick node is an operator's
+sick-node drill: its grant (what training_run's preflight records for an operator's drill) and its real
+marker, which the real replay probe on that node reads (without the grant no probe reads it:
+tests/security/test_drill_operators.py). (The full drill before each return,
 training job included, is too slow for this tier: tests/e2e covers the incident half.)
 
     sick n2 (marker, diag-pass)           -> probe rounds fail: run failed, n2 drained diag-fail, replace mark
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 from helpers.airflow_api import AirflowApi, AirflowApiError, trigger_retrying
+from longrun import drill_grant
 from longrun.health import history as h
 from longrun.monitor import lifecycle
 from longrun.slurm.factory import make_client
@@ -155,6 +158,17 @@ def test_sick_repeat_offender_and_foreign_nodes_stay_drained(api, airflow_stack,
     marker = sick_marker(Path(lifecycle.fault_state_dir(spec)), "n2")
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text("sick-node drill: the node stays sick\n")
+    by = drill_grant.DrillPermit(allowed=True, why="test", user="admin", allowed_as="role admin")
+    drill_grant.write(
+        hist,
+        drill_grant.grant(
+            run=runs["n2"],
+            dag_run_id=f"manual__{runs['n2']}",
+            drill={"kind": "sick-node", "step": 7, "target": "n2"},
+            by=by,
+            fault_state_dir=lifecycle.fault_state_dir(spec),
+        ),
+    )
     try:
         # Sick: the repeated probe convicts it, it stays drained and is marked for replacement.
         state, tasks = run_dag(api, "n2")

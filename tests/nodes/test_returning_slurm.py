@@ -4,6 +4,9 @@ foreign drain or a repeat offender."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import pytest
 from longrun.health import history as h
 from longrun.health.policy import NodePolicy
@@ -44,3 +47,26 @@ def test_scheduled_selection(tmp_path, client):
     assert "someone else" in asked["refused"]["n3"]
     assert [e.kind for e in h.events(hist, "n2")] == [h.RETURN_REFUSED, h.REPLACE]
     assert client.node("n3").reason == "admin: fan"
+
+
+def test_an_unconfirmed_node_waits_for_an_operator_and_returns_only_on_isolated_rounds(tmp_path, client):
+    """`unconfirmed` (docs/security.md, "The diagnosis the suspect cannot touch"): no failed diagnostic,
+    no replacement mark, not picked up by the schedule; an operator's node_return probes it in isolation
+    (a fresh reference on an idle node, a MAINT reservation each round) and returns it when every round
+    passes."""
+    store, hist = LocalDirStore(tmp_path / "store"), LocalDirStore(tmp_path / "history")
+    client.drain("n1", "longrun:diag-unconfirmed:unc:3")
+    h.record(hist, "n1", h.DIAGNOSED, "inc-u", run="unc", incident_id="inc-u", verdict="unconfirmed")
+    scheduled = returning.select(client, hist, requested=[], policy=NodePolicy(auto_return=True), source="s")
+    assert "n1" not in scheduled["nodes"] and "n1" not in scheduled["refused"]
+    asked = returning.select(client, hist, requested=["n1"], policy=NodePolicy(), source="op.u")
+    assert asked == {"nodes": ["n1"], "refused": {}}
+    probed = returning.probe(
+        store, hist, client, node="n1", repeats=1, source="op.u", partition="p", python=sys.executable
+    )
+    assert probed["clean"] is True, probed
+    assert json.loads(store.get_bytes("ops/probe-reference/p.json"))["computed"]["how"] == "isolated"
+    out = returning.resume(client, hist, probed=probed, source="op.u", act=True, policy=NodePolicy())
+    assert out["returned"] is True, out
+    assert not client.node("n1").drain_flag
+    assert h.REPLACE not in [e.kind for e in h.events(hist, "n1")]

@@ -3,7 +3,8 @@
 Airflow 3.3 validates the values of declared Params at the REST call but merges undeclared conf keys
 into `params` without a word, so the refusal lives in the first task (preflight / open_record), before
 anything reaches Slurm. Before this change a `training_run` conf with `extra_env` reached RunSpec and
-every rank's environment, and `sdc_incident` triggered by hand with another job's id cancelled that job.
+every rank's environment, and `sdc_incident` triggered by hand with another job's id cancelled that job;
+a `training_run` whose conf said it continued someone else's run took the run's name (issue 28 item 7).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import uuid
 
 import pytest
 from helpers.airflow_api import AirflowApi
-from longrun import security_events
+from longrun import runclaim, security_events
+from longrun.monitor import launches
 from longrun.slurm.cli_backend import CliSlurmClient
 from longrun.slurm.models import JobStatus
-from longrun.slurm.spec import JobSpec
+from longrun.slurm.spec import JobSpec, JobTag
 
 from training.records import schema
 from training.store.factory import store_from_env
@@ -105,6 +107,45 @@ def test_sdc_incident_by_hand_with_another_jobs_id_cancels_nothing(api, slurm_cl
         assert client.job(other).status is JobStatus.RUNNING, "the other job was cancelled"
         assert not client.node("n1").drain_flag
         events = security_events.events(store_from_env(), run)
-        assert events and events[0].reason in ("unsigned", "not_our_job")
+        # the alert is not in the store: refused before its own check (longrun.incident.origin)
+        assert events and events[0].reason in ("unsigned", "not_our_job", "alert_not_found")
     finally:
         client.cancel(other)
+
+
+def test_another_user_cannot_continue_a_run_by_conf(api, slurm_cluster, tmp_path) -> None:
+    """Issue 28 item 7: a `training_run` triggered with a claimed run's name, `attach_job_id` of that run's
+    own job (named after the run, with longrun's tag: all the check before asked) and attempt 1 is refused
+    in preflight, because the orchestrator recorded no such relaunch; the name stays its owner's and the
+    run's job is not watched by the intruder's run."""
+    client = CliSlurmClient(slurm_conf=slurm_cluster.env["SLURM_CONF"])
+    store = store_from_env()
+    run, owner = f"take-{uuid.uuid4().hex[:6]}", "manual__the-owner"
+    params = {"run_name": run, "nodes": 1, "gpus_per_node": 0, "incident_mode": "observe"}
+    runclaim.claim(store, run, owner, continues=False)  # what the owner's preflight did
+    launches.record_first(store, params, owner)
+    job = client.submit(
+        JobSpec(
+            name=run,
+            partition=slurm_cluster.partition,
+            comment=JobTag(dag_id="training_run", run_id=owner, task_id="submit").render(),
+            nodes=1,
+            gpus_per_node=0,
+            exclusive=False,
+            time_limit_min=10,
+            workdir=str(tmp_path),
+            command=("sleep 600",),
+        )
+    )
+    try:
+        conf = {**params, "incident_mode": "act", "attach_job_id": job, "attempt": 1}
+        run_id = api.trigger("training_run", conf=conf)
+        assert api.wait_run("training_run", run_id, timeout=240) == "failed"
+        states = api.task_states("training_run", run_id)
+        assert states["preflight"] == "failed" and states.get("monitor") != "success", states
+        assert "recorded no relaunch of attempt 1" in api.task_log("training_run", run_id, "preflight")
+        assert runclaim.read_claim(store, run).dag_run_id == owner  # type: ignore[union-attr]
+        assert [e.reason for e in security_events.events(store, run)] == ["unrecorded_continuation"]
+        assert client.job(job).status in (JobStatus.RUNNING, JobStatus.PENDING)
+    finally:
+        client.cancel(job)

@@ -30,6 +30,7 @@ from longrun.stack.procs import write_private
 from longrun.stack.slurm_conf import render_prolog, slurm_paths
 
 from training.records import schema, signing
+from training.store.interface import put_json
 from training.store.local import LocalDirStore
 from training.store.sides import SidedStore
 
@@ -125,16 +126,28 @@ def test_every_incident_task_refuses_act_on_a_one_sided_store(tmp_path) -> None:
     """Through the task layer (`incident_from`, which every sdc_incident task calls): non-retryable."""
     pytest.importorskip("airflow")
     from airflow.sdk.exceptions import AirflowFailException
+    from longrun.monitor import launches
     from longrun.tasks import sdc_incident
 
     alert = _alert(4711, b"k" * 32)
     params = {"run_name": RUN, "alert_key": f"runs/{RUN}/alerts/a.json", "alert": alert, "job_id": 4711}
-    one_sided = LocalDirStore(tmp_path / "one")
+
+    def launched(store, mode: str):  # noqa: ANN202 - the store, holding what the mode is read from
+        """The alert and the run's launch as the orchestrator recorded it (the mode comes from there)."""
+        put_json(store, params["alert_key"], alert)
+        alert_auth.issue(store, run=RUN, tag=TAG)
+        alert_auth.bind(store, run=RUN, tag=TAG, job_id=4711)
+        launches.record_first(store, {"run_name": RUN, "incident_mode": mode}, JobTag.parse(TAG).run_id)
+        return store
+
+    one_sided = launched(LocalDirStore(tmp_path / "one"), "act")
     with pytest.raises(AirflowFailException, match="refused, nothing acted on: incident_mode=act"):
         sdc_incident.incident_from({**params, "run_params": {"run_name": RUN}}, "t", one_sided)
-    observe = {**params, "run_params": {"run_name": RUN, "incident_mode": "observe"}}
-    assert sdc_incident.incident_from(observe, "t", one_sided).mode == "observe"
-    two = SidedStore(job=LocalDirStore(tmp_path / "j"), orchestrator=LocalDirStore(tmp_path / "o"))
+    observing = launched(LocalDirStore(tmp_path / "one-observe"), "observe")
+    assert sdc_incident.incident_from(params, "t", observing).mode == "observe"
+    two = launched(
+        SidedStore(job=LocalDirStore(tmp_path / "j"), orchestrator=LocalDirStore(tmp_path / "o")), "act"
+    )
     assert sdc_incident.incident_from({**params, "run_params": {"run_name": RUN}}, "t", two).mode == "act"
 
 

@@ -21,6 +21,7 @@ from helpers.signed_job import SignedJob, submit_signed_job
 from longrun import alert_auth, security_events
 from longrun.health.ratelimit import DrainPolicy, entries
 from longrun.incident import runner, step_drain, step_relaunch, steps
+from longrun.run_identity import SeaweedRunIdentities, identities_from_env
 from longrun.slurm.cli_backend import CliSlurmClient
 from longrun.slurm.errors import InvalidSpecError
 from longrun.slurm.models import JobStatus
@@ -76,10 +77,12 @@ def world(slurm_cluster, s3_store_env, tmp_path_factory) -> Iterator[dict]:
                 "extra_jobs": extra_jobs,
                 "partition": slurm_cluster.partition,
                 "job_secret": job_env["AWS_SECRET_ACCESS_KEY"],
+                "orch_env": orch_env,
             }
         finally:
             for job_id in [job.job_id, *extra_jobs]:
                 client.cancel(job_id)
+            identities_from_env(orch_env).revoke(run)  # the run's store identity (longrun.run_identity)
             for n in client.nodes():
                 if n.drain_flag and n.is_ours:
                     client.resume(n.name)
@@ -136,7 +139,12 @@ def test_the_job_gets_its_key_out_of_band_and_nothing_of_airflow(world) -> None:
     assert signing.KEY_ENV in env and env["PATH"]
     # What the script exports reaches a step too (sbatch's --export list would otherwise bind srun).
     assert env.get("AWS_ENDPOINT_URL") and env.get("LONGRUN_BUCKET")
-    assert env.get("AWS_SECRET_ACCESS_KEY") == world["job_secret"], "the job holds the job identity only"
+    # The job holds its run's own store identity: neither the orchestrator's keys nor the shared job's.
+    assert env.get("AWS_ACCESS_KEY_ID") in SeaweedRunIdentities(world["orch_env"]).key_ids(job.run)
+    assert env.get("AWS_SECRET_ACCESS_KEY") not in (
+        world["job_secret"],
+        world["orch_env"]["AWS_SECRET_ACCESS_KEY"],
+    )
     # The key is in neither the batch script Slurm keeps nor the job's record of it.
     script = subprocess.run(
         ["scontrol", "write", "batch_script", str(job.job_id), "-"],

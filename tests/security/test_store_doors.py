@@ -325,5 +325,6 @@ def test_weed_starts_with_the_security_dir_closed_apis_and_no_weed_env(
     argv = seen["argv"]
     assert argv[1:3] == [f"-config_dir={s3.security_dir}", "mini"]
     assert "-disableHttp" in argv and "-admin.ui=false" in argv
+    assert "-s3.iam.readOnly=false" in argv  # per-run identities (tests/security/test_run_identities.py)
     assert (s3.security_dir / "security.toml").is_file()
     assert not [k for k in seen["env"] if k.startswith("WEED_")]

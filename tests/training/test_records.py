@@ -94,8 +94,11 @@ def _newer() -> dict[str, tuple[Any, tuple[str, ...]]]:
     """One record of each newer kind (a dataclass of its own), as its writer builds it, and the fields
     its reader requires."""
     from longrun.alert_auth import AlertKey
+    from longrun.drill_grant import DrillGrant
     from longrun.health.history import NodeEvent
+    from longrun.incident.alert_identity import AlertClaim
     from longrun.incident.exclusive import IncidentLock
+    from longrun.monitor.launches import RunLaunch
     from longrun.runclaim import RunClaim
     from longrun.security_events import SecurityEvent
 
@@ -142,11 +145,31 @@ def _newer() -> dict[str, tuple[Any, tuple[str, ...]]]:
             IncidentLock(run="r1", incident_id="00000017-recompute-r000-1", job_id=None, acquired_at=T),
             ("run", "incident_id", "job_id", "acquired_at", "kind", "schema_version"),
         ),
+        "run_launch": (
+            RunLaunch(
+                run="r1", attempt=1, dag_run_id="r1__attempt1", job_id=7, incident_id="i1",
+                params={"run_name": "r1", "attempt": 1, "incident_mode": "act"}, recorded_at=T,
+            ),
+            ("run", "attempt", "dag_run_id", "job_id", "incident_id", "params", "recorded_at", "kind"),
+        ),
+        "alert_claim": (
+            AlertClaim(run="r1", identity="ab12", incident_id="i1", alert_key="runs/r1/alerts/x.json", claimed_at=T),
+            ("run", "identity", "incident_id", "alert_key", "claimed_at", "kind", "schema_version"),
+        ),
+        "drill_grant": (
+            DrillGrant(
+                run="r1", dag_run_id="manual__1", kind="sick-node", step=17, target="n2", set_by="admin",
+                allowed_as="role ADMIN", fault_state_dir="/runs/r1/fault-state", granted_at=T,
+            ),
+            ("run", "dag_run_id", "drill_kind", "step", "target", "set_by", "allowed_as", "fault_state_dir",
+             "granted_at"),
+        ),
     }  # fmt: skip
 
 
 NEWER = (
     "segment", "fault", "directive", "node_event", "run_claim", "security_event", "alert_key", "incident_lock",
+    "run_launch", "alert_claim", "drill_grant",
 )  # fmt: skip
 
 

@@ -118,7 +118,7 @@ class Diagnosis(Part):
     PART = "diagnosis"
     node: str | None = None
     verdict: str | None = None
-    """`pass`, `fail` or `error`."""
+    """`pass`, `fail`, `error`, or `unconfirmed` (a pass or fail nothing computed in isolation confirmed)."""
     reason: str | None = None
     """The drain reason the node carries afterwards."""
     summary: str | None = None
@@ -130,7 +130,8 @@ class Diagnosis(Part):
     dcgm_level: int | None = None
     total_s: float | None = None
     where: str | None = None
-    """`in_job` when it ran as a step of the kept job; absent for the reservation path."""
+    """`in_job` when it was decided inside the kept job (only `unconfirmed`: the node could not leave the
+    job); absent for the reservation path."""
     job_id: int | str | None = None
     observe: bool | None = None
     nulls: frozenset[str] = frozenset()

@@ -11,6 +11,9 @@ Drain reasons (all carry longrun's prefix, so only longrun ever resumes them):
     longrun:diag-fail:<run>:<step>         the diagnostic failed: RMA path (runbooks/diagnostic-failed.md)
     longrun:diag-pass:<run>:<step>         the diagnostic passed: a person decides (diagnostic-passed.md)
     longrun:diag-error:<run>:<step>        the diagnostic could not run: stays drained, retry it
+    longrun:diag-unconfirmed:<run>:<step>  a pass or fail nothing computed in isolation confirmed (the
+                                           reference was read back or computed in a job, or the probe ran
+                                           inside the suspect's job): a person decides (diagnostic-failed.md)
 """
 
 from __future__ import annotations
@@ -22,18 +25,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longrun.health import dcgm, node_check
-from longrun.health.probe_reference import confirms, run_reference
+from longrun.health.probe_reference import confirms, isolated_mark, run_reference
 from longrun.runbooks import runbook_path
 from longrun.slurm import ops
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import ForeignDrainError
 from longrun.slurm.models import CommandResult, NodeState
-from training.records.diagnosis import NodeCheck, ProbeResult
+from training.records.diagnosis import DcgmSummary, NodeCheck, ProbeResult
 from training.records.schema import SchemaError
 
 SDC = "sdc"
 DIAG = "diag"
+#: The orchestrator's verdict on a pass or fail it could not confirm in isolation (node_check's own
+#: verdicts are pass, fail and error): not a conviction, not a clearance; the node stays drained.
+UNCONFIRMED = "unconfirmed"
+#: Every verdict a diagnosis (and a `diagnosed` node event) may carry.
+VERDICTS = (node_check.PASS, node_check.FAIL, node_check.ERROR, UNCONFIRMED)
 
 
 def _reason(kind: str, run: str, step: int) -> str:
@@ -47,15 +55,15 @@ def sdc_reason(run: str, step: int) -> str:
 
 def verdict_reason(run: str, step: int, verdict: str) -> str:
     """The reason after the diagnosis: the verdict is part of it, so `sinfo -R` tells the story."""
-    if verdict not in (node_check.PASS, node_check.FAIL, node_check.ERROR):
-        raise ValueError(f"verdict={verdict!r}: expected pass, fail or error")
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict={verdict!r}: expected one of {VERDICTS}")
     return _reason(f"{DIAG}-{verdict}", run, step)
 
 
 def verdict_runbook(verdict: str) -> str:
-    """The runbook a diagnosis links: diagnostic-passed on a pass, else diagnostic-failed (a failure, or no
-    verdict: the node stays drained either way). Both diagnosis paths use it (the MAINT reservation, the
-    kept job's step)."""
+    """The runbook a diagnosis links: diagnostic-passed on a pass, else diagnostic-failed (a failure, no
+    verdict, or an unconfirmed one: the node stays drained either way). Both diagnosis paths use it (the
+    MAINT reservation, the kept job's step)."""
     return runbook_path("diagnostic_passed" if verdict == node_check.PASS else "diagnostic_failed")
 
 
@@ -174,26 +182,30 @@ def summarize(node: str, d: NodeCheck) -> str:
 
 
 def checked_verdict(
-    seen: Mapping[str, Any], known: ProbeResult | None, *, stored: bool = False
+    seen: Mapping[str, Any], known: ProbeResult | None, *, final: bool = True
 ) -> tuple[str, str]:
     """node_check's verdict as longrun takes it, and a note for the summary. Against a reference, a pass
     needs the probe's own fingerprint and environment to match it, and a fail in another environment is
-    not comparable: both are `error` (no verdict, the node stays drained). A pass against a `stored`
-    reference (read back from the store, not computed by this try) is `error` too, until a fresh
-    reference confirms it (longrun.incident.reference_source.confirm_pass)."""
+    not comparable: both are `error` (no verdict, the node stays drained). Against a reference that is not
+    `final` (not computed in isolation by this try: probe_reference.decides), a pass, and a fail that
+    rests on the probe alone, are UNCONFIRMED until a fresh isolated reference confirms them
+    (longrun.incident.reference_source.confirm); a fail DCGM found stands, it owes nothing to the
+    reference."""
     outcome = str(seen.get("verdict", node_check.ERROR))
     if outcome not in (node_check.PASS, node_check.FAIL) or known is None:
         return (outcome if outcome in (node_check.PASS, node_check.FAIL) else node_check.ERROR), ""
     try:
-        probe = NodeCheck.from_json(dict(seen)).probe_result
+        checked = NodeCheck.from_json(dict(seen))
     except SchemaError:
         return node_check.ERROR, "; node_check's JSON does not read"
+    probe = checked.probe_result
     if outcome == node_check.FAIL and probe and known.env != probe.env:
         return node_check.ERROR, f"; reference environment {list(known.env)} differs: not comparable"
     if outcome == node_check.PASS and not confirms(known, probe):
         return node_check.ERROR, "; the probe does not match the reference's fingerprint and environment"
-    if outcome == node_check.PASS and stored:
-        return node_check.ERROR, "; a pass against a stored reference, not confirmed by a fresh one"
+    dcgm_failed = checked.dcgm is not None and not DcgmSummary.shown(checked.dcgm).passed
+    if not final and not (outcome == node_check.FAIL and dcgm_failed):
+        return UNCONFIRMED, f"; a {outcome} against a reference not computed in isolation now: not confirmed"
     return outcome, ""
 
 
@@ -211,10 +223,10 @@ def diagnose(
     reservation: str | None = None,
     hold_min: int | None = None,
     known: ProbeResult | None = None,
-    stored: bool = False,
+    final: bool = True,
 ) -> DiagnosisOutcome:
     """Run node_check on the drained `node` in a MAINT reservation; the node ends drained with the verdict
-    (`checked_verdict` against `known`, the reference, when given)."""
+    (`checked_verdict` against `known`, the reference, when given; `final`: whether it decides alone)."""
     argv = node_check_argv(
         node=node,
         expect=expect,
@@ -227,7 +239,7 @@ def diagnose(
 
     def verdict(result: CommandResult) -> str:
         seen.update(_details(result))
-        return verdict_reason(run, step, checked_verdict(seen, known, stored=stored)[0])
+        return verdict_reason(run, step, checked_verdict(seen, known, final=final)[0])
 
     started = time.monotonic()
     result = ops.run_on_drained_node(
@@ -241,7 +253,7 @@ def diagnose(
     )
     if not seen:  # run_on_drained_node calls verdict() only when the command ran
         seen.update(_details(result))
-    outcome, note = checked_verdict(seen, known, stored=stored)
+    outcome, note = checked_verdict(seen, known, final=final)
     return DiagnosisOutcome(
         node=node,
         verdict=outcome,
@@ -282,15 +294,16 @@ def reference(
     state_dir: str | None = None,
     reservation: str | None = None,
 ) -> dict[str, Any]:
-    """The probe's fingerprint on a healthy `node`, through a short MAINT reservation (so nothing else
-    lands on the node meanwhile). Returns the probe's JSON verdict (with `fingerprint`);
+    """The probe's fingerprint on a healthy idle `node`, computed in isolation: by a job of its own in a
+    short MAINT reservation (so nothing else lands on the node meanwhile), marked so
+    (probe_reference.isolated_mark). Returns the probe's JSON verdict (with `fingerprint`);
     probe_reference.NoReference (a SlurmCommandError) when the probe gives none."""
     name = reservation or f"longrun_ref_{node}_{int(time.time())}"
     client.create_maint_reservation(name, (node,), duration_min=int(timeout_s // 60) + 5)
     try:
         return run_reference(
             lambda argv: client.run_in_reservation(name, node, argv, timeout_s=timeout_s),
-            node=node,
+            computed=isolated_mark(node, name),
             python=python,
             state_dir=state_dir,
         )

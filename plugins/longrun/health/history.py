@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from longrun.health.diagnose import VERDICTS
 from longrun.slurm import validate as v
 from training.records.diagnosis import Diagnosis
 from training.records.fields import need, opt_dict, opt_float, opt_str, versioned
@@ -31,7 +32,7 @@ PREFIX = "nodes/"
 
 SUSPECTED = "suspected"  # an alert named the node (attribution)
 DRAINED = "drained"  # longrun drained it
-DIAGNOSED = "diagnosed"  # a diagnostic ran: verdict pass / fail / error, with the probe's evidence
+DIAGNOSED = "diagnosed"  # a diagnostic ran: verdict pass / fail / error / unconfirmed, with its evidence
 RETURNED = "returned"  # node_return resumed it after clean repeated diagnostics
 RETURN_REFUSED = "return_refused"  # node_return would not return it (policy, foreign drain, dirty probe)
 WOULD_RETURN = "would_return"  # observe mode: clean, but nothing changed
@@ -69,7 +70,7 @@ class NodeEvent:
     incident_id: str | None = None
     """The incident involved, if any."""
     verdict: str | None = None
-    """pass / fail / error for `diagnosed`; None otherwise."""
+    """pass / fail / error / unconfirmed (diagnose.VERDICTS) for `diagnosed`; None otherwise."""
     reason: str | None = None
     """The drain reason on the node, or why (refusals, replacement)."""
     evidence: Mapping[str, Any] = field(default_factory=dict)
@@ -98,9 +99,9 @@ class NodeEvent:
                 raise SchemaError(
                     f"{RECORD_KIND} record field {name!r} = {val!r:.80}; expected a string or null"
                 )
-        if self.verdict is not None and self.verdict not in ("pass", "fail", "error"):
+        if self.verdict is not None and self.verdict not in VERDICTS:
             raise SchemaError(
-                f"{RECORD_KIND} record field 'verdict' = {self.verdict!r}; expected pass, fail or error"
+                f"{RECORD_KIND} record field 'verdict' = {self.verdict!r}; expected one of {VERDICTS}"
             )
         if not isinstance(self.evidence, Mapping):
             raise SchemaError(

@@ -3,8 +3,9 @@
     list  --run NAME                                   id, status, open/closed, alert
     close --run NAME --incident ID --reason TEXT [--by NAME]
 
-Closing lets retention free the checkpoints the incident held. Incidents that relaunched and stayed
-healthy close by themselves (checkpoint_audit). Exit codes: 0 done; 1 nothing found; 2 bad usage or store.
+Closing lets retention free the checkpoints the incident held, and closing a drill's incident ends the
+drill (its sick-node marker removed; the line after the closing says so). Incidents that relaunched and
+stayed healthy close by themselves (checkpoint_audit). Exit codes: 0 done; 1 nothing found; 2 bad usage or store.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from longrun.checkpoints import catalog
 from longrun.checkpoints.retention import CLOSED_STATUSES
 from longrun.incident import closing
+from longrun.incident.events import Event
 from training.records import schema
 from training.records.alert import Alert
 from training.records.orchestrator import Incident as IncidentRecord
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         why = closed.closed.reason
         print(f"incident {closed.incident_id} of run {args.run}: {closed.status} ({why})")
+        if (drill := closed.event(Event.DRILL_ENDED)) is not None:
+            print(f"drill {drill.details.get('drill')} ended: {drill.details.get('state')}")
         return 0
     except (NotFound, FileNotFoundError) as e:
         print(f"longrun incidents: {e}", file=sys.stderr)

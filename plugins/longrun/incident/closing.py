@@ -8,6 +8,10 @@ Healthy means: the incident relaunched the run, the run's progress heartbeat is 
 and at least `healthy_steps` past the step it resumed from, and the run has raised no alert since the
 relaunch. Progress and alerts are written by the job: a job can make its own incident close early
 (retention may then free checkpoints that incident held); it cannot drain, cancel or return anything so.
+
+Closing a drill's incident ends the drill: its sick-node marker is removed, its grant ended, and the
+timeline says so (`drill_ended`, longrun.incident.drill_state). A job that closes its drill's incident
+early only ends the drill sooner.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 import time
 from typing import Any
 
-from longrun.incident import record
+from longrun.incident import drill_state, record
 from longrun.incident.events import Event
 from training.records import schema
 from training.records.alert import AlertRef
@@ -45,6 +49,9 @@ def healthy_steps_setting(raw: object, *, source: str) -> int:
 
 
 def _set_closed(store: ObjectStore, run: str, incident_id: str, block: dict[str, Any]) -> dict[str, Any]:
+    """Close the incident; if it is a drill's incident, the drill ends with it (its fault state removed,
+    longrun.incident.drill_state). The record afterwards."""
+
     def change(r: dict[str, Any]) -> None:
         if r.get("status") == CLOSED:
             return  # closed before: keep the first closing
@@ -52,7 +59,12 @@ def _set_closed(store: ObjectStore, run: str, incident_id: str, block: dict[str,
         r["closed"] = block
         r["timeline"].append({"event": Event.CLOSED.value, "time": block["time"], "by": block["by"]})
 
-    return record.update(store, run=run, incident_id=incident_id, change=change)
+    rec = record.update(store, run=run, incident_id=incident_id, change=change)
+    job_id = rec.get("alert", {}).get("job_id")  # the verified alert's job (the incident opened on it)
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        job_id = None
+    ended = drill_state.end(store, run=run, incident_id=incident_id, job_id=job_id)
+    return ended if ended is not None else rec
 
 
 def close(store: ObjectStore, *, run: str, incident_id: str, by: str, reason: str) -> dict[str, Any]:

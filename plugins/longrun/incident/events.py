@@ -43,6 +43,9 @@ class Event(StrEnum):
     WOULD_DIAGNOSE = "would_diagnose"
     DIAGNOSIS_IN_JOB_SKIPPED = "diagnosis_in_job_skipped"
     """The diagnosis could not run inside the kept job (the event says why): the reservation path runs it."""
+    DIAGNOSED_IN_JOB = "diagnosed_in_job"
+    """The probe ran inside the kept job (hot_spare.diagnose_in_job): its verdict, reference and output,
+    as evidence only (the job could shape them); the node's verdict is decided outside the job."""
     # pick
     PICKED = "picked"
     # relaunch (full)
@@ -67,3 +70,6 @@ class Event(StrEnum):
     # after the relaunch (incident/recovery.py, incident/closing.py)
     FIRST_HEALTHY_STEP = "first_healthy_step"
     CLOSED = "closed"
+    DRILL_ENDED = "drill_ended"
+    """The drill whose incident this is ended with its closing: `state` says what of its fault state was
+    removed (incident/drill_state.py)."""

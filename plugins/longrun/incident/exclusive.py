@@ -203,19 +203,30 @@ def release(store: ObjectStore, *, run: str, incident_id: str) -> bool:
 
 def join(store: ObjectStore, holder: IncidentLock, *, incident_id: str, alert_key: str) -> dict[str, Any]:
     """Note on the holder's record that `alert_key` joined it (once); returns that record."""
+    return join_incident(
+        store, run=holder.run, holder_id=holder.incident_id, incident_id=incident_id, alert_key=alert_key
+    )
+
+
+def join_incident(
+    store: ObjectStore, *, run: str, holder_id: str, incident_id: str, alert_key: str
+) -> dict[str, Any]:
+    """Note on incident `holder_id`'s record that `alert_key` (incident `incident_id`) joined it, once, and
+    leave the join note `joined_to` reads; returns the holder's record (waited for, bounded, when the
+    holder has not written it yet)."""
 
     def change(rec: dict[str, Any]) -> None:
         joined = rec.setdefault("joined", [])
         if not any(j.get("incident_id") == incident_id for j in joined):
             joined.append({"incident_id": incident_id, "alert_key": alert_key, "time": time.time()})
 
-    note = {"schema_version": SCHEMA_VERSION, "kind": "incident_join", "run": holder.run}
-    note |= {"incident_id": incident_id, "alert_key": alert_key, "joined": holder.incident_id}
-    put_json(store, join_key(holder.run, incident_id), note)
+    note = {"schema_version": SCHEMA_VERSION, "kind": "incident_join", "run": run}
+    note |= {"incident_id": incident_id, "alert_key": alert_key, "joined": holder_id}
+    put_json(store, join_key(run, incident_id), note)
     deadline = time.monotonic() + JOIN_WAIT_S
     while True:
         try:
-            return record.update(store, run=holder.run, incident_id=holder.incident_id, change=change)
+            return record.update(store, run=run, incident_id=holder_id, change=change)
         except FileNotFoundError:
             if time.monotonic() > deadline:
                 raise

@@ -5,29 +5,34 @@ RUNNING (its supervisor waits for a directive; training.spares.supervisor). Then
 
 - freeze does not cancel the job (`freeze_kept`): the training step already ended with the verdict;
 - the suspect stays in the allocation, drained (no other job can land on it) and idle (its training step
-  ended with the verdict; the directive leaves it out). The diagnosis runs there instead of in a MAINT
-  reservation (`diagnose_in_job`):
-  1. the probe's reference: the partition's cached known-good result, else the probe run as a step on a
-     healthy node of the same allocation (`--overlap`: the relaunched training may run there; the probe
-     pins its own threads, so its bits do not depend on that load);
+  ended with the verdict; the directive leaves it out). It is probed there first (`diagnose_in_job`):
+  1. the probe's reference: one this incident recorded or the partition's cached one, when computed in
+     isolation, else the probe run as a step on a healthy node of the same allocation (`--overlap`: the
+     relaunched training may run there; the probe pins its own threads, so its bits do not depend on
+     that load); such an in-job reference is never cached (probe_reference.choose_reference);
   2. node_check (the replay probe, + DCGM where installed) as a step on the suspect:
      `srun --jobid=<job> --nodelist=<node>`;
-  3. the node is drained again with the verdict, recorded as the reservation path records it (events
-     `reference` and `diagnosed`, fields `reference` and `diagnosis`, the verdict's runbook);
+  3. what it says is recorded as evidence only (event `diagnosed_in_job`: verdict, reference, output):
+     the step runs as the job's user inside the job's allocation, where the job can interfere with it;
   4. the node is released from the job (`release`: `scontrol update JobId=<id> NodeList=<rest>`) and
-     stays drained. Releasing it earlier would kill the probe's step (Slurm 22.05: it ends with 137), so
-     the relaunch leaves it in the allocation until the diagnosis has run;
+     stays drained, so that the caller diagnoses it in isolation on the reservation path
+     (step_diagnose.run_diagnosis, which weighs the evidence): only that verdict reaches the record's
+     `diagnosis` and the node's history. A node that cannot leave the job (it hosts the batch script,
+     or Slurm refuses the shrink) cannot be probed outside it while the job runs: its diagnosis is
+     recorded `unconfirmed` (where `in_job`), the node drained so, for a person. Releasing it before
+     the in-job probe would kill the probe's step (Slurm 22.05: it ends with 137), so the relaunch leaves
+     it in the allocation until then;
 - relaunch (`direct`) writes the directive on the orchestrator's side of the store (the job may read it,
   never write it), naming the job's nodes but the suspect (and any other drained node), once the alerting
   attempt's step has ended (bounded: `earlier_steps`), and waits, bounded, for the supervisor to start
   the attempt (its segment record appears);
-- anything else returns None and the caller takes the path without spares: the diagnosis falls back to
-  the reservation path (step_diagnose.run_diagnosis), after an event `diagnosis_in_job_skipped` that says
-  why (the job is not kept, the node is not (or no longer) in its allocation, it is not drained by
-  longrun, or the step gave no verdict), the node released first from a job that still holds it (else
-  the reservation's diagnostic job could not start there); the relaunch (no spare left, no checkpoint,
-  the job already gone, the alerting step not ending, the supervisor not following in time) cancels the
-  kept job (`end_kept`) and does the full relaunch.
+- anything else returns None and the caller takes the path without spares: the diagnosis goes to the
+  reservation path (step_diagnose.run_diagnosis) without in-job evidence, after an event
+  `diagnosis_in_job_skipped` that says why (the job is not kept, the node is not (or no longer) in its
+  allocation, it is not drained by longrun, no reference, or the step gave no verdict), the node released
+  first from a job that still holds it (else the reservation's diagnostic job could not start there);
+  the relaunch (no spare left, no checkpoint, the job already gone, the alerting step not ending, the
+  supervisor not following in time) cancels the kept job (`end_kept`) and does the full relaunch.
 
 Approve and observe modes never take this path: they behave as without spares. One module, because the
 diagnosis and the relaunch inside the job hand the suspect to each other (whichever runs second releases
@@ -45,18 +50,16 @@ from typing import Any
 from longrun.health import dcgm, diagnose, node_check
 from longrun.health.probe_reference import (
     NoReference,
-    cached_reference,
-    checked_reference,
-    confirms,
-    judge_fresh,
+    UnusableReference,
+    choose_reference,
+    in_job_mark,
     reference_of,
-    remember_reference,
     run_reference,
 )
 from longrun.incident import record
 from longrun.incident.events import Event
 from longrun.incident.relaunch_plan import relaunch_spec, run_spec
-from longrun.incident.runner import Incident, Outcome, Rec, authenticate, write
+from longrun.incident.runner import Incident, Outcome, authenticate, write
 from longrun.monitor.lifecycle import conf_of
 from longrun.monitor.segments import job_step, segments
 from longrun.slurm import ops
@@ -343,31 +346,18 @@ def reference_in_job(
     state_dir: str | None,
     timeout_s: float,
 ) -> dict[str, Any]:
-    """The probe's known-good result, as a step on the first of `nodes` (healthy nodes of the job).
+    """The probe's known-good result, as a step on the first of `nodes` (healthy nodes of the job), marked
+    as computed in the job (probe_reference.in_job_mark: never cached, decides nothing alone).
     RuntimeError when there is no such node, NoReference when the probe gives no fingerprint."""
     if not nodes:
         raise RuntimeError("no healthy node in the allocation for the probe's reference")
     node = nodes[0]
     return run_reference(
         lambda argv: client.run_in_job(job_id, node, argv, timeout_s=timeout_s, overlap=True),
-        node=node,
+        computed=in_job_mark(node, job_id),
         python=python,
         state_dir=state_dir,
-        where=f" (step of job {job_id})",
     )
-
-
-def _fresh(
-    client: SlurmClient, inc: Incident, node: str, healthy: tuple[str, ...], **probe: Any
-) -> dict[str, Any] | str:
-    """A reference computed now as a step on a healthy node of the kept job, or why there is none."""
-    assert inc.job_id is not None
-    probe["timeout_s"] = min(300.0, probe["timeout_s"])
-    try:
-        ref = reference_in_job(client, job_id=inc.job_id, nodes=healthy, **probe)
-    except (RuntimeError, NoReference) as e:
-        return str(e)
-    return ref if checked_reference(ref, suspect=node) is not None else f"not usable: {str(ref)[:300]}"
 
 
 def _node_check(seen: dict[str, Any]) -> NodeCheck | None:
@@ -386,34 +376,6 @@ def healthy_in(client: SlurmClient, held: tuple[str, ...], suspect: str) -> tupl
     )
 
 
-def _reference(
-    store: ObjectStore,
-    client: SlurmClient,
-    inc: Incident,
-    rec: Rec,
-    node: str,
-    healthy: tuple[str, ...],
-    partition: str,
-    **probe: Any,
-) -> tuple[dict[str, Any], bool] | str:
-    """(the probe's reference for diagnosing `node`, whether it was read back) or why there is none.
-
-    The reference an earlier try recorded, else the partition's cached one: both read back (a stored
-    reference may convict; a pass against it needs a fresh reference too). Else one computed now as a step
-    on a healthy node of the kept job (`_fresh`), which is cached."""
-    recorded = reference_of(rec)
-    ref = recorded.to_json() if recorded else None
-    if ref is None or checked_reference(ref, suspect=node) is None:
-        ref = cached_reference(store, partition, suspect=node)
-    if ref is not None:
-        return ref, True
-    got = _fresh(client, inc, node, healthy, **probe)
-    if isinstance(got, str):
-        return got
-    remember_reference(store, partition, got)
-    return got, False
-
-
 def diagnose_in_job(
     store: ObjectStore,
     client: SlurmClient,
@@ -425,51 +387,54 @@ def diagnose_in_job(
     python: str | None = None,
     timeout_s: float = 600.0,
 ) -> dict[str, Any] | None:
-    """Diagnose `node` inside the kept job; None when the caller must take the reservation path.
+    """Probe `node` inside the kept job, as evidence, and release it. Returns the recorded diagnosis when
+    there is one (an earlier try's, or `unconfirmed` when the node cannot leave the job); None when the
+    caller must diagnose the node on the reservation path: in isolation, weighing this evidence, or
+    without it when the probe could not run here (`diagnosis_in_job_skipped` says why).
 
     Why one function: it is the in-job counterpart of the reservation path's steps, in their order:
-    the reference, the node_check step on the suspect, the verdict (confirmed by a fresh reference when a
-    stored one passed it), the drain with the verdict, the record, the release. Each step uses what the
-    ones before it found (the job, the healthy nodes, the reference, the step's output), and several end
-    the diagnosis with `_skip`; kept in one place, the order of the Slurm calls and store writes reads
-    top to bottom."""
+    the reference, the node_check step on the suspect, the evidence recorded, the release. Each step uses
+    what the ones before it found (the job, the healthy nodes, the reference, the step's output), and
+    several end with `_skip`; kept in one place, the order of the Slurm calls and store writes reads top
+    to bottom."""
     rec = inc.rec(store)
     if done := rec.diagnosis:
         if done.where == IN_JOB and inc.plan.changes:
             release(store, client, inc, node)  # a try that died between the verdict and the release
         return done.to_json()  # the recorded object (XCom unchanged)
+    if rec.event(Event.DIAGNOSED_IN_JOB) is not None and inc.job_id is not None:
+        return _out_of_the_job(store, client, inc, node)  # an earlier try probed it here already
     state, why = why_not(client, inc, node)
     if state is None or inc.job_id is None:
         if inc.plan.changes and kept_job(client, inc) is not None:
             _skip(store, client, inc, node, why or "no job id")
         return None
     authenticate(store, client, inc, node=node)  # act only on a node of the signed alert's job
-    t0 = time.time()
+    job_id = inc.job_id
     healthy = healthy_in(client, state.nodes, node)
-    got = _reference(
-        store,
-        client,
-        inc,
-        rec,
-        node,
-        healthy,
-        partition,
-        python=python,
-        state_dir=state_dir,
-        timeout_s=timeout_s,
-    )
-    if isinstance(got, str):
-        _skip(store, client, inc, node, f"reference: {got}")
+    try:
+        found = choose_reference(
+            store,
+            partition,
+            suspect=node,
+            recorded=reference_of(rec),
+            in_job=lambda: reference_in_job(
+                client,
+                job_id=job_id,
+                nodes=healthy,
+                python=python,
+                state_dir=state_dir,
+                timeout_s=min(300.0, timeout_s),
+            ),
+        )
+    except (RuntimeError, NoReference, UnusableReference) as e:
+        found = None
+        why = str(e)
+    if found is None:
+        _skip(store, client, inc, node, f"reference: {why or 'none to be had'}")
         return None
-    ref, stored = got
+    ref, source = found
     known = ProbeResult.from_json(ref)
-    inc.event(
-        store,
-        Event.REFERENCE,
-        fields={"reference": ref},
-        node=known.node,
-        fingerprint=known.fingerprint,
-    )
     level = dcgm.level_for(check=inc.typed_alert.check)
     argv = diagnose.node_check_argv(
         node=node,
@@ -480,7 +445,7 @@ def diagnose_in_job(
         state_dir=state_dir,
     )
     started = time.monotonic()
-    result = client.run_in_job(inc.job_id, node, argv, timeout_s=timeout_s)
+    result = client.run_in_job(job_id, node, argv, timeout_s=timeout_s)
     seen = node_check.last_json_line(result.stdout)
     checked = None if seen is None else _node_check(seen)
     if (
@@ -497,42 +462,66 @@ def diagnose_in_job(
             f"the step gave no verdict (rc {result.exit_code}): {result.stderr[-300:]}",
         )
         return None
-    outcome, note = diagnose.checked_verdict(seen, known, stored=stored)
-    probe = checked.probe_result
-    summary = diagnose.summarize(node, checked) + note
-    if stored and checked.verdict == node_check.PASS and confirms(known, probe):
-        fresh = _fresh(client, inc, node, healthy, python=python, state_dir=state_dir, timeout_s=timeout_s)
-        if isinstance(fresh, str):
-            summary += f"; no fresh reference: {fresh}"
-        else:
-            remember_reference(store, partition, fresh)
-            outcome, note = judge_fresh(probe, ProbeResult.from_json(fresh))
-            summary += note
-    reason = diagnose.verdict_reason(inc.run, inc.step, outcome)
-    client.drain(node, reason)  # drained already; the reason now carries the verdict
-    book = diagnose.verdict_runbook(outcome)
-    d = diagnose.DiagnosisOutcome(
+    said, note = diagnose.checked_verdict(seen, known)
+    inc.event(
+        store,
+        Event.DIAGNOSED_IN_JOB,
+        verdict=said,
         node=node,
-        verdict=outcome,
-        reason=reason,
-        summary=f"{summary}; in job {inc.job_id}'s allocation (no reservation)",
-        runbook=book,
-        duration_s=time.monotonic() - started,
+        job_id=job_id,
+        summary=diagnose.summarize(node, checked) + note,
+        reference=ref,
+        reference_from=source,
+        dcgm_level=level,
+        duration_s=round(time.monotonic() - started, 3),
         exit_code=result.exit_code,
         details=seen,
     )
+    return _out_of_the_job(store, client, inc, node)
+
+
+def _out_of_the_job(
+    store: ObjectStore, client: SlurmClient, inc: Incident, node: str
+) -> dict[str, Any] | None:
+    """After the probe inside the job: release the node, so that the caller probes it in isolation (None).
+    A node that stays in the job (release refused) cannot be probed outside it while the job runs: its
+    diagnosis is recorded `unconfirmed`, where `in_job`, and the node drained so (a person decides;
+    nothing marks it for replacement). Returns that diagnosis."""
+    assert inc.job_id is not None
+    release(store, client, inc, node)
+    state = client.job(inc.job_id)
+    if not state.is_active or node not in state.nodes:
+        return None
+    ev = inc.rec(store).event(Event.DIAGNOSED_IN_JOB)
+    evidence = dict(ev.details) if ev is not None else {}
+    said = evidence.get("verdict")
+    reason = diagnose.verdict_reason(inc.run, inc.step, diagnose.UNCONFIRMED)
+    client.drain(node, reason)  # drained already; the reason now says no verdict was confirmed
+    exit_code, took, ref = evidence.get("exit_code"), evidence.get("duration_s"), evidence.get("reference")
+    details, level = evidence.get("details"), evidence.get("dcgm_level")
+    d = diagnose.DiagnosisOutcome(
+        node=node,
+        verdict=diagnose.UNCONFIRMED,
+        reason=reason,
+        summary=(
+            f"{evidence.get('summary')}; {node} could not leave job {inc.job_id}, so no probe outside "
+            f"the job reached it: the in-job verdict ({said}) stays unconfirmed"
+        ),
+        runbook=diagnose.verdict_runbook(diagnose.UNCONFIRMED),
+        duration_s=float(took) if isinstance(took, int | float) else 0.0,
+        exit_code=exit_code if isinstance(exit_code, int) else -1,
+        details=dict(details) if isinstance(details, Mapping) else {},
+    )
     out = {
         **d.to_dict(),
-        "reference_node": known.node,
-        "dcgm_level": level,
-        "total_s": round(time.time() - t0, 3),
+        "reference_node": ref.get("node") if isinstance(ref, Mapping) else None,
+        "in_job_verdict": said,
+        "dcgm_level": level if isinstance(level, int) else None,
         "where": IN_JOB,
         "job_id": inc.job_id,
     }
-    # recorded as the reservation path records its verdict (step_diagnose), plus where it ran
     verdict = {"verdict": d.verdict, "reason": d.reason, "where": IN_JOB}
     write(
         store, inc, Outcome(event=Event.DIAGNOSED, data=verdict, fields={"diagnosis": out}, runbook=d.runbook)
     )
-    release(store, client, inc, node)
     return out

@@ -1,21 +1,24 @@
-"""Where the reservation path's diagnosis gets the probe's reference, in order:
+"""Where the reservation path's diagnosis gets the probe's reference, and how a verdict against one that
+does not decide alone is confirmed. The order and what may be cached are probe_reference.choose_reference's;
+this module supplies this path's ways of computing a reference now:
 
-1. the one this incident recorded (an earlier try), 2. the partition's cached one
-   (probe_reference.checked_reference: a garbled, foreign or self-referential cached object is never used),
-3. a run of the probe on a healthy idle node (MAINT reservation),
-4. a run of the probe as a step (`srun --jobid --overlap`) on a healthy node of a job this incident
-   runs: its relaunch (found by its tag) or the kept job,
+1. isolated (`isolated_reference`): the probe on a healthy idle node in a MAINT reservation, in a job of
+   its own; cached for the partition. The only kind a verdict is final against.
+2. the one this incident recorded, 3. the partition's cached one, each only when computed in isolation
+   (a garbled, foreign, self-referential or unmarked object is never used),
+4. in a job (`_job_steps`): the probe as a step (`srun --jobid --overlap`) on a healthy node of a job this
+   incident runs: its relaunch (found by its tag) or the kept job. Never cached.
 5. none: IncidentStop, the node stays drained (runbooks/diagnostic-failed.md).
 
 Why 4 (and not a wait for a free node, or a reference computed before the relaunch): a scheduler restart
 can end the first try before it has a reference, and by the retry the relaunch holds every healthy node
 for as long as the run lasts, so a bounded wait would end in the same stop, and a reference taken before
-the relaunch would put the probe on the relaunch's critical path. The relaunch's nodes are healthy by
-construction (the suspect is excluded), they run the same software, and the step neither delays the
-relaunch (it is already running) nor changes its bits (the probe pins its own thread; the training job
-is not touched). The hot-spare path already takes its reference this way (incident/hot_spare.py). The
-verdict is not weakened: the reference is the same probe command on a healthy node, and a pass still
-needs the suspect's fingerprint and environment to match it (probe_reference.confirms).
+the relaunch would put the probe on the relaunch's critical path. The step neither delays the relaunch
+(it is already running) nor changes its bits (the probe pins its own thread; the training job is not
+touched). But the job can reach the step (same user, same node), so against 2 to 4 a pass, and a fail
+that rests on the probe, are `unconfirmed` (diagnose.checked_verdict) until `confirm` compares the node's
+probe with a fresh isolated reference; when none can be had the verdict stays unconfirmed: the node stays
+drained for a person and nothing marks it for replacement.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from typing import Any
 
 from longrun.health import diagnose, node_check
 from longrun.health.probe_reference import (
-    cached_reference,
-    checked_reference,
+    UnusableReference,
+    choose_reference,
     judge_fresh,
     reference_of,
     remember_reference,
+    trusted_reference,
 )
 from longrun.incident import keep_drained, runbooks
 from longrun.incident.hot_spare import healthy_in, kept_job, reference_in_job
@@ -42,15 +46,10 @@ from training.records.diagnosis import NodeCheck, ProbeResult
 from training.records.schema import SchemaError
 from training.store.interface import ObjectStore
 
-#: How the reference was obtained (the record's `diagnosis.reference_from`).
-RECORDED, CACHED, IDLE_NODE, RUNNING_JOB = "recorded", "cached", "idle_node", "running_job"
-#: Read back from the store (an earlier try's record, the partition's cache), not computed by this try:
-#: it may convict, but a pass against it needs a fresh reference too (confirm_pass).
-STORED = (RECORDED, CACHED)
-
 
 def _job_steps(client: SlurmClient, inc: Incident, node: str, **probe: Any) -> dict[str, Any] | None:
-    """The probe as a step on a healthy node of the incident's running relaunch (or kept job)."""
+    """The probe as a step on a healthy node of the incident's running relaunch (or kept job): an in-job
+    reference (probe_reference.in_job_mark), which decides nothing alone and is never cached."""
     tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
     jobs = [s for s in client.find_jobs(tag.prefix()) if s.status is JobStatus.RUNNING]
     if (kept := kept_job(client, inc)) is not None:
@@ -73,7 +72,7 @@ def _job_steps(client: SlurmClient, inc: Incident, node: str, **probe: Any) -> d
     return None
 
 
-def fresh_reference(
+def isolated_reference(
     client: SlurmClient,
     inc: Incident,
     *,
@@ -81,34 +80,19 @@ def fresh_reference(
     run_nodes: tuple[str, ...],
     python: str | None,
     state_dir: str | None,
-) -> tuple[dict[str, Any], str]:
-    """The probe run now on a healthy node: an idle one (MAINT reservation), else a step of a running job
-    of this incident; IncidentStop when there is neither (or the run gives no usable reference)."""
+) -> dict[str, Any] | None:
+    """The probe run now in isolation on a healthy idle node (MAINT reservation, named for the incident);
+    None when no node is idle. NoReference when the probe gives no fingerprint."""
     healthy = diagnose.pick_healthy(client.nodes(), exclude=[node], prefer=run_nodes)
-    if healthy is not None:
-        ref = diagnose.reference(
-            client,
-            node=healthy,
-            python=python,
-            state_dir=state_dir,
-            reservation=keep_drained.reservation_name(keep_drained.REF, inc.incident_id, healthy),
-        )
-        src = IDLE_NODE
-    else:
-        found = _job_steps(client, inc, node, python=python, state_dir=state_dir, timeout_s=300.0)
-        if found is None:
-            raise IncidentStop(
-                f"no healthy idle node to compute the probe's reference on, and no running job of this "
-                f"incident holds one; {node} stays drained ({diagnose.sdc_reason(inc.run, inc.step)}). "
-                f"Runbook: {runbooks.DIAGNOSTIC_FAILED}"
-            )
-        ref, src = found, RUNNING_JOB
-    if checked_reference(ref, suspect=node) is None:
-        raise IncidentStop(
-            f"the probe's reference run gave no usable reference ({str(ref)[:300]}); {node} stays drained "
-            f"({diagnose.sdc_reason(inc.run, inc.step)}). Runbook: {runbooks.DIAGNOSTIC_FAILED}"
-        )
-    return ref, src
+    if healthy is None:
+        return None
+    return diagnose.reference(
+        client,
+        node=healthy,
+        python=python,
+        state_dir=state_dir,
+        reservation=keep_drained.reservation_name(keep_drained.REF, inc.incident_id, healthy),
+    )
 
 
 def reference_for(
@@ -123,53 +107,71 @@ def reference_for(
     python: str | None,
     state_dir: str | None,
 ) -> tuple[dict[str, Any], str]:
-    """(the reference's probe JSON, where it came from: one of STORED, IDLE_NODE, RUNNING_JOB);
-    IncidentStop when there is none to be had."""
-    recorded = reference_of(rec)
-    if recorded is not None and checked_reference(recorded.to_json(), suspect=node) is not None:
-        return recorded.to_json(), RECORDED
-    if (cached := cached_reference(store, partition, suspect=node)) is not None:
-        return cached, CACHED
-    ref, src = fresh_reference(
-        client, inc, node=node, run_nodes=run_nodes, python=python, state_dir=state_dir
-    )
-    remember_reference(store, partition, ref)
-    return ref, src
+    """(the reference's probe JSON, where it came from: probe_reference.IDLE_NODE, RECORDED, CACHED or
+    RUNNING_JOB); IncidentStop when there is none to be had."""
+    try:
+        found = choose_reference(
+            store,
+            partition,
+            suspect=node,
+            recorded=reference_of(rec),
+            isolated=lambda: isolated_reference(
+                client, inc, node=node, run_nodes=run_nodes, python=python, state_dir=state_dir
+            ),
+            in_job=lambda: _job_steps(client, inc, node, python=python, state_dir=state_dir, timeout_s=300.0),
+        )
+    except UnusableReference as e:
+        raise IncidentStop(
+            f"{e}; {node} stays drained ({diagnose.sdc_reason(inc.run, inc.step)}). Runbook: "
+            f"{runbooks.DIAGNOSTIC_FAILED}"
+        ) from None
+    if found is None:
+        raise IncidentStop(
+            f"no healthy idle node to compute the probe's reference on, and no running job of this "
+            f"incident holds one; {node} stays drained ({diagnose.sdc_reason(inc.run, inc.step)}). "
+            f"Runbook: {runbooks.DIAGNOSTIC_FAILED}"
+        )
+    return found
 
 
-def confirm_pass(
+def confirm(
     store: ObjectStore,
     client: SlurmClient,
     inc: Incident,
     d: diagnose.DiagnosisOutcome,
     *,
+    compared: ProbeResult,
     partition: str,
     run_nodes: tuple[str, ...],
     python: str | None,
     state_dir: str | None,
 ) -> tuple[diagnose.DiagnosisOutcome, str | None]:
-    """A node that matched a stored reference (so `d` is `error`, pending) is compared with a fresh
-    reference: pass only if it matches that one too, fail if it differs in the same environment. The node
-    is drained again with that verdict. Without a fresh reference `d` stays `error`, the node drained.
-    Returns (the outcome, the fresh reference's node)."""
+    """An unconfirmed verdict `d` (a pass or a fail against `compared`, a reference that does not decide
+    alone) against a fresh isolated reference: pass if the node's probe matches that one, fail if it
+    differs in the same environment; the node is drained again with that verdict. Without a fresh
+    isolated reference, or one not comparable, `d` stays unconfirmed, the node drained so. Returns (the
+    outcome, the fresh reference's node)."""
     node = d.node
     try:
-        fresh, _ = fresh_reference(
+        fresh = isolated_reference(
             client, inc, node=node, run_nodes=run_nodes, python=python, state_dir=state_dir
         )
-    except IncidentStop as e:
-        return dataclasses.replace(d, summary=f"{d.summary}; {e}"), None
+    except SlurmCommandError as e:  # the reservation, or the probe on the idle node, failed
+        return dataclasses.replace(d, summary=f"{d.summary}; no fresh isolated reference: {e}"[:2000]), None
+    if fresh is None or trusted_reference(fresh, suspect=node) is None:
+        why = "no healthy idle node" if fresh is None else f"not usable: {str(fresh)[:300]}"
+        return dataclasses.replace(d, summary=f"{d.summary}; no fresh isolated reference ({why})"), None
     remember_reference(store, partition, fresh)
     known = ProbeResult.from_json(fresh)
     try:
         probe = NodeCheck.from_json(d.details).probe_result
     except SchemaError:
         return d, known.node
-    verdict, note = judge_fresh(probe, known)
+    verdict, note = judge_fresh(probe, known, compared=compared)
     if verdict == node_check.ERROR:
         return dataclasses.replace(d, summary=d.summary + note), known.node
     reason = diagnose.verdict_reason(inc.run, inc.step, verdict)
-    client.drain(node, reason)  # drained already (error); the reason now carries the verdict
+    client.drain(node, reason)  # drained already (unconfirmed); the reason now carries the verdict
     book = diagnose.verdict_runbook(verdict)
     out = dataclasses.replace(d, verdict=verdict, reason=reason, runbook=book, summary=d.summary + note)
     return out, known.node

@@ -1,37 +1,58 @@
-"""sdc_incident's diagnose step: the replay probe (and DCGM where present) on the drained node.
+"""sdc_incident's diagnose step: the replay probe (and DCGM where present) on the drained node, in
+isolation.
 
-The probe's reference comes from the record, the partition's cached reference, a run on a healthy idle
-node or, when the relaunch holds them all, a step of the relaunch (reference_source.py); the diagnostic
+The probe's reference comes from a run on a healthy idle node in isolation or, when none is idle, the
+record, the partition's cache, or a step of a job of the incident (reference_source.py); the diagnostic
 runs in a MAINT reservation (longrun.health.diagnose) whose name is the same on every try
-(keep_drained). A pass against a stored reference counts only once a fresh reference confirms it
-(confirm_pass). Run by incident/runner.py.
+(keep_drained). A pass or fail is final only against a reference computed in isolation by this try; else
+it is unconfirmed until a fresh isolated reference confirms it (reference_source.confirm), and stays so
+when none can be had. On the hot-spare path this step runs after the probe inside the kept job
+(hot_spare.diagnose_in_job), whose verdict is evidence only: it is weighed here (`_weigh_in_job`), never
+recorded as the node's verdict by itself. Run by incident/runner.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from longrun.health import dcgm, diagnose, node_check
-from longrun.health.probe_reference import confirms
+from longrun.health.probe_reference import decides, how_computed
 from longrun.incident import keep_drained
 from longrun.incident.events import Event
-from longrun.incident.reference_source import STORED, confirm_pass, reference_for
+from longrun.incident.reference_source import confirm, reference_for
 from longrun.incident.runner import Incident, Outcome, Rec, run
 from longrun.incident.step_drain import restore_drain
 from longrun.slurm.client import SlurmClient
-from training.records.diagnosis import NodeCheck, ProbeResult
-from training.records.schema import SchemaError
+from training.records.diagnosis import ProbeResult
 from training.store.interface import ObjectStore
 
 
-def _matched(d: diagnose.DiagnosisOutcome, known: ProbeResult) -> bool:
-    """node_check passed against `known` (its verdict was turned into a pending error)."""
-    try:
-        check = NodeCheck.from_json(d.details)
-    except SchemaError:
-        return False
-    return check.verdict == node_check.PASS and confirms(known, check.probe_result)
+def _weigh_in_job(
+    client: SlurmClient, inc: Incident, rec: Rec, d: diagnose.DiagnosisOutcome
+) -> tuple[diagnose.DiagnosisOutcome, str | None]:
+    """The isolated verdict `d`, weighed with what the probe inside the suspect's job said before (event
+    `diagnosed_in_job`, hot_spare.diagnose_in_job), and that verdict (None: no such probe). The in-job
+    one is evidence only: the job could shape it. `d` stands when it agrees, and when it is a fail (found
+    in isolation, it needs no agreement); an in-job fail that the isolated probe passed leaves the node
+    unconfirmed, drained for a person: the evidence disagrees."""
+    ev = rec.event(Event.DIAGNOSED_IN_JOB)
+    if ev is None:
+        return d, None
+    said = str(ev.details.get("verdict"))
+    where = f"inside job {ev.details.get('job_id')} the probe said {said}"
+    if said == node_check.FAIL and d.verdict == node_check.PASS:
+        reason = diagnose.verdict_reason(inc.run, inc.step, diagnose.UNCONFIRMED)
+        client.drain(d.node, reason)  # drained already; the reason now says the evidence disagrees
+        return dataclasses.replace(
+            d,
+            verdict=diagnose.UNCONFIRMED,
+            reason=reason,
+            runbook=diagnose.verdict_runbook(diagnose.UNCONFIRMED),
+            summary=f"{d.summary}; {where}: the evidence disagrees, a person decides",
+        ), said
+    return dataclasses.replace(d, summary=f"{d.summary}; {where}"), said
 
 
 def run_diagnosis(
@@ -68,9 +89,10 @@ def run_diagnosis(
         """Act mode: the probe's reference, then the diagnostic in a MAINT reservation on the node.
 
         Why one function: it is one ordered sequence (the reference and its event, the diagnostic in
-        the MAINT reservation, the confirmation of a pass against a stored reference, the outcome). Most
-        of its length is the keyword arguments handed to reference_for, diagnose and confirm_pass, which
-        already hold the logic; each part uses what the one before found."""
+        the MAINT reservation, the confirmation of a verdict against a reference that does not decide
+        alone, the in-job evidence weighed, the outcome). Most of its length is the keyword arguments
+        handed to reference_for, diagnose and confirm, which already hold the logic; each part uses what
+        the one before found."""
         t0 = time.time()
         ref, source = reference_for(
             store,
@@ -91,6 +113,7 @@ def run_diagnosis(
             node=known.node,
             fingerprint=known.fingerprint,
             source=source,
+            computed=how_computed(ref),
         )
         level = dcgm.level_for(check=inc.typed_alert.check)
         d = diagnose.diagnose(
@@ -106,25 +129,28 @@ def run_diagnosis(
             reservation=keep_drained.reservation_name(keep_drained.DIAG, inc.incident_id, node),
             hold_min=keep_drained.DIAG_HOLD_MIN,
             known=known,  # a pass only on a real match (diagnose.checked_verdict)
-            stored=source in STORED,  # ... and, against a stored reference, a pending one (error)
+            final=decides(source),  # ... and final only against a fresh isolated reference
         )
         checked_on = None
-        if source in STORED and d.verdict == node_check.ERROR and _matched(d, known):
-            d, checked_on = confirm_pass(
+        if d.verdict == diagnose.UNCONFIRMED:
+            d, checked_on = confirm(
                 store,
                 client,
                 inc,
                 d,
+                compared=known,
                 partition=partition,
                 run_nodes=run_nodes,
                 python=python,
                 state_dir=state_dir,
             )
+        d, in_job = _weigh_in_job(client, inc, rec, d)
         result = {
             **d.to_dict(),
             "reference_node": known.node,
             "confirmed_on": checked_on,
             "reference_from": source,
+            "in_job_verdict": in_job,
             "dcgm_level": level,
             "total_s": round(time.time() - t0, 3),
         }

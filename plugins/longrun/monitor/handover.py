@@ -6,7 +6,8 @@ the existing incident run and is skipped instead of opening a second incident. T
 names the alert and its runbook, so the Airflow UI links the runbook from the incident run itself.
 
 ReenterOperator (sdc_incident -> training_run): a new training_run run that attaches to the relaunched
-job; run id `<run>__attempt<N>`.
+job; run id `<run>__attempt<N>`. The relaunch step recorded that continuation first (run id and conf
+alike: longrun.monitor.launches), and the new run's preflight checks its conf against that record.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOpe
 from airflow.sdk.exceptions import AirflowSkipException
 
 from longrun.dagrun_ids import attempt_run_id, incident_run_id
+from longrun.monitor.launches import continuation_conf
 from longrun.monitor.operator import ALERTED
 from longrun.paused import require_unpaused
 from longrun.runbooks import runbook_path
@@ -77,11 +79,7 @@ class ReenterOperator(TriggerDagRunOperator):
             self.trigger_dag_id,
             why=f"the relaunched job {result['job_id']} would train with nothing watching it",
         )
-        params = {
-            **result["params"],
-            "attach_job_id": result["job_id"],
-            "incident_id": result.get("incident_id"),
-        }
+        params = continuation_conf(result)  # what the relaunch step recorded (longrun.monitor.launches)
         self.trigger_run_id = attempt_run_id(params["run_name"], params["attempt"])
         self.conf = params
         self.note = f"Relaunch after incident {result.get('incident_id')}: Slurm job {result['job_id']} on {result.get('nodes')}"

@@ -1,9 +1,12 @@
 """The non-monitoring steps of `training_run`, as plain functions: preflight, the job spec, the finish.
 
 Where a launch puts things (the submitting environment decides, so the DAG files stay declarative):
-    LONGRUN_RUN_ROOT   directory for run dirs, visible on every node (default: <tmp>/longrun-runs, made
-                       0700 and refused when another user made it or may write it, longrun.runroot; on a
-                       real cluster set it to a shared filesystem)
+    LONGRUN_JOB_USER   the unprivileged Unix user jobs run as (longrun.runroot; unset: the workers' own
+                       user, which leaves the job every right the orchestrator has: docs/security.md)
+    LONGRUN_RUN_ROOT   directory for run dirs, visible on every node and writable by the jobs' user
+                       (default: <tmp>/longrun-runs, made 0700 for the jobs' user and refused when someone
+                       else owns it or may write it, longrun.runroot; on a real cluster set it to a shared
+                       filesystem)
     the interpreter    the run's `job_python` (one of the site's LONGRUN_JOB_PYTHONS), else the Airflow
                        worker's own (`sys.executable`): that environment has longrun's job side, the
                        entrypoint and NVRx's ft_launcher; on a cluster, point workers at that venv
@@ -111,11 +114,13 @@ def fault_state_dir(spec: RunSpec) -> str:
 
 
 def make_job(spec: RunSpec, tag: JobTag) -> JobSpec:
-    """The JobSpec of one launch (srun -> NVRx ft_launcher -> the entrypoint), tagged for reattachment."""
+    """The JobSpec of one launch (srun -> NVRx ft_launcher -> the entrypoint), tagged for reattachment,
+    run as the job user (LONGRUN_JOB_USER) when one is set."""
     root = run_root()
-    os.makedirs(root, exist_ok=True)
+    user = runroot.job_user()
+    runroot.make_missing_root(root, user)
     env = {k: val for k, val in job_store_env().items() if k not in SECRET_STORE_ENV}
-    return job_spec_for_run(spec, tag=tag, run_dir_root=root, env=env, python=sys.executable)
+    return job_spec_for_run(spec, tag=tag, run_dir_root=root, env=env, python=sys.executable, job_user=user)
 
 
 def preflight(store: ObjectStore, client: SlurmClient, params: Mapping[str, Any]) -> dict[str, Any]:

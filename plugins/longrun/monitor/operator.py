@@ -6,7 +6,8 @@ execute_complete, one trigger event at a time:
                 the worker (a further checkpoint, an alert or the job's end is handled at once), else
                 defer again
     alert       stop watching; return the alert so the DAG hands it to sdc_incident
-    job_done    return the outcome (completed) or fail with Slurm's state and exit code
+    job_done    remove the run's store identity (longrun.run_identity), then return the outcome
+                (completed) or fail with Slurm's state and exit code
     stale       fail loudly: the heartbeat stopped while the job runs (runbook: stale heartbeat)
     launch_held fail loudly: Slurm holds the job after a failed launch (runbook: job held after a failed
                 launch); released by an operator, a clear of the task watches the same job again
@@ -39,6 +40,7 @@ from longrun.monitor import watch
 from longrun.monitor.event import Carry, MonitorEvent
 from longrun.monitor.gate import gate_checkpoint
 from longrun.monitor.trigger import CHECKPOINT_SETTLE_S, RunMonitorTrigger, event_json
+from longrun.run_identity import RunIdentityError, identities_from_env
 from longrun.runbooks import runbook_path
 from training.records import schema
 from training.records.alert import Alert
@@ -200,6 +202,8 @@ class RunMonitorOperator(BaseOperator):
         if ev.type == watch.LAUNCH_HELD:
             raise AirflowFailException(f"{ev.message}; runbook: {runbook_path('launch_held')}")
         if ev.type == watch.NO_RECORDS:
+            if ev.outcome is not None:  # the job has ended (else it still runs, without records)
+                self._job_ended(seen.run)
             self._emit_asset_events(context, seen.run, carry.promoted)
             raise AirflowFailException(str(ev.message))
         if ev.type == watch.ALERT:
@@ -243,6 +247,7 @@ class RunMonitorOperator(BaseOperator):
 
     def _on_job_done(self, context: Any, ev: MonitorEvent, seen: watch.Seen, carry: Carry) -> dict[str, Any]:
         """The job ended without an alert: the task's result when it succeeded, else the task fails."""
+        self._job_ended(seen.run)
         self._emit_asset_events(context, seen.run, carry.promoted)
         if ev.outcome != "success":
             raise AirflowFailException(
@@ -258,6 +263,18 @@ class RunMonitorOperator(BaseOperator):
             "promoted": list(carry.promoted),
             "rejected": list(carry.rejected),
         }
+
+    def _job_ended(self, run: str) -> None:
+        """The watched job ended without an alert, so the run has ended: its store identity goes
+        (longrun.run_identity; nothing with the shared job identity). A store that cannot remove it now
+        fails this try, and the retry, which sees the same end, removes it."""
+        try:
+            if identities_from_env().revoke(run):
+                self.log.info("run %s ended: its store identity is removed", run)
+        except RunIdentityError as e:
+            raise RuntimeError(
+                f"run {run} ended but its store identity is still there: {e} (retrying)"
+            ) from e
 
     def _authentic(self, seen: watch.Seen, event: MonitorEvent) -> bool:
         """Hand over only an alert signed by this job's key, about this run and job, naming nodes of its

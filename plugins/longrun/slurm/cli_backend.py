@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 
-from longrun.slurm import parse
+from longrun.slurm import job_user, parse
 from longrun.slurm import validate as v
 from longrun.slurm.cli_commands import SlurmCommands
 from longrun.slurm.errors import (
@@ -68,6 +68,11 @@ class CliSlurmClient(SlurmCommands):
             # Names on the command line (it overrides the script's --export), values only in sbatch's
             # own environment: the script and `scontrol show job` never hold them.
             argv.append(f"--export={','.join((*spec.export, *sorted(extra)))}")
+        if spec.run_as is not None:
+            # sbatch runs as the job user, so Slurm gives the job that user's rights (longrun.slurm.job_user).
+            user = job_user.resolve(spec.run_as)
+            argv = [*job_user.as_user_prefix(user), *argv]
+            extra = {**job_user.login_env(user), **extra}
         try:
             out = self._run(argv, stdin=script, extra_env=extra)
         except SlurmCommandError as err:
@@ -75,7 +80,9 @@ class CliSlurmClient(SlurmCommands):
         job_id = out.strip().split(";")[0]
         if not job_id.isdigit():
             raise SubmitRejectedError(f"sbatch printed no job id for {spec.name!r}: {out!r}")
-        log.info("submitted Slurm job %s (%s, tag %s)", job_id, spec.name, spec.comment)
+        log.info(
+            "submitted Slurm job %s (%s, tag %s, as %s)", job_id, spec.name, spec.comment, spec.run_as or "us"
+        )
         return int(job_id)
 
     def job(self, job_id: int) -> JobState:
@@ -187,7 +194,23 @@ class CliSlurmClient(SlurmCommands):
             *(["--overlap"] if overlap else []),
             *cmd,
         ]
-        return run_srun(full, env=self._env, timeout_s=timeout_s)
+        # Slurm creates a step in a job only for the job's own user: start srun as the job's owner.
+        owner = self._job_owner(job_id)
+        if owner is None:
+            return run_srun(full, env=self._env, timeout_s=timeout_s)
+        env = {**self._env, **job_user.login_env(owner)}
+        return run_srun([*job_user.as_user_prefix(owner), *full], env=env, timeout_s=timeout_s)
+
+    def _job_owner(self, job_id: int) -> job_user.JobUser | None:
+        """The Unix user job `job_id` runs as, when it is not this process's user or root; None also for a
+        job Slurm no longer lists (a step in it fails on its own)."""
+        try:
+            uid = self._run(["squeue", "-h", "-j", str(job_id), "-o", "%U"]).strip()
+        except SlurmCommandError as err:
+            if any(s in str(err) for s in _GONE):
+                return None
+            raise
+        return job_user.of_uid(int(uid)) if uid.isdigit() else None
 
     # -- nodes --------------------------------------------------------------------------------------
     def node(self, name: str) -> NodeState:

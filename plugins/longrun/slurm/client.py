@@ -29,7 +29,9 @@ class SlurmClient(Protocol):
 
     def submit(self, spec: JobSpec, *, secret_env: Mapping[str, str] | None = None) -> int:
         """Submit `spec` (rendered by `render_sbatch`) and return the job id. `secret_env` reaches the job
-        by name (exported from sbatch's environment), never through the script."""
+        by name (exported from sbatch's environment), never through the script. A spec with `run_as` is
+        submitted by sbatch running as that user (`longrun.slurm.job_user`), so the job has that user's
+        rights; every other call here stays the caller's own."""
         ...
 
     def job(self, job_id: int) -> JobState:
@@ -107,6 +109,7 @@ class SlurmClient(Protocol):
         self, job_id: int, node: str, argv: tuple[str, ...], *, timeout_s: float, overlap: bool = False
     ) -> CommandResult:
         """Run `argv` as a one-task step of running job `job_id` on `node`, which the job holds (srun), and
-        capture it. `overlap` shares the node with a step already running there (else Slurm answers
+        capture it. The step runs as the job's own user (Slurm creates steps for no one else), with the
+        job's rights. `overlap` shares the node with a step already running there (else Slurm answers
         "Requested nodes are busy"). Past `timeout_s` the step is cancelled (exit code 124)."""
         ...

@@ -9,7 +9,9 @@ from the typed JobSpec fields instead (the rendered script still goes along as t
 IDLE+NOT_RESPONDING for ~1 s and keeps its old reason text. `Reservation.create()` corrupts the heap in
 25.11.2 (fixed upstream in 26.05): MAINT reservations are created through the CLI backend, which this class
 holds; reading and deleting them goes through pyslurm. An interactive step (srun) has no pyslurm call and
-also goes through the CLI. So does the step listing of a job: `JobSteps.load` raises for a job that runs no
+also goes through the CLI. So does a job that runs as another user (`JobSpec.run_as`): libslurm submits
+as this process's user, and `longrun.slurm.job_user` starts sbatch as the job user. So does the step
+listing of a job: `JobSteps.load` raises for a job that runs no
 step and fails with a KeyError for a pending one, where `squeue --steps` answers an empty list.
 """
 
@@ -40,8 +42,8 @@ _GONE = ("Invalid job id", "already completing or completed", "already completed
 
 
 class PyslurmClient:
-    """SlurmClient over pyslurm; creating MAINT reservations, srun steps and listing a job's steps delegate
-    to the CLI backend."""
+    """SlurmClient over pyslurm; creating MAINT reservations, srun steps, listing a job's steps and
+    submitting a job as another user delegate to the CLI backend."""
 
     backend = "pyslurm"
 
@@ -87,6 +89,9 @@ class PyslurmClient:
         )
 
     def submit(self, spec: JobSpec, *, secret_env: Mapping[str, str] | None = None) -> int:
+        if spec.run_as is not None:
+            # libslurm submits as this process's user; sbatch under the job user's identity does not.
+            return self._cli.submit(spec, secret_env=secret_env)
         desc = self._description(spec, secret_env)
         try:
             return int(desc.submit())

@@ -120,6 +120,10 @@ class JobSpec:
     export: tuple[str, ...] = BASE_EXPORT
     """Names the job takes from the submitting environment (`--export`, an allow-list; values are not in
     the script). Secrets handed to `submit(secret_env=...)` are added by name at submit."""
+    run_as: str | None = None
+    """The Unix user the job runs as (`longrun.slurm.job_user`: sbatch runs under that user's identity, so
+    Slurm gives the job that user's rights, not the orchestrator's); None: the submitting user. Not in the
+    script: it decides who submits, and the job cannot change it."""
 
     def __post_init__(self) -> None:
         v.name("name", self.name)
@@ -161,6 +165,8 @@ class JobSpec:
             raise InvalidSpecError("env", leaked, "Airflow's configuration and secrets never reach a job")
         object.__setattr__(self, "export", export)
         object.__setattr__(self, "command", self._check_command(self.command))
+        if self.run_as is not None:
+            v.unix_user("run_as", self.run_as)
 
     @staticmethod
     def _check_command(lines: object) -> tuple[str, ...]:

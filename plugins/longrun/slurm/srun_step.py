@@ -10,9 +10,11 @@ from longrun.slurm.models import CommandResult
 from longrun.slurm.spec import BASE_EXPORT
 
 #: What a diagnostic step takes from the worker's environment (the probe's knobs; nothing of Airflow's).
+#: Not LONGRUN_FAULT_STATE_DIR: the probe would read the runs' fault state (sick-node markers, which jobs
+#: write) from it; the state dir reaches a probe only as its `--state-dir`, in an operator's drill
+#: (longrun.incident.drill_state).
 STEP_EXPORT = (
     *BASE_EXPORT,
-    "LONGRUN_FAULT_STATE_DIR",
     "LONGRUN_PROBE_EXPECT",
     "ATEN_CPU_CAPABILITY",
     "OMP_NUM_THREADS",

@@ -24,6 +24,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:/=@+% -]{0,4096}")
 # Drain reasons: free text for people, but nothing a shell or scontrol's key=value parser treats specially.
 _REASON = re.compile(r"[A-Za-z0-9_.,:/@+ -]{1,256}")
+# Unix user names as `useradd` accepts them by default (Debian's NAME_REGEX, without the trailing `$` of
+# machine accounts): the name reaches a command line (`setpriv`) and a passwd lookup.
+_UNIX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 MAX_LIST = 4096
 
@@ -127,6 +130,16 @@ def reason(field: str, value: object, *, ours: bool = True) -> str:
         raise InvalidSpecError(
             field, value, f"must start with {DRAIN_PREFIX!r}: longrun only drains with its prefix"
         )
+    return value
+
+
+def unix_user(field: str, value: object) -> str:
+    """The Unix user a job runs as: a plain user name, never root (a job as root could do everything the
+    orchestrator does, which is what naming a job user is meant to prevent)."""
+    _match(field, value, _UNIX_USER, "a Unix user name: 1-32 of [a-z0-9_-], starting with a letter or '_'")
+    if value == "root":
+        raise InvalidSpecError(field, value, "a job never runs as root: name an unprivileged user")
+    assert isinstance(value, str)
     return value
 
 

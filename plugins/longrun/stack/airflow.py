@@ -26,8 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import procs
-from .airflow_cfg import ADMIN_USER, render_airflow_cfg
+from .airflow_cfg import ADMIN_USER, DRILL_OPERATORS, DRILL_OPERATORS_ENV, LOGINS, render_airflow_cfg
 from .component import Component, ProcStatus, Say
+from .job_access import JOB_USER_ENV
 from .layout import Layout, repo_root
 from .postgres import Postgres
 from .procs import ProcRecord, StackError, write_private
@@ -74,9 +75,8 @@ class Airflow(Component):
         self.passwords_path = self.home / "passwords.json"
         # Only with `--db postgres`: started before the daemons, stopped after them.
         self.db = Postgres(layout) if layout.db == "postgres" else None
-        # Run dirs of the jobs this stack's workers submit (LONGRUN_RUN_ROOT): inside the state dir, so two
-        # stacks on one machine never share one, however their runs are named.
-        self.run_root = str(layout.state_dir / "runs")
+        # Run dirs of the jobs this stack's workers submit (LONGRUN_RUN_ROOT; Layout.run_root).
+        self.run_root = str(layout.run_root)
 
     def _secrets(self) -> dict[str, str]:
         if self.secrets_path.exists():
@@ -90,12 +90,16 @@ class Airflow(Component):
         write_private(self.secrets_path, json.dumps(values) + "\n")
         return values
 
-    def password(self) -> str:
-        """The admin password; written by us before the first start, so the API never prints one."""
-        if not self.passwords_path.exists():
+    def password(self, login: str = ADMIN_USER) -> str:
+        """The password of `login` (one of LOGINS; default the admin's). Every login's is written by us
+        before the first start, so the API never prints one; a login added later gets one at the next call."""
+        known = json.loads(self.passwords_path.read_text()) if self.passwords_path.exists() else {}
+        missing = {name: secrets.token_urlsafe(18) for name in LOGINS if name not in known}
+        if missing:
             self.home.mkdir(parents=True, exist_ok=True)
-            write_private(self.passwords_path, json.dumps({ADMIN_USER: secrets.token_urlsafe(18)}) + "\n")
-        return json.loads(self.passwords_path.read_text())[ADMIN_USER]
+            write_private(self.passwords_path, json.dumps({**known, **missing}) + "\n")
+            known.update(missing)
+        return str(known[login])
 
     def env(self) -> dict[str, str]:
         if not self.passwords_path.exists():
@@ -121,6 +125,14 @@ class Airflow(Component):
             PYTHONUNBUFFERED="1",
         )
         env.pop("AIRFLOW_CONFIG", None)
+        # The workers submit jobs as the stack's job user (longrun.runroot, longrun.stack.job_access).
+        env.pop(JOB_USER_ENV, None)
+        if self.layout.job_user is not None:
+            env[JOB_USER_ENV] = self.layout.job_user
+        # Who may set a drill (longrun.drill_grant): the stack's admin, unless the caller says otherwise.
+        # Airflow reads a Variable from its environment before its database: set here, it wins over one
+        # set in the UI.
+        env.setdefault(DRILL_OPERATORS_ENV, DRILL_OPERATORS)
         # The site's directory of `script:` entrypoints (longrun.runspec): on the local stack, the
         # repository's examples, unless the caller names another.
         root = repo_root()

@@ -9,6 +9,15 @@ from pathlib import Path
 from .layout import HOST, Layout
 
 ADMIN_USER = "admin"
+#: A login that may trigger DAGs and is no operator (the simple auth manager's `user` role): what the
+#: security page calls a user. Tests use it to show what such a login may not do (set a drill).
+USER_LOGIN = "researcher"
+#: Every login of the stack's Airflow, with its simple-auth-manager role.
+LOGINS = {ADMIN_USER: "admin", USER_LOGIN: "user"}
+#: Who may set a drill on the stack (longrun.drill_grant's Variable, by Airflow's environment-variable
+#: name): the admin role, so `make demo` and the e2e drills run as its admin; a site sets its own.
+DRILL_OPERATORS_ENV = "AIRFLOW_VAR_LONGRUN_DRILL_OPERATORS"
+DRILL_OPERATORS = '{"roles": ["ADMIN"]}'
 
 
 def render_airflow_cfg(
@@ -35,7 +44,7 @@ def render_airflow_cfg(
         "max_active_tasks_per_dag": "4",
         "dags_are_paused_at_creation": "True",
         "fernet_key": secrets_["fernet_key"],
-        "simple_auth_manager_users": f"{ADMIN_USER}:admin",
+        "simple_auth_manager_users": ",".join(f"{login}:{role}" for login, role in LOGINS.items()),
         "simple_auth_manager_passwords_file": str(home / "passwords.json"),
         "execution_api_server_url": f"{url}/execution/",
         "min_serialized_dag_update_interval": "5",

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .layout import COMPONENTS, DB_KINDS
+from .layout import COMPONENTS, DB_KINDS, DEFAULT_JOB_USER, NO_JOB_USER
 from .procs import StackError
 from .stack import Stack
 
@@ -50,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
                 help="Airflow's metadata database: sqlite (default) or postgres (a PostgreSQL server the"
                 " stack starts and stops, 127.0.0.1 only); remembered in the state dir",
             )
+            sp.add_argument(
+                "--job-user",
+                default=None,
+                help=f"the unprivileged Unix user jobs run as, created when missing (default:"
+                f" {DEFAULT_JOB_USER}, or $LONGRUN_STACK_JOB_USER); `{NO_JOB_USER}` runs jobs as the"
+                " orchestrator's user (no isolation); remembered in the state dir",
+            )
     sub.add_parser("status", help="each recorded process with PID and health; rc 1 if one is dead")
     sub.add_parser("env", help='print export lines for a shell: eval "$(longrun stack env)"')
     return p
@@ -63,7 +70,12 @@ def format_env(env: dict[str, str]) -> str:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
-        stack = Stack(args.state_dir, db=getattr(args, "db", None))
+        stack = Stack(
+            args.state_dir,
+            db=getattr(args, "db", None),
+            job_user=getattr(args, "job_user", None),
+            default_job_user=DEFAULT_JOB_USER if args.command == "up" else None,
+        )
         if args.command == "up":
             t0 = time.monotonic()
             print(f"state dir: {stack.state_dir}", flush=True)

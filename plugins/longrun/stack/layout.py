@@ -26,6 +26,10 @@ PARTITION = "debug"
 COMPONENTS = ("slurm", "s3", "airflow")
 DB_KINDS = ("sqlite", "postgres")
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+DEFAULT_JOB_USER = "longrun-job"
+NO_JOB_USER = "none"
+"""Said for the job user (`--job-user none`, LONGRUN_STACK_JOB_USER=none): jobs run as the orchestrator."""
 
 
 def ports_in_use(ports: list[int]) -> list[int]:
@@ -39,6 +43,15 @@ def ports_in_use(ports: list[int]) -> list[int]:
             except OSError:
                 busy.append(port)
     return busy
+
+
+def check_job_user(name: object) -> str:
+    """`name`, when it is a plain Unix user name (1-32 of [a-z0-9_-]) and not root; else ValueError."""
+    if not isinstance(name, str) or not _USER_RE.match(name):
+        raise ValueError(f"job_user must be a Unix user name (1-32 of [a-z0-9_-]) or None, got {name!r}")
+    if name == "root":
+        raise ValueError("job_user must not be root: jobs as root can do everything the orchestrator does")
+    return name
 
 
 def repo_root() -> Path | None:
@@ -75,6 +88,11 @@ class Layout:
     LocalExecutor) finds torch already imported instead of importing it again (seconds per task on a busy
     machine; how and why: longrun/stack/scheduler_preload.py). Costs the scheduler torch's memory (shared
     copy-on-write with its workers and tasks). A test session turns this on."""
+    job_user: str | None = None
+    """The unprivileged Unix user the stack's jobs run as (longrun.stack.job_access creates it and hands it
+    the run root; Airflow's workers submit as it). None: jobs run as the orchestrator's user, root, and can
+    do whatever it does. `longrun stack up` and `make demo` use `longrun-job` (DEFAULT_JOB_USER) unless
+    told `--job-user none` or LONGRUN_STACK_JOB_USER; a Stack made in code has none unless it asks."""
 
     def __post_init__(self) -> None:
         if not self.state_dir.is_absolute():
@@ -89,6 +107,8 @@ class Layout:
             raise ValueError(f"schedules must be true or false, got {self.schedules!r}")
         if not isinstance(self.preload_torch, bool):
             raise ValueError(f"preload_torch must be true or false, got {self.preload_torch!r}")
+        if self.job_user is not None:
+            check_job_user(self.job_user)
 
     # Slurm
     @property
@@ -153,6 +173,12 @@ class Layout:
     def dir(self, component: str) -> Path:
         return self.state_dir / component
 
+    @property
+    def run_root(self) -> Path:
+        """Run dirs of the jobs the stack's Airflow submits (LONGRUN_RUN_ROOT): inside the state dir, so two
+        stacks on one machine never share one, however their runs are named."""
+        return self.state_dir / "runs"
+
     def save(self) -> None:
         """Remember the port plan, so `status`/`env`/`down` of this state dir need no flags."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -162,13 +188,18 @@ class Layout:
             "db": self.db,
             "schedules": self.schedules,
             "preload_torch": self.preload_torch,
+            "job_user": self.job_user,
         }
         (self.state_dir / "stack.json").write_text(json.dumps(data, indent=1) + "\n")
 
     @classmethod
-    def load(cls, state_dir: Path | None = None, **overrides: object) -> Layout:
+    def load(
+        cls, state_dir: Path | None = None, *, default_job_user: str | None = None, **overrides: object
+    ) -> Layout:
         """The layout saved in `state_dir`, else from the environment (`LONGRUN_PORT_BASE`,
-        `LONGRUN_BUCKET`, `LONGRUN_DB`), else defaults; explicit overrides that are not None win."""
+        `LONGRUN_BUCKET`, `LONGRUN_DB`, `LONGRUN_STACK_JOB_USER`), else defaults (the job user:
+        `default_job_user`, None unless the caller says, as `longrun stack up` does); explicit overrides
+        that are not None win. A job user of `none` (NO_JOB_USER) means no job user."""
         state_dir = (state_dir or default_state_dir()).resolve()
         saved_path = state_dir / "stack.json"
         saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
@@ -181,8 +212,13 @@ class Layout:
             "db": db,
             "schedules": saved.get("schedules", True),
             "preload_torch": saved.get("preload_torch", False),
+            "job_user": saved["job_user"]
+            if "job_user" in saved
+            else os.environ.get("LONGRUN_STACK_JOB_USER", default_job_user),
         }
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        if kwargs["job_user"] in (NO_JOB_USER, ""):
+            kwargs["job_user"] = None
         return cls(state_dir=state_dir, **kwargs)  # type: ignore[arg-type]
 
     def as_dict(self) -> dict[str, object]:

@@ -3,7 +3,11 @@
 The job bucket (`LONGRUN_BUCKET`) holds what jobs write; the orchestrator bucket (`<bucket>-orchestrator`,
 `LONGRUN_ORCH_BUCKET`) holds what only the orchestrator may write (see training.store.sides). Identity
 `longrun` (the orchestrator, Airflow's) may do everything; identity `longrun-job` may read, write and list
-the job bucket and only read its runs' directives in the orchestrator bucket.
+the job bucket and only read its runs' directives in the orchestrator bucket. A launched job gets neither:
+the orchestrator creates one identity per run at submit through the IAM API on the S3 port (`-s3.iam`,
+writable with `-s3.iam.readOnly=false`, Admin only) and removes it when the run ends
+(longrun.run_identity; `LONGRUN_RUN_IDENTITIES=seaweedfs` in `env()`). `longrun-job` stays for tests and
+tools that need a job-side identity without a run.
 
 Without an identities file SeaweedFS accepts any key, so one is always written (0600, in the state
 dir, keys generated on first start and kept with the data). Every port is set explicitly; each also
@@ -118,6 +122,8 @@ class S3(Component):
             "LONGRUN_ORCH_BUCKET": self.orch_bucket,
             "LONGRUN_JOB_ACCESS_KEY_ID": job["access_key_id"],
             "LONGRUN_JOB_SECRET_ACCESS_KEY": job["secret_access_key"],
+            # Each run's job gets an identity of its own (longrun.run_identity), not the shared one.
+            "LONGRUN_RUN_IDENTITIES": "seaweedfs",
         }
 
     def client(self, *, secret: str | None = None, job: bool = False):  # noqa: ANN201 - boto3, imported lazily
@@ -332,6 +338,10 @@ class S3(Component):
             # One door (module docstring): no master or filer HTTP API, no admin UI.
             "-disableHttp",
             "-admin.ui=false",
+            # Per-run job identities (longrun.run_identity): the IAM API on the S3 port takes writes,
+            # which only an Admin identity (the orchestrator) may make.
+            "-s3.iam=true",
+            "-s3.iam.readOnly=false",
             # Its default lives in /tmp, shared with any other SeaweedFS on the host.
             f"-filer.localSocket={self.dir / 'filer.sock'}",
         ]

@@ -5,7 +5,9 @@ where an incident and the node history meet.
 after_attribute   `suspected` + the node's standing on the incident record (`node_history`); a repeat
                   offender is marked for replacement. The note never changes which node is drained.
 after_drain       `drained` with the reason
-after_diagnose    `diagnosed` with the verdict and the probe's evidence; a failure marks for replacement
+after_diagnose    `diagnosed` with the verdict and the probe's evidence; a failure marks for replacement,
+                  an unconfirmed verdict does not (the step's result only: a probe inside the
+                  suspect's job never reaches the history by itself, step_diagnose weighs it)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from longrun.health import history as h
+from longrun.health.diagnose import VERDICTS
 from longrun.health.policy import NodePolicy, standing
 from longrun.incident import record
 from longrun.incident.runner import Incident
@@ -81,7 +84,7 @@ def after_diagnose(hist: ObjectStore, inc: Incident, node: str, out: Mapping[str
     """`out`: the diagnose step's result (a `Diagnosis`'s JSON)."""
     diag = Diagnosis.from_json(out)
     verdict = diag.verdict
-    if diag.observe or verdict not in ("pass", "fail", "error"):
+    if diag.observe or verdict not in VERDICTS:
         return
     h.record(
         hist,

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from longrun.health import history
 from longrun.health.policy import POLICY_VARIABLE, NodePolicy
 from longrun.hooks.slurm import SlurmHook
-from longrun.incident import modes
+from longrun.incident import drill_state, modes
 from longrun.monitor import lifecycle
 from longrun.nodes import returning
 from longrun.nodes.outcome import NodeProbe, NodeReturn
@@ -61,16 +61,18 @@ def probe_task(selected: Mapping[str, Any], dag_run_id: str) -> list[dict[str, A
             continue
         _, run, _ = returning.drain_origin(client.node(node).reason)
         spec = lifecycle.spec_from_params({"run_name": run if run != "return" else "node-return"})
+        store = store_from_env()
         try:
             res = returning.probe(
-                store_from_env(),
+                store,
                 history_store(),
                 client,
                 node=node,
                 repeats=int(selected["repeats"]),
                 source=_source(dag_run_id),
                 partition=spec.partition,
-                state_dir=lifecycle.fault_state_dir(spec),
+                # the run's fault state only in an operator's sick-node drill on this node (drill_state)
+                state_dir=drill_state.for_return(store, run=spec.run_name, node=node),
             )
         except RuntimeError as e:
             res = NodeProbe(node=node, clean=False, why=str(e)).to_json()

@@ -1,4 +1,5 @@
-"""sdc_incident's @task bodies: build the Incident from the DAG run's params, call its step, log the record.
+"""sdc_incident's @task bodies: build the Incident from the store (the DAG run's params are claims checked
+against it: longrun.incident.origin), call its step, log the record.
 
 An IncidentStop becomes AirflowFailException (no retry: a person must look) after the record says why, an
 IncidentSkip (a step a person rejected leaves the next one nothing to do) AirflowSkipException;
@@ -7,7 +8,6 @@ every task logs the incident summary with its runbook links, so the Airflow log 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -19,13 +19,24 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from longrun.health import history
 from longrun.health.ratelimit import DRAIN_POLICY_VARIABLE, DrainPolicy
 from longrun.hooks.slurm import SlurmHook
-from longrun.incident import approval, exclusive, hot_spare, modes, record
+from longrun.incident import (
+    alert_identity,
+    approval,
+    drill_state,
+    exclusive,
+    hot_spare,
+    modes,
+    origin,
+    record,
+)
 from longrun.incident.runner import Incident, IncidentSkip, IncidentStop, authenticate
 from longrun.incident.step_diagnose import run_diagnosis
 from longrun.incident.step_drain import drain, restore_drain
 from longrun.incident.step_relaunch import relaunch
 from longrun.incident.steps import attribute, freeze, gate_left, open_record, pick
-from longrun.monitor import lifecycle
+from longrun.monitor import launches, lifecycle
+from longrun.run_identity import RunIdentityError, identities_from_env
+from longrun.slurm.errors import JobNotFoundError
 from longrun.tasks import node_history
 from longrun.tasks.node_return import node_policy
 from longrun.ui.plots import render_incident_plots
@@ -41,26 +52,18 @@ TURN_POLL_S = 10.0
 
 
 def incident_from(params: Mapping[str, Any], dag_run_id: str, store: ObjectStore) -> Incident:
+    """The Incident every task acts on, read from the store (longrun.incident.origin): the conf is only a
+    claim, checked against it; a conf that disagrees fails the task, not retried, nothing acted on."""
     try:  # closed conf: no undeclared key here, none in run_params (they would reach the relaunch)
         lifecycle.check_declared(params, INCIDENT_PARAMS)
         lifecycle.check_declared(params.get("run_params") or {})
     except lifecycle.UndeclaredParamError as e:
         raise AirflowFailException(f"refused, nothing acted on: {e}") from None
-    run = str(params["run_name"])
-    key = str(params["alert_key"])
-    alert = params.get("alert")
-    if not alert:  # a manual trigger may give only the key
-        alert = json.loads(store.get_bytes(key))
-    run_params = dict(params.get("run_params") or {"run_name": run})
-    inc = Incident(
-        run=run,
-        alert_key=key,
-        alert=alert,
-        job_id=int(params["job_id"]) if params.get("job_id") is not None else None,
-        run_params=run_params,
-        dag_run_id=dag_run_id,
-        alert_seen_at=float(params["alert_seen_at"]) if params.get("alert_seen_at") is not None else None,
-    )
+    try:
+        inc = origin.incident_of(store, params, dag_run_id)
+    except origin.ConfRefused as e:
+        log.error("%s", e)
+        raise AirflowFailException(f"refused, nothing acted on: {e}") from None
     try:  # act and approve only where the job cannot write the orchestrator's records
         modes.require_boundary(inc.plan, store)
     except modes.UnsafeModeError as e:
@@ -95,10 +98,29 @@ def open_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
     def body(store: ObjectStore, inc: Incident) -> dict[str, Any]:
         # No incident is opened for an alert that does not check out: a security event instead.
         verdict = authenticate(store, SlurmHook().client, inc)
+        join_known_alert(store, inc)
         take_turn(store, inc)
         return open_record(store, inc, allocation=verdict.allocation)
 
     return _run(params, dag_run_id, body)
+
+
+def join_known_alert(store: ObjectStore, inc: Incident) -> None:
+    """One alert, one incident (longrun.incident.alert_identity): an alert another incident claimed first
+    (the same verdict under another key) joins that incident and acts on nothing."""
+    held = alert_identity.claim(
+        store, run=inc.run, alert=inc.alert, incident_id=inc.incident_id, alert_key=inc.alert_key
+    )
+    if held.incident_id == inc.incident_id:
+        return
+    exclusive.join_incident(
+        store, run=inc.run, holder_id=held.incident_id, incident_id=inc.incident_id, alert_key=inc.alert_key
+    )
+    raise AirflowSkipException(
+        f"alert {inc.alert_key} says what alert {held.alert_key} said (same run, job, step, check and"
+        f" suspects): it joins incident {held.incident_id}; nothing is frozen, drained, relaunched or"
+        " counted again"
+    )
 
 
 def take_turn(store: ObjectStore, inc: Incident) -> None:
@@ -197,8 +219,10 @@ def drain_task(params: Mapping[str, Any], dag_run_id: str, node: str, approved: 
 
 
 def diagnose_task(params: Mapping[str, Any], dag_run_id: str, node: str) -> dict[str, Any]:
-    """Inside the kept job when it can (longrun.incident.hot_spare), else through a MAINT reservation
-    (step_diagnose); either way the verdict goes into the node's history."""
+    """The probe inside the kept job first when it can (longrun.incident.hot_spare: evidence only, the job
+    could shape it), then the diagnosis in isolation through a MAINT reservation (step_diagnose, which
+    weighs that evidence); its verdict goes into the node's history. The in-job path returns a diagnosis
+    of its own only when the node cannot leave the job: `unconfirmed`, which marks nothing."""
     store = store_from_env()
     inc = incident_from(params, dag_run_id, store)
     spec = lifecycle.spec_from_params(inc.run_params)
@@ -209,7 +233,7 @@ def diagnose_task(params: Mapping[str, Any], dag_run_id: str, node: str) -> dict
             inc,
             node=node,
             partition=spec.partition,
-            state_dir=lifecycle.fault_state_dir(spec),
+            state_dir=drill_state.for_diagnosis(store, run=inc.run, node=node, job_id=inc.job_id),
         )
     except IncidentStop as e:
         raise AirflowFailException(str(e)) from None
@@ -229,7 +253,8 @@ def _diagnose_reserved(params: Mapping[str, Any], dag_run_id: str, node: str) ->
             inc,
             node=node,
             run_nodes=run_nodes,
-            state_dir=lifecycle.fault_state_dir(spec),
+            # the run's fault state only in an operator's sick-node drill on this node (drill_state)
+            state_dir=drill_state.for_diagnosis(store, run=inc.run, node=node, job_id=inc.job_id),
             partition=spec.partition,
         )
         node_history.after_diagnose(history.history_store(), inc, node, out)
@@ -249,7 +274,10 @@ def relaunch_task(
         out = relaunch(
             store, SlurmHook().client, inc, node=node, checkpoint=checkpoint, make_job=lifecycle.make_job
         )
-        return {**out, "incident_id": inc.incident_id}
+        result = {**out, "incident_id": inc.incident_id}
+        if not result.get("observe"):  # the record training_run's preflight believes, before the trigger
+            launches.record_relaunch(store, result)
+        return result
 
     return _run(params, dag_run_id, body)
 
@@ -281,6 +309,8 @@ def _summary(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     except Exception as e:  # the plots illustrate the record; they must never fail the incident
         log.warning("incident plots not rendered: %s", e)
     status = None if final.status is None else str(final.status)  # the text on the record
+    if status != record.RELAUNCHED:
+        end_run_identity(inc)
     if status not in (record.RELAUNCHED, record.OBSERVED):
         # The DAG run must fail when the incident did not end in a relaunch (or an observation):
         # ambiguous evidence, a refused drain, a failed relaunch, a rejected approval.
@@ -297,3 +327,29 @@ def _summary(store: ObjectStore, inc: Incident) -> dict[str, Any]:
         "time_to_recover_s": final.time_to_recover_s,
         "runbooks": list(final.runbooks),
     }
+
+
+def end_run_identity(inc: Incident) -> None:
+    """An incident that did not relaunch ends its run: no job of the run follows, so once the alerting job
+    is no longer active the run's store identity goes (longrun.run_identity). A job still running (observe
+    mode leaves it be; nothing watches it any more) keeps its identity, with a warning: cutting off a job
+    mid-upload is not this task's call (docs/security.md, item 1). A store that cannot remove it fails this
+    try (the summary is retried)."""
+    if inc.job_id is not None:
+        try:
+            state = SlurmHook().client.job(inc.job_id)
+        except JobNotFoundError:
+            state = None
+        if state is not None and state.is_active:
+            log.warning(
+                "run %s: job %s still runs (%s), so its store identity stays",
+                inc.run,
+                inc.job_id,
+                state.describe(),
+            )
+            return
+    try:
+        if identities_from_env().revoke(inc.run):
+            log.info("run %s ended with incident %s: its store identity is removed", inc.run, inc.incident_id)
+    except RunIdentityError as e:
+        raise RuntimeError(f"run {inc.run} ended but its store identity is still there: {e}") from e

@@ -10,12 +10,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from airflow.sdk import Variable, get_current_context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from longrun import runclaim
+from longrun import drill_grant, runclaim, security_events
 from longrun.hooks.slurm import SlurmHook
 from longrun.incident import recovery
-from longrun.monitor import lifecycle
+from longrun.monitor import launches, lifecycle
 from longrun.monitor.operator import ALERTED, COMPLETED
 from longrun.paused import INCIDENT_DAG, MODES_NEEDING_INCIDENTS, require_unpaused
 from longrun.slurm.spec import JobTag
@@ -29,13 +30,16 @@ def preflight_task(params: Mapping[str, Any], ti: Any) -> dict[str, Any]:
         lifecycle.check_declared(params)  # Airflow adds undeclared conf keys to params: refuse them here
     except lifecycle.UndeclaredParamError as e:
         raise AirflowFailException(f"refused before anything reached Slurm: {e}") from None
+    permit = drill_permit(params)
     mode = params.get("incident_mode")
     if mode in MODES_NEEDING_INCIDENTS:
         require_unpaused(
             ti, INCIDENT_DAG, why=f"an SDC alert of this run (incident_mode {mode}) would never be handled"
         )
     out = lifecycle.preflight(store_from_env(), SlurmHook().client, params)
-    claim_run_name(params, ti)  # last: a run refused for another reason leaves the name free
+    claim_run_name(params, str(ti.run_id))  # last: a run refused for another reason leaves the name free
+    if permit is not None and out["attach_job_id"] is None:
+        grant_drill(params, str(ti.run_id), permit)
     log.info(
         "preflight ok: run %s, %s node(s), usable %s, run dir %s, drill %s, attach %s",
         out["spec"]["run_name"],
@@ -48,24 +52,86 @@ def preflight_task(params: Mapping[str, Any], ti: Any) -> dict[str, Any]:
     return out
 
 
-def claim_run_name(params: Mapping[str, Any], ti: Any) -> None:
-    """One run, one name (longrun.runclaim): refused unless this DAG run holds the name or continues it."""
+def drill_permit(params: Mapping[str, Any]) -> drill_grant.DrillPermit | None:
+    """None for a run without a drill. With one: the permit of the user Airflow recorded as triggering the
+    run (`dag_run.triggering_user_name`, never the conf), against the operators' Variable
+    (longrun.drill_grant); a refusal fails the task before anything reaches Slurm, naming the Variable."""
+    if params.get("drill") is None:
+        return None
+    user = getattr(get_current_context()["dag_run"], "triggering_user_name", None)
+    try:
+        operators = drill_grant.DrillOperators.from_setting(
+            Variable.get(drill_grant.OPERATORS_VARIABLE, default=None, deserialize_json=True)
+        )
+    except ValueError as e:  # bad JSON, or not the expected object: nobody may drill until it is fixed
+        raise AirflowFailException(f"drill refused before anything reached Slurm: {e}") from None
+    permit = drill_grant.permit(user=user, roles=airflow_roles(user), operators=operators)
+    if not permit.allowed:
+        raise AirflowFailException(f"drill refused before anything reached Slurm: {permit.why}")
+    log.warning("drill %s allowed: %s", params.get("drill"), permit.why)
+    return permit
+
+
+def airflow_roles(user: str | None) -> frozenset[str] | None:
+    """The Airflow roles of `user`, where a task can learn them: Airflow's simple auth manager keeps its
+    users and their roles in Airflow's configuration (`[core] simple_auth_manager_users`), read with its own
+    `get_users`. Other auth managers (FAB, Keycloak) keep roles in their database or identity provider,
+    which a task cannot reach: None, and only the operators' user names count."""
+    if not user:
+        return None
+    try:
+        from airflow.api_fastapi.app import get_auth_manager_cls
+        from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+        from airflow.configuration import conf
+
+        if not issubclass(get_auth_manager_cls(), SimpleAuthManager):
+            return None
+        if conf.getboolean("core", "simple_auth_manager_all_admins", fallback=False):
+            return None  # no logins at all: every request is an anonymous admin
+        return frozenset(u.role for u in SimpleAuthManager.get_users() if u.username == user and u.role)
+    except Exception as e:  # noqa: BLE001 - a worker without Airflow's core: no roles, names only
+        log.warning("the Airflow roles of %s are unknown to this task (%s): only user names count", user, e)
+        return None
+
+
+def grant_drill(params: Mapping[str, Any], dag_run_id: str, permit: drill_grant.DrillPermit) -> None:
+    """Record that an operator set this launch's drill (longrun.drill_grant), before it reaches Slurm: the
+    probes read the run's fault state only while this grant lasts."""
+    spec = lifecycle.spec_from_params(params)
+    if spec.drill is None:  # not reached: drill_permit gave a permit because the params set one
+        return
+    drill = {"kind": spec.drill.kind, "step": spec.drill.step, "target": spec.drill.target}
+    rec = drill_grant.grant(
+        run=spec.run_name,
+        dag_run_id=dag_run_id,
+        drill=drill,
+        by=permit,
+        fault_state_dir=lifecycle.fault_state_dir(spec),
+    )
+    drill_grant.write(store_from_env(), rec)
+
+
+def claim_run_name(params: Mapping[str, Any], dag_run_id: str) -> None:
+    """One run, one name (longrun.runclaim): refused unless the DAG run `dag_run_id` holds the name, or
+    continues the run by the orchestrator's own record of that relaunch (longrun.monitor.launches: run,
+    attempt, job, DAG run id and params must match it; the conf alone proves nothing, anyone who may
+    trigger this DAG writes it). The DAG run that holds the name records its launch."""
     run = str(params["run_name"])
+    store = store_from_env()
     attach = params.get("attach_job_id")
     continues = attach is not None and int(params.get("attempt") or 0) >= 1
     if continues:
-        # A continuation must name this run's own job (launch names the job after the run).
         try:
-            job = SlurmHook().client.job(int(str(attach)))
-        except Exception:  # noqa: BLE001 - gone already: the monitor sees it end; nothing to confuse
-            job = None
-        if job is not None and (job.name != run or not job.comment.startswith("longrun/")):
-            raise AirflowFailException(
-                f"refused: attach_job_id {attach} is job {job.name!r}, not a job of run {run!r}"
-            )
+            launches.check_continuation(store, params, dag_run_id)
+        except launches.NotAContinuation as e:
+            details = {"dag_run_id": dag_run_id, "attach_job_id": attach, "attempt": params.get("attempt")}
+            security_events.raise_event(store, run=run, reason="unrecorded_continuation", details=details)
+            raise AirflowFailException(f"refused before anything reached Slurm: {e}") from None
     try:
-        runclaim.claim(store_from_env(), run, str(ti.run_id), continues=continues)
-    except runclaim.RunNameInUse as e:
+        runclaim.claim(store, run, dag_run_id, continues=continues)
+        if not continues:
+            launches.record_first(store, params, dag_run_id)
+    except (runclaim.RunNameInUse, launches.LaunchConflict) as e:
         raise AirflowFailException(f"refused before anything reached Slurm: {e}") from None
 
 
