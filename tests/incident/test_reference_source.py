@@ -30,7 +30,7 @@ from helpers.signed_job import keyed_job, sign_as_job
 from helpers.tracked_client import tracked_client
 from longrun.health import history as h
 from longrun.health.ratelimit import DrainPolicy
-from longrun.incident import runbooks, runner, step_diagnose, step_drain, steps
+from longrun.incident import reference_source, runbooks, runner, step_diagnose, step_drain, steps
 from longrun.slurm import ops
 from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
@@ -132,7 +132,11 @@ def test_a_retry_gets_its_reference_from_the_relaunch_but_neither_caches_nor_con
     assert not [r for r in client.reservations() if r.startswith("longrun_")]
 
 
-def test_no_reference_and_no_node_stops_loudly_and_a_forged_cache_gives_no_pass(tmp_path, client):
+def test_no_reference_and_no_node_stops_loudly_and_a_forged_cache_gives_no_pass(
+    tmp_path, client, monkeypatch
+):
+    # The diagnosis waits for a node to free up (REFERENCE_WAIT_S); here none will: no wait.
+    monkeypatch.setattr(reference_source, "REFERENCE_WAIT_S", 0.0)
     store = LocalDirStore(tmp_path / "store")
     state_dir = sick(tmp_path)
     inc = incident(tmp_path, client, store, run="rs2")

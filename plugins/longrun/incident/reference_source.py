@@ -24,6 +24,8 @@ drained for a person and nothing marks it for replacement.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from typing import Any
 
 from longrun.health import diagnose, node_check
@@ -46,6 +48,13 @@ from training.records.diagnosis import NodeCheck, ProbeResult
 from training.records.schema import SchemaError
 from training.store.interface import ObjectStore
 
+log = logging.getLogger("longrun.reference_source")
+
+#: How long the diagnosis waits for a node to compute a reference on when none is free: a job of the
+#: incident that just ended leaves its nodes COMPLETING, neither running the job nor idle, for a while.
+REFERENCE_WAIT_S = 180.0
+REFERENCE_POLL_S = 10.0
+
 
 def _job_steps(client: SlurmClient, inc: Incident, node: str, **probe: Any) -> dict[str, Any] | None:
     """The probe as a step on a healthy node of the incident's running relaunch (or kept job): an in-job
@@ -55,9 +64,17 @@ def _job_steps(client: SlurmClient, inc: Incident, node: str, **probe: Any) -> d
     if (kept := kept_job(client, inc)) is not None:
         jobs.append(kept)
     errors = []
+    if not jobs:
+        log.info(
+            "no running job of incident %s (relaunch tag %s, kept job %s)",
+            inc.incident_id,
+            tag.prefix(),
+            inc.job_id,
+        )
     for job in jobs:
         healthy = healthy_in(client, job.nodes, node)
         if not healthy:
+            log.info("job %s holds no healthy node besides %s: %s", job.job_id, node, job.nodes)
             continue
         try:
             return reference_in_job(client, job_id=job.job_id, nodes=healthy, **probe)
@@ -109,26 +126,34 @@ def reference_for(
 ) -> tuple[dict[str, Any], str]:
     """(the reference's probe JSON, where it came from: probe_reference.IDLE_NODE, RECORDED, CACHED or
     RUNNING_JOB); IncidentStop when there is none to be had."""
-    try:
-        found = choose_reference(
-            store,
-            partition,
-            suspect=node,
-            recorded=reference_of(rec),
-            isolated=lambda: isolated_reference(
-                client, inc, node=node, run_nodes=run_nodes, python=python, state_dir=state_dir
-            ),
-            in_job=lambda: _job_steps(client, inc, node, python=python, state_dir=state_dir, timeout_s=300.0),
-        )
-    except UnusableReference as e:
-        raise IncidentStop(
-            f"{e}; {node} stays drained ({diagnose.sdc_reason(inc.run, inc.step)}). Runbook: "
-            f"{runbooks.DIAGNOSTIC_FAILED}"
-        ) from None
+    deadline = time.monotonic() + REFERENCE_WAIT_S
+    while True:
+        try:
+            found = choose_reference(
+                store,
+                partition,
+                suspect=node,
+                recorded=reference_of(rec),
+                isolated=lambda: isolated_reference(
+                    client, inc, node=node, run_nodes=run_nodes, python=python, state_dir=state_dir
+                ),
+                in_job=lambda: _job_steps(
+                    client, inc, node, python=python, state_dir=state_dir, timeout_s=300.0
+                ),
+            )
+        except UnusableReference as e:
+            raise IncidentStop(
+                f"{e}; {node} stays drained ({diagnose.sdc_reason(inc.run, inc.step)}). Runbook: "
+                f"{runbooks.DIAGNOSTIC_FAILED}"
+            ) from None
+        if found is not None or time.monotonic() >= deadline:
+            break
+        log.info("no node free for %s's reference yet; trying again in %.0f s", node, REFERENCE_POLL_S)
+        time.sleep(REFERENCE_POLL_S)
     if found is None:
         raise IncidentStop(
             f"no healthy idle node to compute the probe's reference on, and no running job of this "
-            f"incident holds one; {node} stays drained ({diagnose.sdc_reason(inc.run, inc.step)}). "
+            f"incident holds one, for {REFERENCE_WAIT_S:.0f} s; {node} stays drained ({diagnose.sdc_reason(inc.run, inc.step)}). "
             f"Runbook: {runbooks.DIAGNOSTIC_FAILED}"
         )
     return found
