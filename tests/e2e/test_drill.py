@@ -321,14 +321,16 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
     # then diagnosed in a MAINT reservation: the node's probe fails again. Whether a reference computed in
     # isolation can confirm it depends on when the short run ends: while the job holds every other node
     # the reference comes from inside it and the verdict is unconfirmed; once the job has ended a node is
-    # idle, the reference is computed there and the fail is final. Either way the sick node is not returned.
+    # idle, a reference is computed there and the fail is final. Either way the sick node is not returned.
     diag = inc.diagnosis
     assert diag.where is None and diag.node == node, diag
     probe = diag.details.probe if diag.details else None
     assert probe is not None and probe.verdict == "fail", diag.details
     assert diag.reference_node and diag.reference_node != node, diag
     assert diag.extra.get("in_job_verdict") == "fail", diag
-    if diag.extra.get("reference_from") == "idle_node":
+    # Final only against a reference computed in isolation by this diagnosis: its first choice (an idle
+    # node) or the confirmation of a fail found against a cached or in-job one (`confirmed_on`).
+    if diag.extra.get("reference_from") == "idle_node" or diag.extra.get("confirmed_on"):
         assert diag.verdict == "fail", diag.summary
     else:
         assert diag.verdict == "unconfirmed", diag.summary
