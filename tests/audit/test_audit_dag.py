@@ -42,7 +42,7 @@ def test_dag_parses_with_schedule_and_params(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert (
         out.stdout.strip().splitlines()[-1]
-        == "@daily ['healthy_steps', 'loss_max', 'loss_min', 'sample_size', 'seed'] ['audit'] 2"
+        == "@daily ['healthy_steps', 'loss_max', 'loss_min', 'runs', 'sample_size', 'seed'] ['audit'] 2"
     )
 
 
