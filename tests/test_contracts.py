@@ -340,7 +340,7 @@ CONTRACT_ALERT_FIELDS = (
     "evidence",
 )
 
-#: Record kinds that are dataclasses of their own (no row in schema._REQUIRED), registered in
+#: Record kinds that are dataclasses of their own (no row in schema.REQUIRED), registered in
 #: training.records.KINDS all the same.
 CONTRACT_NEWER_RECORD_KINDS = {
     "segment",
@@ -493,7 +493,7 @@ def test_docs_name_every_record_kind_and_its_required_fields() -> None:
     records_md = _section("Records")
     rows = _table_rows(records_md)
     documented = {kind: set(_ticked(fields)) for kind, fields in rows.items()}
-    in_code = {kind: set(fields) for kind, fields in schema._REQUIRED.items()}
+    in_code = {kind: set(fields) for kind, fields in schema.REQUIRED.items()}
     assert documented == in_code
     from training import records
 

@@ -267,6 +267,7 @@ RECORD_CLASSES: dict[str, str] = {
     "training.records.base:RecordType": "base: the protocol",
     "training.records.base:Record": "base: the Record mixin",
     "training.records.base:Part": "base: the Part mixin",
+    "training.records.base:Declared": "base: the Declared mixin",
     # not records: nothing reads them back as a record
     "longrun.incident.attribution:AttributionOutcome": "not a record: a step's result, stored as incident.attribution",
     "longrun.health.diagnose:DiagnosisOutcome": "not a record: a step's result, stored as incident.diagnosis",
@@ -293,7 +294,7 @@ def _record_classes() -> set[str]:
                     continue
                 methods = {m.name for m in node.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)}
                 bases = {getattr(b, "id", getattr(b, "attr", None)) for b in node.bases}
-                if methods & _METHODS or bases & {"Record", "Part"}:
+                if methods & _METHODS or bases & {"Record", "Part", "Declared"}:
                     found.add(f"{module}:{node.name}")
     return found
 

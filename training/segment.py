@@ -19,10 +19,11 @@ Pure Python (no torch, no Airflow): the orchestrator reads both kinds with the s
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-from training.records.fields import need, opt_float, opt_int, opt_str, opt_strs, stamped
+from training.records.base import FIELDS_HERE, Declared
+from training.records.fields import Field, at_least, matches, one_of, opt_float, opt_int, opt_str, opt_strs
+from training.records.schema import SchemaError
 
 SEGMENT_SCHEMA_VERSION = 1
 FAULT_SCHEMA_VERSION = 1
@@ -35,8 +36,29 @@ _IDENT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Segment:
+class Segment(Declared):
     """One incarnation of the trainer, as rank 0 saw it."""
+
+    KIND = "segment"
+    VERSION = SEGMENT_SCHEMA_VERSION
+    FIELDS = {
+        "run": Field(opt_str),
+        "segment_id": Field(opt_str, checks=(matches(_IDENT, "is not a plain identifier"),)),
+        "job_id": Field(opt_str, need=False),
+        "restart_count": Field(opt_int),
+        "start_step": Field(opt_int, checks=(at_least(0),)),
+        "resumed_from": Field(opt_str, need=False),
+        "started_at": Field(opt_float),
+        "world_size": Field(opt_int),
+        "nodes": Field(opt_strs),
+        "first_step": Field(opt_int, need=False),
+        "first_healthy_step": Field(opt_int, need=False),
+        "first_healthy_time": Field(opt_float, need=False),
+        "last_step": Field(opt_int, need=False),
+        "ended_at": Field(opt_float, need=False),
+        "exit": Field(opt_str, need=False, checks=(one_of(SEGMENT_EXITS),)),
+    }
+    ORDER = (FIELDS_HERE, "schema_version", "kind")
 
     run: str
     """Run name."""
@@ -70,51 +92,17 @@ class Segment:
     """One of SEGMENT_EXITS once ended."""
     schema_version: int = SEGMENT_SCHEMA_VERSION
 
-    def __post_init__(self) -> None:
-        if not _IDENT.match(self.segment_id):
-            raise ValueError(f"field 'segment_id' = {self.segment_id!r} is not a plain identifier")
-        if self.start_step < 0:
-            raise ValueError(f"field 'start_step' = {self.start_step!r} must be >= 0")
-        if self.exit is not None and self.exit not in SEGMENT_EXITS:
-            raise ValueError(f"field 'exit' = {self.exit!r}; expected one of {SEGMENT_EXITS}")
+    def _settle(self) -> None:
         if self.first_step is not None and self.first_step <= self.start_step:
-            raise ValueError(
-                f"field 'first_step' = {self.first_step} is not after start_step {self.start_step}"
+            raise SchemaError(
+                f"{self.KIND} record field 'first_step' = {self.first_step} is not after start_step"
+                f" {self.start_step}"
             )
         object.__setattr__(self, "nodes", tuple(self.nodes))
 
     @property
     def relative_path(self) -> str:
         return f"{SEGMENTS_DIR}{self.segment_id}.json"
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["nodes"] = list(self.nodes)
-        out["kind"] = "segment"
-        return out
-
-    @classmethod
-    def from_json(cls, raw: str | bytes | dict[str, Any]) -> Segment:
-        kind = "segment"
-        obj = stamped(kind, raw, SEGMENT_SCHEMA_VERSION)
-        return cls(
-            run=need(kind, obj, "run", opt_str),
-            segment_id=need(kind, obj, "segment_id", opt_str),
-            job_id=opt_str(kind, obj, "job_id"),
-            restart_count=need(kind, obj, "restart_count", opt_int),
-            start_step=need(kind, obj, "start_step", opt_int),
-            resumed_from=opt_str(kind, obj, "resumed_from"),
-            started_at=need(kind, obj, "started_at", opt_float),
-            world_size=need(kind, obj, "world_size", opt_int),
-            nodes=need(kind, obj, "nodes", opt_strs),
-            first_step=opt_int(kind, obj, "first_step"),
-            first_healthy_step=opt_int(kind, obj, "first_healthy_step"),
-            first_healthy_time=opt_float(kind, obj, "first_healthy_time"),
-            last_step=opt_int(kind, obj, "last_step"),
-            ended_at=opt_float(kind, obj, "ended_at"),
-            exit=opt_str(kind, obj, "exit"),
-            schema_version=obj["schema_version"],
-        )
 
 
 def segment_id(*, job_id: str | None, job_step: str | None, restart_count: int, started_at: float) -> str:
@@ -143,8 +131,21 @@ def last_trained(segs: list[Segment]) -> Segment | None:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class FaultFired:
+class FaultFired(Declared):
     """A drill's fault, injected (written just before the injection)."""
+
+    KIND = "fault"
+    VERSION = FAULT_SCHEMA_VERSION
+    FIELDS = {
+        "run": Field(opt_str),
+        "fault": Field(opt_str),
+        "step": Field(opt_int, checks=(at_least(1),)),
+        "rank": Field(opt_int, checks=(at_least(0),)),
+        "node": Field(opt_str),
+        "time": Field(opt_float),
+        "spec": Field(opt_str),
+    }
+    ORDER = (FIELDS_HERE, "schema_version", "kind")
 
     run: str
     """Run name."""
@@ -162,32 +163,8 @@ class FaultFired:
     """The drill's `KIND:STEP:TARGET`."""
     schema_version: int = FAULT_SCHEMA_VERSION
 
-    def __post_init__(self) -> None:
-        if self.step < 1:
-            raise ValueError(f"field 'step' = {self.step!r} must be >= 1")
-        if self.rank < 0:
-            raise ValueError(f"field 'rank' = {self.rank!r} must be >= 0")
-
     @property
     def relative_path(self) -> str:
         # The injection time is in the name: an NVRx in-job restart that replays the step fires the fault
         # again, and overwriting the first record would move the injection after the alert it caused.
         return f"{FAULTS_DIR}{self.step:08d}-{self.fault}-r{self.rank:03d}-{int(self.time * 1000)}.json"
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "kind": "fault"}
-
-    @classmethod
-    def from_json(cls, raw: str | bytes | dict[str, Any]) -> FaultFired:
-        kind = "fault"
-        obj = stamped(kind, raw, FAULT_SCHEMA_VERSION)
-        return cls(
-            run=need(kind, obj, "run", opt_str),
-            fault=need(kind, obj, "fault", opt_str),
-            step=need(kind, obj, "step", opt_int),
-            rank=need(kind, obj, "rank", opt_int),
-            node=need(kind, obj, "node", opt_str),
-            time=need(kind, obj, "time", opt_float),
-            spec=need(kind, obj, "spec", opt_str),
-            schema_version=obj["schema_version"],
-        )

@@ -25,14 +25,15 @@ import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import JobNotFoundError
 from longrun.slurm.models import JobState
 from longrun.slurm.spec import JobTag
 from training.records import schema, signing
-from training.records.fields import need, opt_float, opt_int, opt_str, stamped
+from training.records.base import EXTRA_HERE, FIELDS_HERE, Declared
+from training.records.fields import SET, Field, opt_float, opt_int, opt_str
 from training.store.interface import NotFound, ObjectStore, StoreError, dump_json
 from training.store.update import create_once, create_or_read
 
@@ -52,11 +53,20 @@ def _job_key(job_id: int) -> str:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AlertKey:
+class AlertKey(Declared):
     """The `alert_key` record (`ops/alert-keys/`): a job's signing key, issued for its tag at submit
-    and, once the job has an id, bound to it (the same record with `job_id`)."""
+    and, once the job has an id, bound to it (the same record with `job_id`, written last)."""
 
     KIND = "alert_key"
+    FIELDS = {
+        "run": Field(opt_str),
+        "tag": Field(opt_str, need=False, when=SET),
+        "key": Field(opt_str, when=SET),
+        "time": Field(opt_float, need=False, when=SET),
+        "job_id": Field(opt_int, need=False, when=SET),
+    }
+    ORDER = ("schema_version", "kind", FIELDS_HERE, EXTRA_HERE, "job_id")
+
     run: str
     tag: str | None = None
     key: str
@@ -67,30 +77,6 @@ class AlertKey:
     schema_version: int = 1
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Fields this reader does not know, kept as written."""
-
-    @classmethod
-    def from_json(cls, raw: Any) -> Self:
-        obj = stamped(cls.KIND, raw, 1)
-        known = ("schema_version", "kind", "run", "tag", "key", "time", "job_id")
-        return cls(
-            run=need(cls.KIND, obj, "run", opt_str),
-            tag=opt_str(cls.KIND, obj, "tag"),
-            key=need(cls.KIND, obj, "key", opt_str),
-            time=opt_float(cls.KIND, obj, "time"),
-            job_id=opt_int(cls.KIND, obj, "job_id"),
-            schema_version=obj["schema_version"],
-            extra={k: v for k, v in obj.items() if k not in known},
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"schema_version": self.schema_version, "kind": self.KIND, "run": self.run}
-        for name in ("tag", "key", "time"):
-            if (v := getattr(self, name)) is not None:
-                out[name] = v
-        out.update(self.extra)
-        if self.job_id is not None:
-            out["job_id"] = self.job_id
-        return out
 
 
 def _load(store: ObjectStore, key: str) -> AlertKey | None:

@@ -32,8 +32,18 @@ from typing import Any
 from longrun.alert_auth import bound_tag
 from longrun.slurm.spec import JobTag
 from training.records import schema
-from training.records.fields import need, opt_float, opt_int, opt_str, stamped
-from training.records.schema import FAULT_KINDS, NODE_NAME, SchemaError
+from training.records.base import Declared
+from training.records.fields import (
+    Field,
+    at_least,
+    non_empty,
+    one_of,
+    opt_float,
+    opt_int,
+    opt_str,
+    run_name,
+)
+from training.records.schema import FAULT_KINDS, NODE_NAME
 from training.store.interface import NotFound, ObjectStore, dump_json
 from training.store.update import update_json
 
@@ -131,16 +141,40 @@ def permit(*, user: str | None, roles: Collection[str] | None, operators: DrillO
     )
 
 
+def _rank_or_node(v: Any) -> str | None:
+    good = isinstance(v, str) and (v.isdigit() or NODE_NAME.match(v) is not None)
+    return None if good else "not a rank or a node name"
+
+
+def _absolute(v: Any) -> str | None:
+    return None if isinstance(v, str) and v.startswith("/") else "must be an absolute path"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DrillGrant:
+class DrillGrant(Declared):
     """The `drill_grant` record: an operator set this run's drill."""
+
+    KIND = KIND
+    FIELDS = {
+        "run": Field(opt_str, checks=(run_name,)),
+        "dag_run_id": Field(opt_str, checks=(non_empty,)),
+        "kind": Field(opt_str, key="drill_kind", checks=(one_of(FAULT_KINDS),)),
+        "step": Field(opt_int, checks=(at_least(1),)),
+        "target": Field(opt_str, checks=(_rank_or_node,)),
+        "set_by": Field(opt_str, checks=(non_empty,)),
+        "allowed_as": Field(opt_str, checks=(non_empty,)),
+        "fault_state_dir": Field(opt_str, checks=(_absolute,)),
+        "granted_at": Field(opt_float),
+        "ended_at": Field(opt_float, need=False, when="ended_at"),
+        "ended_by": Field(opt_str, need=False, when="ended_at"),
+    }
 
     run: str
     """The run name."""
     dag_run_id: str
     """The training_run DAG run that launches the drill (its `submit` job carries its tag)."""
     kind: str
-    """The drill's kind (training.records.schema.FAULT_KINDS)."""
+    """The drill's kind (training.records.schema.FAULT_KINDS), written as `drill_kind`."""
     step: int
     """The step it fires at."""
     target: str
@@ -156,27 +190,8 @@ class DrillGrant:
     ended_at: float | None = None
     """When the drill's incident closed (None: the drill is on)."""
     ended_by: str | None = None
-    """The incident whose closing ended it."""
+    """The incident whose closing ended it (written with `ended_at`)."""
     schema_version: int = SCHEMA_VERSION
-
-    def __post_init__(self) -> None:
-        try:
-            schema.check_run_name(self.run)
-        except SchemaError as e:
-            raise SchemaError(f"{KIND} record field 'run': {e}") from None
-        if self.kind not in FAULT_KINDS:
-            raise SchemaError(f"{KIND} record field 'kind' = {self.kind!r}: not one of {FAULT_KINDS}")
-        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 1:
-            raise SchemaError(f"{KIND} record field 'step' = {self.step!r}: must be an integer >= 1")
-        if not (self.target.isdigit() or NODE_NAME.match(self.target)):
-            raise SchemaError(f"{KIND} record field 'target' = {self.target!r}: not a rank or a node name")
-        for name in ("dag_run_id", "set_by", "allowed_as"):
-            if not getattr(self, name):
-                raise SchemaError(f"{KIND} record field {name!r}: must be a non-empty string")
-        if not self.fault_state_dir.startswith("/"):
-            raise SchemaError(
-                f"{KIND} record field 'fault_state_dir' = {self.fault_state_dir!r}: must be an absolute path"
-            )
 
     @property
     def active(self) -> bool:
@@ -187,43 +202,6 @@ class DrillGrant:
     def node(self) -> str | None:
         """The node the drill names, or None when it names a rank."""
         return None if self.target.isdigit() else self.target
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "schema_version": self.schema_version,
-            "kind": KIND,
-            "run": self.run,
-            "dag_run_id": self.dag_run_id,
-            "drill_kind": self.kind,
-            "step": self.step,
-            "target": self.target,
-            "set_by": self.set_by,
-            "allowed_as": self.allowed_as,
-            "fault_state_dir": self.fault_state_dir,
-            "granted_at": self.granted_at,
-        }
-        if self.ended_at is not None:
-            out["ended_at"] = self.ended_at
-            out["ended_by"] = self.ended_by
-        return out
-
-    @classmethod
-    def from_json(cls, raw: Any) -> DrillGrant:
-        obj = stamped(KIND, raw, SCHEMA_VERSION)
-        return cls(
-            run=need(KIND, obj, "run", opt_str),
-            dag_run_id=need(KIND, obj, "dag_run_id", opt_str),
-            kind=need(KIND, obj, "drill_kind", opt_str),
-            step=need(KIND, obj, "step", opt_int),
-            target=need(KIND, obj, "target", opt_str),
-            set_by=need(KIND, obj, "set_by", opt_str),
-            allowed_as=need(KIND, obj, "allowed_as", opt_str),
-            fault_state_dir=need(KIND, obj, "fault_state_dir", opt_str),
-            granted_at=need(KIND, obj, "granted_at", opt_float),
-            ended_at=opt_float(KIND, obj, "ended_at"),
-            ended_by=opt_str(KIND, obj, "ended_by"),
-            schema_version=obj["schema_version"],
-        )
 
 
 def grant_key(run: str) -> str:

@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from training.records import schema
-from training.records.fields import need, opt_float, opt_str, stamped
-from training.records.schema import SchemaError
+from training.records.base import Declared
+from training.records.fields import Field, epoch_seconds, non_empty, opt_float, opt_str, run_name
 from training.store.interface import NotFound, ObjectStore, dump_json
 from training.store.update import UpdateConflict, create_or_read
 
@@ -34,8 +33,15 @@ class RunNameInUse(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunClaim:
+class RunClaim(Declared):
     """Who owns a run name."""
+
+    KIND = KIND
+    FIELDS = {
+        "run": Field(opt_str, checks=(run_name,)),
+        "dag_run_id": Field(opt_str, checks=(non_empty,)),
+        "claimed_at": Field(opt_float, checks=(epoch_seconds,)),
+    }
 
     run: str
     """The run name."""
@@ -44,39 +50,6 @@ class RunClaim:
     claimed_at: float
     """Epoch seconds of the claim."""
     schema_version: int = SCHEMA_VERSION
-
-    def __post_init__(self) -> None:
-        try:
-            schema.check_run_name(self.run)
-        except SchemaError as e:
-            raise SchemaError(f"{KIND} record field 'run': {e}") from None
-        if not isinstance(self.dag_run_id, str) or not self.dag_run_id:
-            raise SchemaError(
-                f"{KIND} record field 'dag_run_id' = {self.dag_run_id!r}: must be a non-empty string"
-            )
-        if isinstance(self.claimed_at, bool) or not isinstance(self.claimed_at, int | float):
-            raise SchemaError(
-                f"{KIND} record field 'claimed_at' = {self.claimed_at!r}: must be epoch seconds"
-            )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": self.schema_version,
-            "kind": KIND,
-            "run": self.run,
-            "dag_run_id": self.dag_run_id,
-            "claimed_at": self.claimed_at,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Any) -> RunClaim:
-        obj = stamped(KIND, raw, SCHEMA_VERSION)
-        return cls(
-            run=need(KIND, obj, "run", opt_str),
-            dag_run_id=need(KIND, obj, "dag_run_id", opt_str),
-            claimed_at=need(KIND, obj, "claimed_at", opt_float),
-            schema_version=obj["schema_version"],
-        )
 
 
 def claim_key(run: str) -> str:

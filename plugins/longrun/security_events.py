@@ -10,7 +10,6 @@ so at ERROR with the runbook. Runbook: runbooks/security-event.md.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -21,8 +20,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training.records import schema
-from training.records.fields import need, opt_dict, opt_float, opt_str, stamped
-from training.records.schema import SchemaError
+from training.records.base import FIELDS_HERE, Declared
+from training.records.fields import (
+    Field,
+    an_object,
+    epoch_seconds,
+    matches,
+    not_negative,
+    opt_dict,
+    opt_float,
+    opt_str,
+    run_name,
+)
 from training.store.interface import ObjectStore, StoreError, put_json
 
 log = logging.getLogger("longrun.security")
@@ -35,8 +44,19 @@ _REASON = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SecurityEvent:
-    """One refusal to act on evidence that did not check out."""
+class SecurityEvent(Declared):
+    """One refusal to act on evidence that did not check out. Its record names the runbook, which is
+    not a field (`CONSTANT`)."""
+
+    KIND = KIND
+    FIELDS = {
+        "run": Field(opt_str, checks=(run_name,)),
+        "reason": Field(opt_str, checks=(matches(_REASON, "must be a short code ([a-z][a-z0-9_]*)"),)),
+        "details": Field(opt_dict, need=False, checks=(an_object,)),
+        "at": Field(opt_float, checks=(epoch_seconds, not_negative)),
+    }
+    ORDER = (FIELDS_HERE, "kind", "schema_version")
+    CONSTANT = {"runbook": RUNBOOK}
 
     run: str
     """The run the evidence claimed to be about (the DAG run's run name)."""
@@ -47,47 +67,12 @@ class SecurityEvent:
     """What was seen (store key, job id, nodes; never a key or a secret)."""
     at: float = 0.0
     """Epoch seconds (now when 0)."""
-    kind: str = KIND
     schema_version: int = SCHEMA_VERSION
 
-    def __post_init__(self) -> None:
-        try:
-            schema.check_run_name(self.run)
-        except SchemaError as e:
-            raise SchemaError(f"{KIND} record field 'run': {e}") from None
-        if not isinstance(self.reason, str) or not _REASON.match(self.reason):
-            raise SchemaError(
-                f"{KIND} record field 'reason' = {self.reason!r}: must be a short code ([a-z][a-z0-9_]*)"
-            )
-        if not isinstance(self.details, Mapping):
-            raise SchemaError(f"{KIND} record field 'details' = {self.details!r:.80}: must be an object")
-        if isinstance(self.at, bool) or not isinstance(self.at, int | float) or self.at < 0:
-            raise SchemaError(f"{KIND} record field 'at' = {self.at!r}: must be epoch seconds")
-        if self.kind != KIND:
-            raise SchemaError(f"{KIND} record field 'kind' = {self.kind!r}; expected {KIND!r}")
-        if self.schema_version != SCHEMA_VERSION:
-            raise SchemaError(
-                f"{KIND} record field 'schema_version' = {self.schema_version!r}; this reader knows {SCHEMA_VERSION}"
-            )
+    def _settle(self) -> None:
         object.__setattr__(self, "details", dict(self.details))
         if not self.at:
             object.__setattr__(self, "at", time.time())
-
-    def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "details": dict(self.details), "runbook": RUNBOOK}
-
-    @classmethod
-    def from_json(cls, raw: Any) -> SecurityEvent:
-        """The event in a stored record (JSON text or object); the `runbook` it carries is not a field."""
-        obj = stamped(KIND, raw, SCHEMA_VERSION)
-        return cls(
-            run=need(KIND, obj, "run", opt_str),
-            reason=need(KIND, obj, "reason", opt_str),
-            details=opt_dict(KIND, obj, "details"),
-            at=need(KIND, obj, "at", opt_float),
-            kind=obj["kind"],
-            schema_version=obj["schema_version"],
-        )
 
 
 def raise_event(

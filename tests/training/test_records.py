@@ -86,8 +86,8 @@ WRITTEN: dict[str, dict[str, Any]] = {
 
 
 def test_every_kind_has_a_class() -> None:
-    assert set(records.SCHEMA_KINDS) == set(schema._REQUIRED)
-    assert set(records.KINDS) == set(schema._REQUIRED) | set(NEWER)
+    assert set(records.SCHEMA_KINDS) == set(schema.REQUIRED)
+    assert set(records.KINDS) == set(schema.REQUIRED) | set(NEWER)
 
 
 def _newer() -> dict[str, tuple[Any, tuple[str, ...]]]:
@@ -197,7 +197,7 @@ def test_round_trip_gives_the_written_json_back(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", sorted(WRITTEN))
 def test_every_missing_required_field_is_named(kind: str) -> None:
-    for field in schema._REQUIRED[kind]:
+    for field in schema.REQUIRED[kind]:
         obj = {k: v for k, v in WRITTEN[kind].items() if k != field}
         with pytest.raises(ValueError, match=field):
             records.parse(kind, obj)

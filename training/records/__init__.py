@@ -8,9 +8,9 @@ ValueError naming the field) and `to_json`. Pure Python: no torch, no Airflow, n
 first. The key layout is in `training.records.schema`; the read model of a whole run is `longrun.runview`.
 
 `KINDS` names every record kind the store holds. The kinds of `training.records.schema`'s table share one base
-(`Record`); the newer kinds are dataclasses of their own with the same `from_json`/`to_json` contract
-(`RecordType`), registered here as they are, by where they live: their modules use this package's readers,
-and three of them belong to the orchestrator (package `longrun`, which the job must not import), so
+(`Record`); the newer kinds share another (`Declared`: each field declared once, `fields.Field`) with the
+same `from_json`/`to_json` contract (`RecordType`), registered here by where they live: several belong to
+the orchestrator (package `longrun`, which the job must not import), so
 `KINDS` imports a newer kind's class on first use.
 """
 

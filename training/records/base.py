@@ -9,6 +9,10 @@ stamped with `schema_version` and `kind`: a record read from JSON writes back ex
 optional field present as null or empty stays so, an absent one stays absent), and a record built in code
 leaves its unset optional fields out. Every error is a `SchemaError` (a ValueError) naming the field.
 The readers of one field (`opt_int`, `need`, `stamped`...) are in `training.records.fields`.
+
+The kinds outside the schema table (the segment, the directive, the orchestrator's own kinds) are
+`Declared`: every field declared once as a `fields.Field`, from which their `from_json`, `to_json` and
+construction-time checks come. The parts of a record are `Part`s.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, Self
 
 from training.records import schema
-from training.records.fields import Reader, opt_obj
+from training.records.fields import SET, Field, Reader, opt_obj, stamped
 from training.records.schema import SchemaError
 
 _STAMP = ("schema_version", "kind")
@@ -43,7 +47,7 @@ class RecordType(Protocol):
 class Record:
     """Mixin of the record dataclasses: `KIND`, `from_json`, `to_json`, `extra`, `as_read`.
 
-    A class declares its required fields (those of `schema._REQUIRED`, taken as validated and as written:
+    A class declares its required fields (those of `schema.REQUIRED`, taken as validated and as written:
     a number keeps its type), its optional ones in `OPTIONAL` (field -> reader), and converts the rest in
     `_convert`; besides `schema_version` and `extra` it declares `as_read` (`Mapping[str, Any]`, default
     empty), where `from_json` keeps the optional fields the object held that read as empty.
@@ -72,14 +76,14 @@ class Record:
             raise SchemaError(f"{cls.KIND} record field 'kind' = {obj.get('kind')!r}; expected {cls.KIND!r}")
         declared = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         args: dict[str, Any] = {}
-        for name in schema._REQUIRED[cls.KIND]:
+        for name in schema.REQUIRED[cls.KIND]:
             if name in declared:
                 args[name] = obj[name]  # validated; a number as written, as `opt_float` keeps it
         args.update({name: read(cls.KIND, obj, name) for name, read in cls.OPTIONAL.items()})
         args.update(cls._convert(obj))
         args["schema_version"] = obj["schema_version"]
         args["extra"] = {k: v for k, v in obj.items() if k not in declared and k not in _STAMP}
-        optional = declared - schema._REQUIRED[cls.KIND].keys() - _OWN
+        optional = declared - schema.REQUIRED[cls.KIND].keys() - _OWN
         # A field the class does not read stays at its default, which is empty.
         args["as_read"] = {k: obj[k] for k in optional if k in obj and _empty(args.get(k))}
         return cls(**args)
@@ -89,7 +93,7 @@ class Record:
         then the extra fields. An empty optional field is left out unless the record was read with it
         (`as_read`): then it is written as it was read."""
         out: dict[str, Any] = {"schema_version": self.schema_version, "kind": self.KIND}  # type: ignore[attr-defined]
-        required = schema._REQUIRED[self.KIND]
+        required = schema.REQUIRED[self.KIND]
         as_read: Mapping[str, Any] = self.as_read  # type: ignore[attr-defined]
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             if f.name in _OWN:
@@ -209,6 +213,98 @@ class Part:
 
     def __bool__(self) -> bool:
         return bool(self.to_json())
+
+
+FIELDS_HERE = "..."
+"""In `Declared.ORDER`: the declared fields not named elsewhere in it, in `FIELDS`' order."""
+EXTRA_HERE = "*"
+"""In `Declared.ORDER`: the fields the reader did not know (`extra`), as read."""
+
+
+class Declared:
+    """Mixin of the record kinds outside `schema.REQUIRED`'s table (the segment, the directive, the
+    orchestrator's own kinds): each declares its fields once, in `FIELDS` (attribute -> `Field`: reader,
+    checks, JSON name, when written), and gets `from_json`, `to_json` and the checks at construction.
+
+    The frozen dataclass declares the attributes, `schema_version` (default `VERSION`) and, when the
+    kind keeps the fields it does not know, `extra`. `from_json` takes JSON text or an object stamped
+    with `KIND` and a version 1..`VERSION` (`stamped`), reads every field with its `Field` (a SchemaError
+    naming the kind and the field) and builds the record; building it runs each field's checks (in code
+    too, so no writer stores what no reader accepts), then `_settle`. `to_json` writes the keys in
+    `ORDER` (the stamp, `FIELDS_HERE`, `EXTRA_HERE`, or an attribute named on its own), tuples as lists,
+    then `CONSTANT`.
+
+    Why `ORDER` and `CONSTANT`: each kind keeps the JSON its writers wrote before it was declared
+    (the corpus in tests/fixtures/records/ holds those bytes), key order included."""
+
+    __slots__ = ()
+    KIND: ClassVar[str]
+    VERSION: ClassVar[int] = 1
+    FIELDS: ClassVar[Mapping[str, Field]]
+    ORDER: ClassVar[tuple[str, ...]] = ("schema_version", "kind", FIELDS_HERE, EXTRA_HERE)
+    CONSTANT: ClassVar[Mapping[str, Any]] = {}
+    """Written after the rest, never read back (a security event's runbook)."""
+    schema_version: int
+
+    def __post_init__(self) -> None:
+        for name, spec in self.FIELDS.items():
+            v = getattr(self, name)
+            if v is None and not spec.need:
+                continue
+            for check in spec.checks:
+                if (why := check(v)) is not None:
+                    raise SchemaError(f"{self.KIND} record field {spec.key or name!r} = {v!r:.80}: {why}")
+        v = self.schema_version
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= self.VERSION:
+            raise SchemaError(
+                f"{self.KIND} record field 'schema_version' = {v!r}; this reader knows 1..{self.VERSION}"
+            )
+        self._settle()
+
+    def _settle(self) -> None:
+        """The kind's checks across fields and its conversions (a list to a tuple), after each field's."""
+
+    @classmethod
+    def _keeps_extra(cls) -> bool:
+        return any(f.name == "extra" for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Self:
+        """The record in JSON text or a decoded object; a SchemaError (a ValueError) naming the field."""
+        obj = stamped(cls.KIND, raw, cls.VERSION)
+        args: dict[str, Any] = {name: spec.take(cls.KIND, obj, name) for name, spec in cls.FIELDS.items()}
+        args["schema_version"] = obj["schema_version"]
+        if cls._keeps_extra():
+            known = {spec.key or name for name, spec in cls.FIELDS.items()}.union(_STAMP)
+            args["extra"] = {k: v for k, v in obj.items() if k not in known}
+        return cls(**args)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        alone = set(self.ORDER) - {*_STAMP, FIELDS_HERE, EXTRA_HERE}  # attributes placed on their own
+        for place in self.ORDER:
+            if place == "schema_version":
+                out[place] = self.schema_version
+            elif place == "kind":
+                out[place] = self.KIND
+            elif place == EXTRA_HERE:
+                out.update(getattr(self, "extra", {}))
+            elif place == FIELDS_HERE:
+                for name in self.FIELDS:
+                    if name not in alone:
+                        self._write(out, name)
+            else:
+                self._write(out, place)
+        out.update(self.CONSTANT)
+        return out
+
+    def _write(self, out: dict[str, Any], name: str) -> None:
+        spec = self.FIELDS[name]
+        when = name if spec.when == SET else spec.when
+        if when and getattr(self, when) is None:
+            return
+        v = getattr(self, name)
+        out[spec.key or name] = dict(v) if isinstance(v, Mapping) else _plain(v)
 
 
 def now() -> float:

@@ -1,13 +1,17 @@
 """Readers of one record field: each checks the type and raises a SchemaError naming the field, or reads
-the version stamp of a record that is a dataclass of its own (`stamped`, `versioned`)."""
+the version stamp of a record that is a dataclass of its own (`stamped`, `versioned`); and `Field`, the
+declaration of one field of a `Declared` record kind (its reader, checks, JSON name), with the checks
+those kinds share (`run_name`, `non_empty`, `epoch_seconds`...)."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from training.records.schema import SchemaError
+from training.records.schema import SchemaError, check_run_name
 
 
 def _is_number(v: Any) -> bool:
@@ -142,3 +146,88 @@ def _known_version(kind: str, obj: dict[str, Any], version: int) -> dict[str, An
     if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= version:
         raise SchemaError(f"{kind} record field 'schema_version' = {v!r}; this reader knows 1..{version}")
     return obj
+
+
+# ---- declared fields: how a record kind reads, checks and writes each of its fields ---------------
+
+Check = Callable[[Any], str | None]
+"""Checks one field's value: None when it is good, else what is wrong (`must be epoch seconds`)."""
+
+SET = "<set>"
+"""`Field.when` of a field written only while it is set (not None)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One declared field of a record kind (`training.records.base.Declared`): its reader, whether the
+    record must carry it, its checks, its JSON name and when it is written. Declared once, so each
+    kind's `from_json`, `to_json` and construction-time checks come from the same line.
+
+    `need`: absent or null is refused (`need`); else absent or null reads as the reader's empty value.
+    `present`: the JSON object must hold the name even when its value is null (a field always written).
+    `checks` run on the value whenever the record is built (in code or by `from_json`), skipped for None
+    when the field is not needed. `key`: the JSON name when it is not the attribute's. `when`: "" is
+    always written; `SET`, only while not None; an attribute's name, only while that one is not None."""
+
+    read: Reader
+    need: bool = True
+    present: bool = False
+    checks: tuple[Check, ...] = ()
+    key: str = ""
+    when: str = ""
+
+    def take(self, kind: str, obj: Mapping[str, Any], name: str) -> Any:
+        """The value of this field (attribute `name`) in the record object `obj`; SchemaError naming it."""
+        key = self.key or name
+        if self.present and key not in obj:
+            raise SchemaError(f"{kind} record lacks field {key!r}")
+        return need(kind, obj, key, self.read) if self.need else self.read(kind, obj, key)
+
+
+def run_name(v: Any) -> str | None:
+    """A run name `schema.check_run_name` accepts."""
+    try:
+        check_run_name(v)
+    except SchemaError as e:
+        return str(e)
+    return None
+
+
+def non_empty(v: Any) -> str | None:
+    return None if isinstance(v, str) and v else "must be a non-empty string"
+
+
+def epoch_seconds(v: Any) -> str | None:
+    return None if _is_number(v) else "must be epoch seconds"
+
+
+def not_negative(v: Any) -> str | None:
+    return None if _is_number(v) and v >= 0 else "must be >= 0"
+
+
+def slurm_job_id(v: Any) -> str | None:
+    """A Slurm job id, as an integer."""
+    return None if isinstance(v, int) and not isinstance(v, bool) else "must be a Slurm job id or null"
+
+
+def an_object(v: Any) -> str | None:
+    return None if isinstance(v, Mapping) else "must be an object"
+
+
+def at_least(low: int) -> Check:
+    """An integer >= `low`."""
+
+    def check(v: Any) -> str | None:
+        good = isinstance(v, int) and not isinstance(v, bool) and v >= low
+        return None if good else f"must be an integer >= {low}"
+
+    return check
+
+
+def one_of(values: tuple[str, ...]) -> Check:
+    return lambda v: None if v in values else f"not one of {values}"
+
+
+def matches(pattern: re.Pattern[str], what: str) -> Check:
+    """A string `pattern` matches (anchor it: `^...$`); `what` says what is wrong otherwise."""
+    return lambda v: None if isinstance(v, str) and pattern.match(v) else what

@@ -153,8 +153,9 @@ def step_of_manifest_key(key: str) -> int | None:
 
 # ---- records --------------------------------------------------------------------------------------
 
-# kind -> {field: type or tuple of types}; these are the fields every reader may rely on.
-_REQUIRED: dict[str, dict[str, Any]] = {
+#: kind -> {field: type or tuple of types}; these are the fields every reader may rely on (the kinds of
+#: `training.records.base.Record`; the other kinds declare theirs in `Declared.FIELDS`).
+REQUIRED: dict[str, dict[str, Any]] = {
     "alert": {
         "run": str,
         "step": int,
@@ -201,7 +202,7 @@ VERDICTS = ("pass", "fail", "skip")
 def record(kind: str, **fields: Any) -> dict[str, Any]:
     """Build a record of `kind`, stamped with the schema version (and time, if the caller gave none)."""
     obj: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": kind}
-    if "time" in _REQUIRED.get(kind, {}) and "time" not in fields:
+    if "time" in REQUIRED.get(kind, {}) and "time" not in fields:
         fields["time"] = time.time()
     obj.update(fields)
     validate(kind, obj)
@@ -210,8 +211,8 @@ def record(kind: str, **fields: Any) -> dict[str, Any]:
 
 def validate(kind: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
     """Raise SchemaError unless `obj` is a record of `kind` this version can read."""
-    if kind not in _REQUIRED:
-        raise SchemaError(f"unknown record kind {kind!r}; known: {sorted(_REQUIRED)}")
+    if kind not in REQUIRED:
+        raise SchemaError(f"unknown record kind {kind!r}; known: {sorted(REQUIRED)}")
     if not isinstance(obj, Mapping):
         raise SchemaError(f"{kind} record must be a JSON object, got {type(obj).__name__}")
     version = obj.get("schema_version")
@@ -219,7 +220,7 @@ def validate(kind: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         raise SchemaError(
             f"{kind} record has schema_version {version!r}; this reader knows 1..{SCHEMA_VERSION}"
         )
-    for field, typ in _REQUIRED[kind].items():
+    for field, typ in REQUIRED[kind].items():
         if field not in obj:
             raise SchemaError(f"{kind} record lacks field {field!r}")
         value = obj[field]
@@ -232,7 +233,7 @@ def validate(kind: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
             raise SchemaError(f"{kind} record field {field!r} = {value!r} has the wrong type")
         if not isinstance(value, typ):
             raise SchemaError(f"{kind} record field {field!r} = {value!r:.80} has the wrong type")
-    if "check" in _REQUIRED[kind] and obj["check"] not in CHECKS:
+    if "check" in REQUIRED[kind] and obj["check"] not in CHECKS:
         raise SchemaError(f"{kind} record field 'check' = {obj['check']!r}; expected one of {CHECKS}")
     if kind == "check" and obj["verdict"] not in VERDICTS:
         raise SchemaError(f"check record field 'verdict' = {obj['verdict']!r}; expected one of {VERDICTS}")

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from training.records.fields import need, opt_float, opt_int, opt_str, opt_strs, stamped
-from training.records.schema import NODE_NAME, store_key
+from training.records.base import FIELDS_HERE, Declared
+from training.records.fields import Field, at_least, opt_float, opt_int, opt_str, opt_strs
+from training.records.schema import NODE_NAME, SchemaError, store_key
 from training.store.interface import NotFound, ObjectStore
 
 DIRECTIVE_SCHEMA_VERSION = 1
@@ -63,9 +64,32 @@ def read_directive(store: ObjectStore, *, run: str, job_id: str, attempt: int) -
     return Directive.from_json(raw)
 
 
+def _slurm_job_id(v: Any) -> str | None:
+    return None if isinstance(v, str) and v.isdigit() else "must be a Slurm job id"
+
+
+def _checkpoint_ref(v: Any) -> str | None:
+    good = isinstance(v, str) and _REF.match(v) and ".." not in v.split("/")
+    return None if good else "is not a checkpoint reference"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Directive:
+class Directive(Declared):
     """Run the next training step of job `job_id` on `nodes`, from `resume_from`."""
+
+    KIND = "directive"
+    VERSION = DIRECTIVE_SCHEMA_VERSION
+    FIELDS = {
+        "run": Field(opt_str),
+        "job_id": Field(opt_str, checks=(_slurm_job_id,)),
+        "attempt": Field(opt_int, checks=(at_least(1),)),
+        "nodes": Field(opt_strs),
+        "resume_from": Field(opt_str, checks=(_checkpoint_ref,)),
+        "incident_id": Field(opt_str),
+        "exclude": Field(opt_strs),
+        "issued_at": Field(opt_float),
+    }
+    ORDER = (FIELDS_HERE, "schema_version", "kind")
 
     run: str
     """Run name."""
@@ -85,48 +109,22 @@ class Directive:
     """Wall time of the decision (the time-to-recover record reads it)."""
     schema_version: int = DIRECTIVE_SCHEMA_VERSION
 
-    def __post_init__(self) -> None:
-        if not self.job_id.isdigit():
-            raise ValueError(f"field 'job_id' = {self.job_id!r} must be a Slurm job id")
-        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 1:
-            raise ValueError(f"field 'attempt' = {self.attempt!r} must be an integer >= 1")
+    def _settle(self) -> None:
+        """The nodes: distinct, named as Slurm names nodes, none of them excluded (kept as tuples)."""
         nodes, exclude = tuple(self.nodes), tuple(self.exclude)
         if not nodes or len(set(nodes)) != len(nodes):
-            raise ValueError(f"field 'nodes' = {list(nodes)!r} must name distinct nodes")
+            raise SchemaError(f"{self.KIND} record field 'nodes' = {list(nodes)!r} must name distinct nodes")
         for n in (*nodes, *exclude):
             if not isinstance(n, str) or not NODE_NAME.match(n):
-                raise ValueError(f"field 'nodes' has a bad node name {n!r}")
+                raise SchemaError(f"{self.KIND} record field 'nodes' has a bad node name {n!r}")
         if clash := sorted(set(nodes) & set(exclude)):
-            raise ValueError(f"field 'nodes' includes excluded node(s) {clash}")
-        if not _REF.match(self.resume_from) or ".." in self.resume_from.split("/"):
-            raise ValueError(f"field 'resume_from' = {self.resume_from!r} is not a checkpoint reference")
+            raise SchemaError(f"{self.KIND} record field 'nodes' includes excluded node(s) {clash}")
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "exclude", exclude)
 
     @property
     def relative_path(self) -> str:
         return directive_path(self.job_id, self.attempt)
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["nodes"], out["exclude"], out["kind"] = list(self.nodes), list(self.exclude), "directive"
-        return out
-
-    @classmethod
-    def from_json(cls, raw: str | bytes | dict[str, Any]) -> Directive:
-        kind = "directive"
-        obj = stamped(kind, raw, DIRECTIVE_SCHEMA_VERSION)
-        return cls(
-            run=need(kind, obj, "run", opt_str),
-            job_id=need(kind, obj, "job_id", opt_str),
-            attempt=need(kind, obj, "attempt", opt_int),
-            nodes=need(kind, obj, "nodes", opt_strs),
-            resume_from=need(kind, obj, "resume_from", opt_str),
-            incident_id=need(kind, obj, "incident_id", opt_str),
-            exclude=need(kind, obj, "exclude", opt_strs),
-            issued_at=need(kind, obj, "issued_at", opt_float),
-            schema_version=obj["schema_version"],
-        )
 
     def refusal(
         self, *, run: str, job_id: str, attempt: int, allocation: Iterable[str], width: int

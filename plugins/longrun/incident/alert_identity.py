@@ -22,12 +22,12 @@ import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 from training.records import schema, signing
 from training.records.alert import Alert
-from training.records.fields import need, opt_float, opt_str, stamped
-from training.records.schema import SchemaError
+from training.records.base import Declared
+from training.records.fields import Field, epoch_seconds, non_empty, opt_float, opt_str, run_name
 from training.store.interface import ObjectStore, dump_json
 from training.store.update import create_or_read
 
@@ -54,8 +54,17 @@ def identity_of(alert: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AlertClaim:
+class AlertClaim(Declared):
     """Which incident handles the alert with this identity."""
+
+    KIND = KIND
+    FIELDS = {
+        "run": Field(opt_str, checks=(run_name,)),
+        "identity": Field(opt_str, checks=(non_empty,)),
+        "incident_id": Field(opt_str, checks=(non_empty,)),
+        "alert_key": Field(opt_str, checks=(non_empty,)),
+        "claimed_at": Field(opt_float, checks=(epoch_seconds,)),
+    }
 
     run: str
     """Run name."""
@@ -68,43 +77,6 @@ class AlertClaim:
     claimed_at: float
     """Epoch seconds."""
     schema_version: int = SCHEMA_VERSION
-
-    def __post_init__(self) -> None:
-        try:
-            schema.check_run_name(self.run)
-        except SchemaError as e:
-            raise SchemaError(f"{KIND} record field 'run': {e}") from None
-        for name in ("identity", "incident_id", "alert_key"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise SchemaError(f"{KIND} record field {name!r} = {value!r}: must be a non-empty string")
-        if isinstance(self.claimed_at, bool) or not isinstance(self.claimed_at, int | float):
-            raise SchemaError(
-                f"{KIND} record field 'claimed_at' = {self.claimed_at!r}: must be epoch seconds"
-            )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": self.schema_version,
-            "kind": KIND,
-            "run": self.run,
-            "identity": self.identity,
-            "incident_id": self.incident_id,
-            "alert_key": self.alert_key,
-            "claimed_at": self.claimed_at,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Any) -> Self:
-        obj = stamped(KIND, raw, SCHEMA_VERSION)
-        return cls(
-            run=need(KIND, obj, "run", opt_str),
-            identity=need(KIND, obj, "identity", opt_str),
-            incident_id=need(KIND, obj, "incident_id", opt_str),
-            alert_key=need(KIND, obj, "alert_key", opt_str),
-            claimed_at=need(KIND, obj, "claimed_at", opt_float),
-            schema_version=obj["schema_version"],
-        )
 
 
 def claim_key(run: str, identity: str) -> str:

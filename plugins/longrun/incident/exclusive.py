@@ -24,13 +24,22 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import Any, Literal
 
 from longrun.incident import record, runbooks
 from training.records import schema
-from training.records.fields import need, opt_float, opt_int, opt_str, stamped
+from training.records.base import Declared
+from training.records.fields import (
+    Field,
+    epoch_seconds,
+    non_empty,
+    opt_float,
+    opt_int,
+    opt_str,
+    run_name,
+    slurm_job_id,
+)
 from training.records.orchestrator import IncidentStatus
-from training.records.schema import SchemaError
 from training.store.interface import NotFound, ObjectStore, dump_json, put_json
 from training.store.update import UpdateConflict, update_json
 
@@ -53,8 +62,17 @@ log = logging.getLogger("longrun.sdc_incident")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class IncidentLock:
+class IncidentLock(Declared):
     """Which incident acts for a run, on which job."""
+
+    KIND = "incident_lock"
+    FIELDS = {
+        "run": Field(opt_str, checks=(run_name,)),
+        "incident_id": Field(opt_str, checks=(non_empty,)),
+        # always written, null when the alert named no job
+        "job_id": Field(opt_int, need=False, present=True, checks=(slurm_job_id,)),
+        "acquired_at": Field(opt_float, checks=(epoch_seconds,)),
+    }
 
     run: str
     """Run name."""
@@ -65,49 +83,6 @@ class IncidentLock:
     acquired_at: float
     """Epoch seconds."""
     schema_version: int = SCHEMA_VERSION
-
-    KIND = "incident_lock"
-
-    def __post_init__(self) -> None:
-        try:
-            schema.check_run_name(self.run)
-        except SchemaError as e:
-            raise SchemaError(f"{self.KIND} record field 'run': {e}") from None
-        if not isinstance(self.incident_id, str) or not self.incident_id:
-            raise SchemaError(
-                f"{self.KIND} record field 'incident_id' = {self.incident_id!r}: must be a non-empty string"
-            )
-        if self.job_id is not None and (isinstance(self.job_id, bool) or not isinstance(self.job_id, int)):
-            raise SchemaError(
-                f"{self.KIND} record field 'job_id' = {self.job_id!r}: must be a Slurm job id or null"
-            )
-        if isinstance(self.acquired_at, bool) or not isinstance(self.acquired_at, int | float):
-            raise SchemaError(
-                f"{self.KIND} record field 'acquired_at' = {self.acquired_at!r}: must be epoch seconds"
-            )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": self.schema_version,
-            "kind": self.KIND,
-            "run": self.run,
-            "incident_id": self.incident_id,
-            "job_id": self.job_id,
-            "acquired_at": self.acquired_at,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Any) -> Self:
-        obj = stamped(cls.KIND, raw, SCHEMA_VERSION)
-        if "job_id" not in obj:  # always written, null when the alert named no job
-            raise SchemaError(f"{cls.KIND} record lacks field 'job_id'")
-        return cls(
-            run=need(cls.KIND, obj, "run", opt_str),
-            incident_id=need(cls.KIND, obj, "incident_id", opt_str),
-            job_id=opt_int(cls.KIND, obj, "job_id"),
-            acquired_at=need(cls.KIND, obj, "acquired_at", opt_float),
-            schema_version=obj["schema_version"],
-        )
 
 
 @dataclass(frozen=True, slots=True)

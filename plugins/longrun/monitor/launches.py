@@ -25,14 +25,25 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 from longrun.alert_auth import bound_tag
 from longrun.dagrun_ids import attempt_run_id
 from longrun.monitor.lifecycle import ATTACH_PARAMS, conf_of, spec_from_params
 from longrun.slurm.spec import JobTag
 from training.records import schema
-from training.records.fields import need, opt_dict, opt_float, opt_int, opt_str, stamped
+from training.records.base import Declared
+from training.records.fields import (
+    Field,
+    at_least,
+    non_empty,
+    opt_dict,
+    opt_float,
+    opt_int,
+    opt_str,
+    run_name,
+    slurm_job_id,
+)
 from training.records.schema import SchemaError
 from training.store.interface import NotFound, ObjectStore, dump_json
 from training.store.update import create_or_read
@@ -44,20 +55,6 @@ LAUNCHES_DIR = "launches/"
 TRAINING_DAG = "training_run"
 
 
-#: The fields `to_json` writes (anything else is kept in `extra`).
-_FIELDS = (
-    "schema_version",
-    "kind",
-    "run",
-    "attempt",
-    "dag_run_id",
-    "job_id",
-    "incident_id",
-    "params",
-    "recorded_at",
-)
-
-
 class LaunchConflict(RuntimeError):
     """A different launch is already recorded for this run and attempt; the message names both."""
 
@@ -67,8 +64,20 @@ class NotAContinuation(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunLaunch:
-    """One launch of a run as the orchestrator recorded it."""
+class RunLaunch(Declared):
+    """One launch of a run as the orchestrator recorded it. Every field is written, null where it says
+    none; a field this reader does not know is kept in `extra`, written last."""
+
+    KIND = KIND
+    FIELDS = {
+        "run": Field(opt_str, checks=(run_name,)),
+        "attempt": Field(opt_int, checks=(at_least(0),)),
+        "dag_run_id": Field(opt_str, checks=(non_empty,)),
+        "job_id": Field(opt_int, need=False, present=True, checks=(slurm_job_id,)),
+        "incident_id": Field(opt_str, need=False, present=True),
+        "params": Field(opt_dict, need=False, present=True),
+        "recorded_at": Field(opt_float),
+    }
 
     run: str
     """The run name."""
@@ -88,58 +97,11 @@ class RunLaunch:
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Fields this reader does not know, kept as written."""
 
-    def __post_init__(self) -> None:
-        try:
-            schema.check_run_name(self.run)
-        except SchemaError as e:
-            raise SchemaError(f"{KIND} record field 'run': {e}") from None
-        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 0:
-            raise SchemaError(f"{KIND} record field 'attempt' = {self.attempt!r}: must be an integer >= 0")
-        if not isinstance(self.dag_run_id, str) or not self.dag_run_id:
-            raise SchemaError(
-                f"{KIND} record field 'dag_run_id' = {self.dag_run_id!r}: must be a non-empty string"
-            )
-        if self.job_id is not None and (isinstance(self.job_id, bool) or not isinstance(self.job_id, int)):
-            raise SchemaError(
-                f"{KIND} record field 'job_id' = {self.job_id!r}: must be a Slurm job id or null"
-            )
+    def _settle(self) -> None:
         if self.params.get("run_name") != self.run:
             raise SchemaError(
                 f"{KIND} record field 'params' names run {self.params.get('run_name')!r}, not {self.run!r}"
             )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": self.schema_version,
-            "kind": KIND,
-            "run": self.run,
-            "attempt": self.attempt,
-            "dag_run_id": self.dag_run_id,
-            "job_id": self.job_id,
-            "incident_id": self.incident_id,
-            "params": dict(self.params),
-            "recorded_at": self.recorded_at,
-            **self.extra,
-        }
-
-    @classmethod
-    def from_json(cls, raw: Any) -> Self:
-        obj = stamped(KIND, raw, SCHEMA_VERSION)
-        for name in ("job_id", "incident_id", "params"):  # always written (null where it says none)
-            if name not in obj:
-                raise SchemaError(f"{KIND} record lacks field {name!r}")
-        known = set(_FIELDS)
-        return cls(
-            run=need(KIND, obj, "run", opt_str),
-            attempt=need(KIND, obj, "attempt", opt_int),
-            dag_run_id=need(KIND, obj, "dag_run_id", opt_str),
-            job_id=opt_int(KIND, obj, "job_id"),
-            incident_id=opt_str(KIND, obj, "incident_id"),
-            params=opt_dict(KIND, obj, "params"),
-            recorded_at=need(KIND, obj, "recorded_at", opt_float),
-            schema_version=obj["schema_version"],
-            extra={k: v for k, v in obj.items() if k not in known},
-        )
 
     def same_launch(self, other: RunLaunch) -> bool:
         """The same launch, whenever each was recorded."""
