@@ -6,23 +6,19 @@ an auditor would run it: no process group."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
+from helpers.gloo_ranks import join_group, small_model, spawn_ranks, write_result
 
 from training.checkpoint.sharded import MANIFEST, validate_sharded
 
 
 def _model(mesh, seed: int):
-    from torch import nn
     from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 6))
+    model = small_model(seed)
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -45,9 +41,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     from training.checkpoint.sharded import load_sharded, save_sharded
     from training.fingerprint.host import fingerprint_state, local_state
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_group(rank, world, port)
     found: dict[str, object] = {}
     try:
         mesh = init_device_mesh("cpu", (3, 2), mesh_dim_names=("replicate", "shard"))
@@ -88,7 +82,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             found["other_mesh"] = "loaded"
         except CheckpointError as e:
             found["other_mesh"] = str(e)
-        Path(out, f"rank{rank}.json").write_text(json.dumps(found, sort_keys=True))
+        write_result(out, rank, found)
     finally:
         dist.destroy_process_group()
 
@@ -99,12 +93,7 @@ def _damaged(src: Path, dst: Path) -> Path:
 
 
 def test_sharded_save_resumes_bit_identically_and_damage_is_named(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_worker, args=(6, port, str(tmp_path)), nprocs=6, join=True, start_method="spawn")
-    per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(6)]
+    per_rank = spawn_ranks(_worker, 6, tmp_path)
     manifests = {json.dumps(r["manifest_same_everywhere"], sort_keys=True) for r in per_rank}
     assert len(manifests) == 1
     manifest = per_rank[0]["manifest_same_everywhere"]

@@ -13,13 +13,11 @@ One world of six processes carries two meshes: HSDP with 3 replica groups x 2 sh
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from helpers.gloo_ranks import join_group, small_model, spawn_ranks, write_result
 
 from training.checks.replicas import ReplicaLayout
 from training.checks.weight_vote import WeightVoteCheck
@@ -68,21 +66,17 @@ def _flip(model: torch.nn.Module, name: str) -> None:
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
-    from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from training.checks.base import StepContext
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_group(rank, world, port)
     results: dict[str, object] = {}
     try:
         for shape in ((3, 2), (2, 3)):
             mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
-            torch.manual_seed(0)
-            model = nn.Sequential(nn.Linear(8, 12), nn.ReLU(), nn.Linear(12, 6))
+            model = small_model(0)
             for layer in (model[0], model[2]):
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
@@ -119,18 +113,13 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
                 "shards": flipped.evidence.get("shards"),
             }
             dist.barrier()
-        Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+        write_result(out, rank, results)
     finally:
         dist.destroy_process_group()
 
 
 def test_hsdp_vote_passes_clean_and_names_a_flipped_shard(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.start_processes(_worker, args=(6, port, str(tmp_path)), nprocs=6, join=True, start_method="spawn")
-    per_rank = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(6)]
+    per_rank = spawn_ranks(_worker, 6, tmp_path)
     for res in per_rank:
         three, two = res["3x2"], res["2x3"]
         assert three["layout"] == [0, 1, 0, 1, 0, 1] and two["layout"] == [0, 1, 2, 0, 1, 2]

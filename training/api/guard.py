@@ -22,6 +22,11 @@ A verdict (a failed check, `on_verdict="exit"`) writes the alert first and durab
 in place, and ends the run with exit code 93 (`schema.EXIT_SDC_VERDICT`): `done` turns true and `close()`
 returns 93. What the guard asks of user code: `loss_fn(model, batch)` that is pure given the weights, the
 batch and the RNG, with no collectives of its own, and every trainable parameter used in each step.
+
+A sharded model (FSDP2, HSDP) is prepared with `prepare_sharded(model, mesh=..., make_optimizer=...,
+loss_fn=...)` instead: the same step order without the recompute (refused at set-up), the finite check on
+each rank's gradient shard after the reduce-scatter, the weight vote within the ranks that hold the same
+shard, and saves and resumes through training.checkpoint.sharded (training.api.sharding, docs/adopting.md).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -44,6 +49,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from training.api import sharding
 from training.api.gradients import LocalGradients
 from training.api.peers import LossFn, PeerBatches, to_device
 from training.api.records import RunRecords, code_version
@@ -73,6 +79,10 @@ from training.store.interface import ObjectStore, StoreError
 from training.verdict import publish_verdict
 
 log = logging.getLogger("training.api")
+
+
+SHARDED_CHECKPOINTS = "sharded-checkpoints"
+"""Where a sharded run's checkpoints go, under the run dir (not the unsharded saver's `checkpoints/`)."""
 
 
 class SetupError(RuntimeError):
@@ -179,6 +189,8 @@ class Guard:
         """0 once every step ran, 93 after a verdict (None while training)."""
         self._records: RunRecords | None = None
         self._closed = False
+        self.mesh: Any = None
+        """The DeviceMesh of a sharded model (`prepare_sharded`); None under DDP."""
 
     # ---- set-up ------------------------------------------------------------------------------------
 
@@ -257,6 +269,105 @@ class Guard:
             sum(p.numel() for p in self.params), [c.name for c in self.checks], self.start_step,
         )  # fmt: skip
         return self.ddp
+
+    def prepare_sharded(
+        self,
+        model: nn.Module,
+        *,
+        mesh: Any,
+        make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        loss_fn: LossFn,
+        make_scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+        state: Mapping[str, Stateful] | None = None,
+    ) -> nn.Module:
+        """`prepare` for a sharded model: `fully_shard(model, mesh=mesh)` (FSDP2 on a ("shard",) mesh, HSDP
+        on a ("replicate", "shard") mesh; training.api.sharding), then the optimizer and the scheduler built
+        by `make_optimizer(params)` and `make_scheduler(optimizer)` over the sharded parameters (FSDP2
+        replaces the parameters, so an optimizer built before sharding would update the old ones), then the
+        resume through training.checkpoint.sharded. Returns the sharded module; `loss_fn` gets it.
+
+        Refused with SetupError on every rank alike (the configuration is the same on every rank), before
+        any collective: a mesh other than those two, the recompute check, a weight vote where no shard has
+        two holders, and `grad_clip` (not supported on shards yet). Checkpoints go to
+        `<run dir>/sharded-checkpoints/` (a folder every rank must see); the records are the DDP path's.
+
+        Why one function: like `prepare`, one ordered set-up sequence (refusals, sharding, the optimizer over
+        the sharded parameters, resume, records, drills, segment, an earlier verdict's exit), each step
+        using what the ones before it set; it reads top to bottom."""
+        if self._records is not None:
+            raise RuntimeError("Guard.prepare() was already called")
+        try:
+            layout = sharding.mesh_layout(mesh, self.world)
+            checks = sharding.sharded_checks(self.checks, layout)
+        except ValueError as e:
+            raise SetupError(str(e)) from e
+        if self.cfg.grad_clip is not None:
+            raise SetupError("grad_clip is not supported on a sharded model yet: leave it None")
+        self.mesh, self.checks, self.loss_fn = mesh, checks, loss_fn
+        self.state = self._checked_state(state)
+        self.module = sharding.shard(model.to(self.device), mesh)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(list(self.module.parameters()))
+        self.scheduler = make_scheduler(self.optimizer) if make_scheduler is not None else None
+        if self.resume_ref:
+            self._resume_sharded(self.resume_ref)
+            self.resumed_from = self.resume_ref
+        self._records = RunRecords(
+            run=self.cfg.run, rank=self.rank, world=self.world, node=self.place.node, nodes=self.nodes,
+            events=self.events, segment=self._new_segment(),
+        )  # fmt: skip
+        self._records.last_pass = dict(self._resumed_last_pass)
+        self.injector = Injector(
+            self.faults, rank=self.rank, node=self.place.node, nodes=self.nodes,
+            state_dir=fault_state_dir(self.run_dir / "fault-state"), on_fire=self._records.fault_fired,
+        )  # fmt: skip
+        self.injector.attach(self.module)
+        self.ddp = None  # type: ignore[assignment]
+        self.saves = Saves(
+            run=self.cfg.run, run_dir=self.run_dir, store=self.store, world=self.world, nodes=self.nodes,
+            seed=self.cfg.seed, enabled=False,
+        )  # fmt: skip
+        self._records.write_segment()
+        if self.earlier_verdict and self.cfg.checks.on_verdict == "exit":
+            log.error("in-job restart after this launch's SDC verdict (%s): exiting 93", self.earlier_verdict)
+            self.nvrx.request_shutdown(f"SDC verdict already given in this launch: {self.earlier_verdict}")
+            self.exit_code = schema.EXIT_SDC_VERDICT
+        log.info(
+            "rank %d/%d on %s (%s, %s): sharded model (%s), checks %s, start step %d",
+            self.rank, self.world, self.place.node, self.backend, self.device, layout.describe(),
+            [c.name for c in self.checks], self.start_step,
+        )  # fmt: skip
+        return self.module
+
+    @staticmethod
+    def _checked_state(state: Mapping[str, Stateful] | None) -> dict[str, Stateful]:
+        out = dict(state or {})
+        for name, obj in out.items():
+            if not isinstance(obj, Stateful):
+                raise TypeError(
+                    f"state[{name!r}] = {type(obj).__name__} has no state_dict()/load_state_dict()"
+                )
+        return out
+
+    def _resume_sharded(self, ref: str) -> None:
+        """Every rank loads `ref` (a sharded checkpoint folder every rank sees) onto the same mesh."""
+        from training.checkpoint.sharded import load_sharded, read_sharded_extra
+
+        try:
+            if not Path(ref).is_dir():
+                raise StateError("a sharded resume reads a checkpoint folder on a filesystem every rank sees")
+            manifest = load_sharded(ref, self.module, self.optimizer, mesh=self.mesh)
+            extra = read_sharded_extra(ref) or {}
+            if self.scheduler is not None:
+                if "scheduler" not in extra:
+                    raise StateError(f"{ref} has no scheduler state, but a scheduler was given")
+                self.scheduler.load_state_dict(extra["scheduler"])
+            restore_rank_state(extra.get("ranks"), self.state, rank=self.rank, world=self.world, where=ref)
+        except Exception as e:
+            raise SetupError(f"cannot resume from {ref!r}: {e}") from e
+        self.start_step = int(manifest["step"])
+        self._resumed_last_pass = dict(manifest["extra"].get("last_pass", {}))
+        log.info("resumed the sharded model from %s at step %d", ref, self.start_step)
 
     def _new_segment(self) -> Segment:
         started_at = time.time()
@@ -354,6 +465,8 @@ class Guard:
     def _train_step(
         self, step: int, batch: Any
     ) -> tuple[float | None, list[CheckResult], CheckResult | None]:
+        if self.mesh is not None:
+            return self._train_step_sharded(step, batch)
         cfg = self.cfg
         saving = bool(cfg.checkpoint_every) and step % cfg.checkpoint_every == 0
         due = [c for c in self.checks if c.due(step, saving=saving)]
@@ -398,6 +511,64 @@ class Guard:
         if saving:
             self._save(step, mean_loss, results)
         return mean_loss, results, None
+
+    def _train_step_sharded(
+        self, step: int, batch: Any
+    ) -> tuple[float | None, list[CheckResult], CheckResult | None]:
+        """`_train_step` for a sharded model: the same order, but the gradient is looked at after FSDP's
+        reduce-scatter (each rank's shard; training.api.sharding) and there is no recompute."""
+        saving = bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0
+        due = [c for c in self.checks if c.due(step, saving=saving)]
+        self.injector.start_of_step(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.rng(step, self.rank, lambda: self.loss_fn(self.module, batch))
+        loss.backward()  # FSDP reduce-scatters (and, HSDP, all-reduces over replicas) before it returns
+        grads = sharding.local_grads(self.params)
+        sharding.gradient_drills(self.injector, step, grads)
+        mean_loss = sharding.mean_loss(loss, self.world)
+        ctx = StepContext(
+            step=step, rank=self.rank, nodes=self.nodes, device=self.device, model=self.module,
+            loss=loss.detach(), local_nonfinite=sharding.nonfinite(grads), saving=saving,
+        )  # fmt: skip
+        results: list[CheckResult] = []
+        for c in due:
+            r = c.after_reduce(ctx)
+            if r is not None:
+                results.append(r)
+                if r.failed:
+                    return None, results, r  # the update is not applied
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.injector.after_update(step, sharding.local_params(self.params))
+        for c in due:
+            r = c.after_update(ctx)
+            if r is not None:
+                results.append(r)
+                if r.failed:
+                    return mean_loss, results, r
+        if saving:
+            self._save_sharded(step, mean_loss, results)
+        return mean_loss, results, None
+
+    def _save_sharded(self, step: int, loss: float, results: list[CheckResult]) -> None:
+        """Every rank writes its shards (training.checkpoint.sharded, synchronously: the step waits) into
+        `<run dir>/sharded-checkpoints/step-NNNNNNNN/`; rank 0 adds every rank's state and the scheduler."""
+        from training.checkpoint.sharded import save_sharded
+
+        ranks = gather_rank_states(rank_state(self.state), rank=self.rank, world=self.world)
+        extra_state: dict[str, Any] | None = None
+        if self.rank == 0:
+            extra_state = {"ranks": ranks}
+            if self.scheduler is not None:
+                extra_state["scheduler"] = self.scheduler.state_dict()
+        passed = {**self.records.last_pass, **{r.check: step for r in results if r.verdict == "pass"}}
+        folder = self.run_dir / SHARDED_CHECKPOINTS / f"step-{step:08d}"
+        save_sharded(
+            folder, self.module, self.optimizer, step=step, mesh=self.mesh, extra_state=extra_state,
+            extra={"run": self.cfg.run, "loss": loss, "seed": self.cfg.seed, "last_pass": passed},
+        )  # fmt: skip
+        log.info("sharded checkpoint of step %d saved in %s", step, folder)
 
     def _mean_loss(self, loss: torch.Tensor) -> float:
         total = self.hook.loss_sum

@@ -16,7 +16,7 @@ from torch import nn
 from training.checks.base import CheckResult
 from training.events import EventWriter
 from training.faults import Fault
-from training.fingerprint.host import combine, fingerprint_state
+from training.fingerprint.host import combine, fingerprint_state, local_state
 from training.records import schema
 from training.segment import FaultFired, Segment
 
@@ -95,7 +95,7 @@ class RunRecords:
             log.warning("segment end record not written: %s", e)
 
     def report(self, *, final_step: int, model: nn.Module) -> None:
-        fps = fingerprint_state(model.state_dict())
+        fps = fingerprint_state(local_state(model.state_dict()))  # a sharded model: rank 0's shards
         if self.rank == 0:
             self.events.report(
                 schema.record(

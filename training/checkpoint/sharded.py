@@ -22,8 +22,13 @@ taken at save time, and nothing could prove the resumed weights are the saved on
 rank compares its local shards with the manifest's fingerprints for its rank: the resume is bit-identical or
 it fails, naming the rank and the tensor.
 
-Status: the module and its tests on real FSDP2 ranks; the guard does not save or resume through it yet, and
-the orchestrator's validation, promotion and audit read the unsharded manifest (docs/checkpoints.md).
+Rank 0 may add one more file, `extra.pt` (`extra_state`: what is not the model or the optimizer, such as
+every rank's RNG and data-loader state, gathered to rank 0 by the caller), written before the manifest and
+listed in it like DCP's files; `read_sharded_extra` reads it back with `weights_only=True`.
+
+Status: the guard (training.api.Guard.prepare_sharded) saves and resumes through this module into the run
+dir on every rank (a folder every rank must see); nothing uploads these folders to the store yet, and the
+orchestrator's validation, promotion and audit read only the unsharded manifest (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from training.fingerprint.host import fingerprint_state, local_state
 MANIFEST = "sharded-manifest.json"
 FORMAT = "dcp-v1"
 DCP_METADATA = ".metadata"
+EXTRA = "extra.pt"
 _RANK_FILE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 
 
@@ -77,15 +83,21 @@ def save_sharded(
     step: int,
     mesh: Any,
     extra: Mapping[str, Any] | None = None,
+    extra_state: Any = None,
 ) -> dict[str, Any]:
     """Save `model` and `optimizer` (sharded or not) into `folder` with DCP, then the manifest. Every rank
-    calls it; every rank returns the manifest. `extra` (JSON) goes into the manifest as is."""
+    calls it; every rank returns the manifest. `extra` (JSON) goes into the manifest as is; `extra_state`
+    (rank 0's, anything `torch.load(weights_only=True)` reads back) into `extra.pt`, hashed and listed like
+    DCP's files; other ranks' `extra_state` is ignored."""
     import torch.distributed.checkpoint as dcp
 
     folder = Path(folder)
     if (folder / MANIFEST).exists():
         raise CheckpointError(f"{folder} already holds a checkpoint (its manifest exists): not overwritten")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0 and extra_state is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(extra_state, folder / EXTRA)  # listed below with DCP's files, before the manifest
     dcp.save(_state(model, optimizer), checkpoint_id=str(folder))
     mine = fingerprint_state(local_state(model.state_dict()))
     every: list[object] = [None] * world
@@ -165,7 +177,7 @@ def validate_sharded(folder: str | os.PathLike[str]) -> list[str]:
     expected = {DCP_METADATA} | {f"__{r}_0.distcp" for r in range(manifest["world_size"])}
     for name in sorted(expected - set(listed)):
         problems.append(f"{name}: not in the manifest of a {manifest['world_size']}-rank checkpoint")
-    for name in sorted(set(listed) - expected):
+    for name in sorted(set(listed) - expected - {EXTRA}):
         m = _RANK_FILE.match(name)
         if m is None or int(m.group(1)) >= manifest["world_size"]:
             problems.append(
@@ -175,6 +187,16 @@ def validate_sharded(folder: str | os.PathLike[str]) -> list[str]:
     for name in sorted(on_disk - set(listed)):
         problems.append(f"{name}: in {folder}, not in its manifest")
     return problems
+
+
+def read_sharded_extra(folder: str | os.PathLike[str]) -> Any:
+    """Rank 0's `extra_state` of the checkpoint in `folder` (None when it saved none). Call it after
+    `load_sharded`, which validated the folder; it reads with `weights_only=True`."""
+    path = Path(folder) / EXTRA
+    listed = {f["name"] for f in read_sharded_manifest(folder)["files"]}
+    if EXTRA not in listed:
+        return None
+    return torch.load(path, weights_only=True)
 
 
 def load_sharded(

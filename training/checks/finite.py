@@ -15,6 +15,7 @@ import time
 import torch
 
 from training.checks.base import CheckBase, CheckResult, StepContext
+from training.checks.replicas import ReplicaLayout
 from training.dist import all_gather_int64
 
 
@@ -54,4 +55,58 @@ class FiniteCheck(CheckBase):
             verdict="fail",
             duration_s=self._clock(ctx),
             evidence={"where": "averaged gradient after the all-reduce", "grad_norm": str(norm)},
+        )
+
+
+class ShardedFiniteCheck(CheckBase):
+    """The finite check of a sharded model (FSDP2, HSDP): FSDP has no communication hook that shows the
+    local gradient before its reduce-scatter, so the honest place is after backward, on what each rank
+    holds: its shard of the reduced gradient. `ctx.local_nonfinite` is this rank's flag (some element of its
+    gradient shards is NaN or Inf); the flags are all-gathered every step (one int64 per rank), so every rank
+    reaches the same verdict from the same data.
+
+    Who is named, by `layout` (training.checks.replicas.ReplicaLayout): the reduction delivers the same shard
+    to every rank that holds it, so a rank whose shard is non-finite while another holder of the same shard
+    is finite went wrong after the reduction, on its own: it is named. When every holder of a shard is
+    non-finite the value came through the reduce-scatter (from some rank's local gradient, or the reduction
+    itself), and which rank fed it in is no longer visible: the check fails without naming anyone."""
+
+    name = "finite"
+
+    def __init__(self, *, layout: ReplicaLayout) -> None:
+        self.layout = layout
+
+    def after_reduce(self, ctx: StepContext) -> CheckResult | None:
+        t0 = time.perf_counter()
+        local = ctx.local_nonfinite if ctx.local_nonfinite is not None else torch.tensor(False)
+        flags = all_gather_int64([int(bool(local.item()))], ctx.device)[:, 0].tolist()
+        self._add_time(ctx, t0)
+        if not any(flags):
+            return CheckResult(check=self.name, step=ctx.step, verdict="pass", duration_s=self._clock(ctx))
+        bad_shards = sorted({self.layout.shard_of[r] for r, f in enumerate(flags) if f})
+        suspects = [
+            r
+            for s in bad_shards
+            for r in self.layout.holders(s)
+            if flags[r] and not all(flags[h] for h in self.layout.holders(s))
+        ]
+        whole = [s for s in bad_shards if all(flags[h] for h in self.layout.holders(s))]
+        return CheckResult(
+            check=self.name,
+            step=ctx.step,
+            verdict="fail",
+            duration_s=self._clock(ctx),
+            suspect_ranks=sorted(suspects),
+            evidence={
+                "where": "gradient shard after the reduce-scatter",
+                "nonfinite_ranks": [r for r, f in enumerate(flags) if f],
+                "nonfinite_nodes": [ctx.nodes[r] for r, f in enumerate(flags) if f],
+                "flags_by_rank": flags,
+                "layout": self.layout.describe(),
+                "why_unnamed": (
+                    None
+                    if not whole
+                    else f"every holder of shard(s) {whole} is non-finite: it came through the reduction"
+                ),
+            },
         )

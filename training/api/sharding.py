@@ -1,0 +1,127 @@
+"""What the guard does differently for a sharded model (FSDP2 over one mesh dimension, HSDP over two), on
+every rank: `Guard.prepare_sharded` and its step use these parts.
+
+- The mesh: `("shard",)` is FSDP2 (every rank holds a different shard, nothing is replicated);
+  `("replicate", "shard")` is HSDP (the ranks along "replicate" hold the same shard). `fully_shard(model,
+  mesh=mesh)` is applied to the root module (a user who wants per-layer groups calls `fully_shard` on the
+  layers first, with the same mesh; the root is then sharded last, as FSDP2 asks).
+- The checks (`sharded_checks`): the finite check runs on the gradient shards after the reduce-scatter
+  (training.checks.finite.ShardedFiniteCheck), the weight vote within the ranks that hold the same shard
+  (ReplicaLayout.from_mesh). Two configurations are refused, not weakened in silence:
+  * a weight vote over a layout that is not votable (FSDP2: no shard is held by two ranks). A vote that
+    compares nothing would pass at every step and look like protection; dropping it with a warning would
+    leave the records of a run that claims a check it never ran. The fix is the user's choice, so the
+    error names both: replicate the shards (an HSDP mesh) or leave `weight_vote` out of
+    `CheckConfig.checks`.
+  * the cross-node recompute: it runs one rank's micro-batch on another rank, alone, with the unwrapped
+    module; under FSDP the forward pass all-gathers the shards, a collective that the other ranks are not
+    making, and the group hangs. Refused at set-up, before any collective.
+- The gradient (`local_grads`, `nonfinite`): FSDP2 has no communication hook that shows the local gradient
+  before the reduce-scatter, so the guard looks after backward at what the rank holds: its shard of the
+  reduced gradient. The gradient drills (`nan`, `inf`, `scale`: training.faults) change one element of the
+  largest such shard, on the target rank: a fault after the reduction, on one replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training.checks.base import Check
+from training.checks.finite import ShardedFiniteCheck
+from training.checks.replicas import REPLICATE, ReplicaLayout
+from training.checks.weight_vote import WeightVoteCheck
+from training.faults import Injector
+from training.fingerprint.host import local_part
+
+SHARD = "shard"
+MESHES = ((SHARD,), (REPLICATE, SHARD))
+
+
+def mesh_layout(mesh: Any, world: int) -> ReplicaLayout:
+    """The replica layout of a mesh the guard can shard over; ValueError naming the accepted meshes."""
+    names = tuple(mesh.mesh_dim_names or ())
+    if names not in MESHES:
+        raise ValueError(
+            f"the DeviceMesh's dimensions are {names}; the guard shards over ('shard',) (FSDP2) or "
+            "('replicate', 'shard') (HSDP): init_device_mesh(..., mesh_dim_names=...)"
+        )
+    if mesh.size() != world:
+        raise ValueError(f"the DeviceMesh spans {mesh.size()} ranks, the world has {world}: it must span all")
+    return ReplicaLayout.from_mesh(mesh, replicate=[n for n in names if n == REPLICATE])
+
+
+def sharded_checks(checks: Sequence[Check], layout: ReplicaLayout) -> list[Check]:
+    """The checks of a sharded run, in the same order: see the module docstring for what is refused
+    (ValueError) and why."""
+    out: list[Check] = []
+    for c in checks:
+        if c.name == "recompute":
+            raise ValueError(
+                "the recompute check cannot run on a sharded model yet: one rank recomputing another's batch "
+                "alone would all-gather shards that no other rank is sending, and the group would hang. "
+                "Leave 'recompute' out of CheckConfig.checks (or set recompute_every=0)"
+            )
+        if c.name == "finite":
+            out.append(ShardedFiniteCheck(layout=layout))
+        elif isinstance(c, WeightVoteCheck):
+            if not layout.votable:
+                raise ValueError(
+                    f"the weight vote needs two ranks holding each shard; the mesh is {layout.describe()} "
+                    "(FSDP2, nothing replicated). Replicate the shards (an HSDP mesh with a 'replicate' "
+                    "dimension of 3 or more, to name a rank) or leave 'weight_vote' out of CheckConfig.checks"
+                )
+            out.append(WeightVoteCheck(every=c.every, algorithm=c.algorithm, layout=layout))
+        else:
+            out.append(c)
+    return out
+
+
+def shard(model: nn.Module, mesh: Any) -> nn.Module:
+    """`fully_shard` the root over `mesh` (HSDP on a 2-D mesh), unless the caller already did."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if not isinstance(model, FSDPModule):
+        fully_shard(model, mesh=mesh)
+    return model
+
+
+def local_grads(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's shard of each reduced gradient (zeros for a parameter without a gradient)."""
+    return [
+        local_part(p.grad) if p.grad is not None else torch.zeros_like(local_part(p.detach())) for p in params
+    ]
+
+
+def local_params(params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's shard of each parameter, sharing its storage (a weight-flip drill changes the weights)."""
+    return [local_part(p.detach()) for p in params]
+
+
+def gradient_drills(injector: Injector, step: int, grads: Sequence[torch.Tensor]) -> None:
+    """`nan`, `inf`, `scale` on one element of this rank's largest gradient shard, in place."""
+    largest = max(grads, key=lambda g: g.numel())
+    if largest.numel():
+        injector.local_gradients(step, largest.view(-1))
+
+
+def nonfinite(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A bool scalar: some element of this rank's gradient shards is NaN or Inf (one sum per shard, as the
+    DDP hook does per bucket)."""
+    flag = torch.tensor(False)
+    for g in grads:
+        if g.numel():
+            flag = flag | ~torch.isfinite(g.sum()).cpu()
+    return flag
+
+
+def mean_loss(loss: torch.Tensor, world: int) -> float:
+    """The step's mean loss over the world: one all-reduce of one float64."""
+    total = loss.detach().reshape(1).to(torch.float64)
+    if world > 1:
+        dist.all_reduce(total)
+    return float(total.item()) / world
