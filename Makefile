@@ -14,16 +14,25 @@ setup: system venv
 system:
 	@scripts/setup-system.sh
 
-# Reinstall only when the dependency set changes.
+# .venv is built from the interpreter scripts/venv-python.sh chooses (Debian's python3, which the local
+# stack's job user can run, when it is 3.11 or 3.12), and the stamp records it. A .venv built from another
+# interpreter, or left half-built (no stamp), is removed and built again; otherwise it is reinstalled only
+# when the dependency set changes.
+venv:
+	@base="$$(scripts/venv-python.sh)" && \
+	if [ -e .venv ] && [ "$$(cat $(VENV_STAMP) 2>/dev/null)" != "$$base" ]; then \
+	  echo "venv: .venv was not built from $$base (scripts/venv-python.sh); building it again"; \
+	  rm -rf .venv; \
+	fi
+	@$(MAKE) --no-print-directory $(VENV_STAMP)
+
 $(VENV_STAMP): pyproject.toml requirements.lock
-	@test -x $(PY) || python3 -m venv .venv
+	@base="$$(scripts/venv-python.sh)" && { test -x $(PY) || "$$base" -m venv .venv; }
 	@echo "venv: installing the pinned set (requirements.lock) into .venv"
 	@.venv/bin/pip install -q --upgrade pip
 	@.venv/bin/pip install -q -c requirements.lock -e '.[airflow,dev,postgres,hf]'
 	@.venv/bin/pip check
-	@touch $@
-
-venv: $(VENV_STAMP)
+	@scripts/venv-python.sh >$@
 
 lint: venv
 	.venv/bin/ruff check .
@@ -44,9 +53,11 @@ test-slurm-25.11: setup
 
 # The fault matrix (tests/chaos): a drill per cell with one component killed mid-incident, and the
 # monitor's retry budget over many resumes; long, so not part of `make test`. LONGRUN_TEST_DB=postgres
-# runs it on PostgreSQL.
+# runs it on PostgreSQL. Each cell writes its artefact (docs/reliability/cells/); the table in
+# docs/reliability.md is then regenerated from them, whatever the session's result (docs/reliability.md).
 test-chaos: setup
-	LONGRUN_CHAOS=1 $(PY) -m pytest tests/chaos tests/monitor/test_monitor_retry_budget.py -m chaos -p no:cacheprovider $(PYTEST_ARGS)
+	LONGRUN_CHAOS=1 $(PY) -m pytest tests/chaos tests/monitor/test_monitor_retry_budget.py -m chaos -p no:cacheprovider $(PYTEST_ARGS); \
+	rc=$$?; $(PY) scripts/reliability_table.py; exit $$rc
 
 # The recovery bench as a test (both paths, idle and busy; about 11 minutes): not part of `make test`.
 test-bench: setup

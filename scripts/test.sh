@@ -7,6 +7,11 @@
 # for the stack to start, at a lower priority than the suite (nice 10) but above the build (nice 19). Its
 # output is printed once the suite is done, and the exit status fails if it failed.
 #
+# The suite runs in two parts side by side (tests/helpers/suite_parts.py): the Slurm layer's tests that need
+# no Airflow (tests/slurm; they mostly wait on Slurm, with little CPU) in a background pytest session with a
+# cluster of its own, and everything else in the foreground. Their output goes to a log printed at the end.
+# When PYTEST_ARGS names test paths (a word starting with "tests"), the suite runs as one part, as given.
+#
 # The tier needs Slurm 25.11 and pyslurm compiled from source, which takes most of an hour of CPU on a
 # 2-core machine. The suite spends much of its time waiting (for Airflow, Slurm and the trainers), so the
 # build runs beside it at the lowest CPU priority and only fills those gaps. The tier's tests start as soon
@@ -24,6 +29,7 @@ mkdir -p .state
 build_log=.state/slurm-25.11-build.log
 tier_log=.state/slurm-25.11-tier.log
 typecheck_log=.state/typecheck.log
+slurm_part_log=.state/suite-slurm-part.log
 # One line per tier, "name|seconds|result", written by whoever ran it (the background jobs included).
 times_file=.state/test-tiers.txt
 : >"$times_file"
@@ -80,15 +86,36 @@ typecheck() {
   return "$rc"
 }
 
+# The suite's Slurm part (see the top): its exit status, and its duration in the table.
+slurm_part() {
+  local start rc
+  start=$(date +%s)
+  # shellcheck disable=SC2086
+  LONGRUN_SUITE_PART=slurm .venv/bin/python -m pytest -p no:cacheprovider ${PYTEST_ARGS:-} >"$slurm_part_log" 2>&1 </dev/null
+  rc=$?
+  echo "test: the suite's Slurm part exit $rc after $(($(date +%s) - start)) s" >>"$slurm_part_log"
+  record "suite: tests/slurm" $(($(date +%s) - start)) "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
+  return "$rc"
+}
+split=1
+case " ${PYTEST_ARGS:-} " in
+*" tests"*) split=0 ;;
+esac
+
 set -m # the background jobs get their own process groups, so a Ctrl-C or failure here can stop all of it
 build_then_tier &
 tier_pid=$!
 typecheck &
 typecheck_pid=$!
+part_pid=""
+if [ "$split" = 1 ]; then
+  slurm_part &
+  part_pid=$!
+fi
 set +m
 stop_background() {
   local pid
-  for pid in "$tier_pid" "$typecheck_pid"; do
+  for pid in "$tier_pid" "$typecheck_pid" $part_pid; do
     if kill -0 "$pid" 2>/dev/null; then
       kill -TERM -- "-$pid" 2>/dev/null || true
     fi
@@ -99,12 +126,29 @@ trap 'stop_background; exit 130' INT TERM
 echo "test: the type check started beside the suite (pid $typecheck_pid; log $typecheck_log)"
 echo "test: the Slurm 25.11 build, then its tier, started beside the suite (pid $tier_pid; logs $build_log, $tier_log)"
 
+if [ "$split" = 1 ]; then
+  echo "test: the suite's Slurm part (tests/slurm without Airflow) started beside the rest (pid $part_pid; log $slurm_part_log)"
+  suite_part=rest
+  suite_name="suite: the rest"
+else
+  suite_part=""
+  suite_name="suite (pytest)"
+fi
 suite_start=$(date +%s)
 # shellcheck disable=SC2086
-.venv/bin/python -m pytest ${PYTEST_ARGS:-}
+LONGRUN_SUITE_PART=$suite_part .venv/bin/python -m pytest ${PYTEST_ARGS:-}
 suite_rc=$?
 echo "test: pytest suite exit $suite_rc after $(($(date +%s) - suite_start)) s"
-record "suite (pytest)" $(($(date +%s) - suite_start)) "$([ "$suite_rc" = 0 ] && echo ok || echo "FAILED (exit $suite_rc)")"
+record "$suite_name" $(($(date +%s) - suite_start)) "$([ "$suite_rc" = 0 ] && echo ok || echo "FAILED (exit $suite_rc)")"
+if [ "$split" = 1 ]; then
+  wait "$part_pid"
+  part_rc=$?
+  echo "test: the suite's Slurm part's log:"
+  cat "$slurm_part_log"
+  if [ "$part_rc" != 0 ] && [ "$suite_rc" = 0 ]; then
+    suite_rc=$part_rc
+  fi
+fi
 
 wait "$typecheck_pid"
 typecheck_rc=$?

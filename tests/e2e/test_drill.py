@@ -1,13 +1,14 @@
 """The acceptance drills, end to end on the local stack (Slurm n1..n4, SeaweedFS, Airflow scheduler +
 triggerer), driven through Airflow's REST API as a user would, and the node's story they leave behind.
 
-A clean 3-node run gives the reference fingerprint. Then, for each fault kind, a 3-node run with a drill
-(n4 stays spare): the alert names the node; it is drained with longrun's reason; the diagnostic runs
-there (and FAILS for a sick node, whose fault persists; a transient weight flip or NaN leaves a healthy
-node, so its diagnostic passes and it waits, drained, for a person's return-to-service decision); the run
-relaunches on three healthy nodes (the spare joins) from the pre-incident checkpoint, completes, and its
-final weights are bit-identical to the clean run's (`drilled`). Prints detection step, lost steps and
-alert -> relaunched RUNNING for each.
+The same 3-node run without a fault gives the reference fingerprint (the session's `drill_reference`,
+launched straight on the cluster; the held job's test below runs it clean through Airflow). Then, for
+each fault kind, a 3-node run with a drill (n4 stays spare): the alert names the node; it is drained with
+longrun's reason; the diagnostic runs there (and FAILS for a sick node, whose fault persists; a transient
+weight flip or NaN leaves a healthy node, so its diagnostic passes and it waits, drained, for a person's
+return-to-service decision); the run relaunches on three healthy nodes (the spare joins) from the
+pre-incident checkpoint, completes, and its final weights are bit-identical to the clean run's
+(`drilled`). Prints detection step, lost steps and alert -> relaunched RUNNING for each.
 
 The three drills are one story (`test_drills_and_the_node_story`), each followed by `node_return` through
 Airflow on the node the incident left drained (no seeded history, no seeded drain):
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import pytest
 from helpers.airflow_api import trigger_retrying
+from helpers.clean_reference import CleanRun
 from helpers.cleanup import restore_cluster
 from helpers.held_launch import follow_runbook, resume_drained_for
 from helpers.marks import END_TO_END
@@ -100,11 +102,11 @@ def rest(env):
 
 
 @pytest.fixture(scope="module")
-def clean(rest):
-    result = run_drill(rest, store_from_env(), {**DRILL_CONF, "run_name": name("clean")})
-    print("\n" + result.summary())
-    assert result.incident is None and result.final_step == DRILL_CONF["steps"]
-    return result
+def clean(drill_reference: CleanRun) -> CleanRun:
+    """DRILL_CONF's run without a fault: every drill here must end on its weights."""
+    print(f"\nreference: run {drill_reference.run_name} (job {drill_reference.job_id}), final step "
+          f"{drill_reference.final_step}, fingerprint {drill_reference.final_fingerprint}")  # fmt: skip
+    return drill_reference
 
 
 @pytest.fixture
@@ -123,7 +125,7 @@ def node_policy(rest):
             print(f"could not delete Variable {POLICY_VARIABLE}: {e}")
 
 
-def drilled(rest: Rest, client: SlurmClient, clean: DrillResult, kind: str) -> DrillResult:
+def drilled(rest: Rest, client: SlurmClient, clean: CleanRun, kind: str) -> DrillResult:
     """Run the `kind` drill (DRILLS) and check what every drill must show: the incident relaunched; the
     alert came from one of the kind's checks and names the target node alone; the node is drained with
     longrun's reason, then carries its diagnosis's verdict; the relaunch runs on three healthy nodes
@@ -300,24 +302,40 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
     relaunch = inc.relaunch
     assert relaunch.in_job is True, relaunch
     events = [e.event for e in inc.timeline]
-    assert {"released", "directive_written"} <= set(events) and "relaunch_submitted" not in events
+    assert "directive_written" in events and "relaunch_submitted" not in events
     node = inc.attribution.node
     assert node == "n2" and node not in (relaunch.nodes or ())
     first, again = result.segments[0], result.segments[-1]
     assert first["job_id"] == again["job_id"] == str(relaunch.job_id), "the job id changed"
     assert node in first["nodes"] and node not in again["nodes"]
-    # the probe ran first inside the job's allocation (longrun.incident.hot_spare) and failed the sick node:
-    # evidence only, since the job can reach the steps in its allocation (docs/security.md, item 5)
+    # The probe runs first inside the job's allocation (longrun.incident.hot_spare), beside the relaunched
+    # attempt. The attempt trains 20 steps; when it ends first, the job ends, Slurm ends the probe's step
+    # with it, and the incident records that the step gave no verdict and diagnoses on the reservation
+    # path alone (the documented fallback). Which comes first is a race on a loaded host (seen once in two
+    # runs with jobs as the job user): both ends are checked, and the race is proven, not assumed.
     in_job = inc.event("diagnosed_in_job")
-    assert in_job is not None and in_job.details["verdict"] == "fail", in_job
-    assert in_job.details["job_id"] == relaunch.job_id and in_job.details["node"] == node, in_job
-    assert in_job.details["reference"]["node"] != node, in_job
-    assert "diagnosis_in_job_skipped" not in events and "diagnosed" in events, ", ".join(events)
-    # released from the job after that probe (a release before it would have killed the probe step)
-    released = inc.event("released")
-    assert released is not None and released.details["node"] == node, released
-    assert node not in released.details["kept"] and len(released.details["kept"]) == 3, released
-    assert events.index("diagnosed_in_job") < events.index("released") < events.index("diagnosed"), events
+    skipped = inc.event("diagnosis_in_job_skipped")
+    if in_job is None:
+        assert skipped is not None and "gave no verdict" in str(skipped.details.get("why")), ", ".join(events)
+        ended = [s.get("ended_at") for s in result.segments if s["job_id"] == str(relaunch.job_id)]
+        assert ended[-1] is not None and skipped.time is not None and ended[-1] <= skipped.time + 5, (
+            "the in-job probe gave no verdict while the job still ran",
+            ended,
+            skipped,
+        )
+        print("HOT SPARE DRILL: the relaunched attempt ended before the in-job probe (fallback path)")
+    else:
+        # it failed the sick node: evidence only, since the job can reach the steps in its allocation
+        # (docs/security.md, item 5)
+        assert in_job.details["verdict"] == "fail", in_job
+        assert in_job.details["job_id"] == relaunch.job_id and in_job.details["node"] == node, in_job
+        assert in_job.details["reference"]["node"] != node, in_job
+        assert skipped is None and "diagnosed" in events, ", ".join(events)
+        # released from the job after that probe (a release before it would have killed the probe step)
+        released = inc.event("released")
+        assert released is not None and released.details["node"] == node, released
+        assert node not in released.details["kept"] and len(released.details["kept"]) == 3, released
+        assert events.index("diagnosed_in_job") < events.index("released") < events.index("diagnosed"), events
     # then diagnosed in a MAINT reservation: the node's probe fails again. Whether a reference computed in
     # isolation can confirm it depends on when the short run ends: while the job holds every other node
     # the reference comes from inside it and the verdict is unconfirmed; once the job has ended a node is
@@ -327,7 +345,7 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
     probe = diag.details.probe if diag.details else None
     assert probe is not None and probe.verdict == "fail", diag.details
     assert diag.reference_node and diag.reference_node != node, diag
-    assert diag.extra.get("in_job_verdict") == "fail", diag
+    assert diag.extra.get("in_job_verdict") == ("fail" if in_job is not None else None), diag
     # Final only against a reference computed in isolation by this diagnosis: its first choice (an idle
     # node) or the confirmation of a fail found against a cached or in-job one (`confirmed_on`).
     if diag.extra.get("reference_from") == "idle_node" or diag.extra.get("confirmed_on"):

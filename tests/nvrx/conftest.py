@@ -62,12 +62,20 @@ class Launcher:
     nvrx: NvrxLaunch
     jobs: list[int] = field(default_factory=list)
 
-    def launch(self, run: RunSpec, *, timeout_s: float = JOB_TIMEOUT_S) -> Launched:
+    def launch(
+        self, run: RunSpec, *, timeout_s: float = JOB_TIMEOUT_S, nvrx: NvrxLaunch | None = None
+    ) -> Launched:
+        """Submit `run` and wait for its end; `nvrx` replaces the module's ft_launcher settings for it."""
         import time
 
         tag = JobTag(dag_id="tests_nvrx", run_id=run.run_name, task_id="launch")
         spec = job_spec_for_run(
-            run, tag=tag, run_dir_root=str(self.root), env=self.env, nvrx=self.nvrx, python=sys.executable
+            run,
+            tag=tag,
+            run_dir_root=str(self.root),
+            env=self.env,
+            nvrx=nvrx or self.nvrx,
+            python=sys.executable,
         )
         t0 = time.monotonic()
         job_id = self.client.submit(spec)

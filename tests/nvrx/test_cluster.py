@@ -6,6 +6,7 @@ torch.distributed with gloo, the reference trainer and its injected faults.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -79,8 +80,17 @@ def test_sigkill_is_recovered_in_job_with_the_same_weights(launcher, clean):
     print(f"job {run.job_id}: {bench_overhead_line(t)}")
 
 
+#: The floor under the calculated heartbeat timeout in the hang test: the hang is caught this long after
+#: rank 2's last heartbeat. The module's floor (60 s, `NvrxLaunch.for_step_time`) guards every other run
+#: here against a step stalled for tens of seconds on a loaded host; this run is made to hang, and half
+#: that floor still leaves a healthy step 30 s (it takes under 1 s) before a false timeout would add a
+#: second restart, which the test would see.
+HANG_TIMEOUT_S = 30.0
+
+
 def test_hang_is_detected_by_heartbeat_timeout_and_recovered(launcher, clean):
-    run = launcher.launch(tiny("hang", drill=Drill(kind="hang", step=60, target="2")))
+    nvrx = dataclasses.replace(launcher.nvrx, min_timeout_s=HANG_TIMEOUT_S)
+    run = launcher.launch(tiny("hang", drill=Drill(kind="hang", step=60, target="2")), nvrx=nvrx)
     assert run.outcome.label == "completed", run.log
     assert run.count(r"FAULT hang: rank 2 sleeps at step 60") == 1
     assert run.count(r"Did not get subsequent heartbeat") >= 1  # NVRx's rank monitor saw it

@@ -17,8 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.clean_reference import CleanRun
+from longrun.drill import DRILL_CONF
 from longrun.incident import hot_spare
 from longrun.launch import job_spec_for_run, run_dir_for
+from longrun.monitor import lifecycle
 from longrun.runspec import Drill, RunSpec
 from longrun.slurm import ops
 from longrun.slurm.models import ACTIVE, JobStatus
@@ -33,13 +36,14 @@ from training.store.local import LocalDirStore
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REASON = "longrun:test:hot-spare"
-STEPS, ALERT_STEP, PICK = 40, 25, 20
+STEPS, ALERT_STEP, PICK = DRILL_CONF["steps"], 25, 20
 
 
 def tiny(name: str, **kw) -> RunSpec:
-    base = dict(run_name=name, nodes=3, gpus_per_node=0, model="tiny", steps=STEPS, checkpoint_every=10,
-                recompute_every=5, vote_every=5, max_restarts=1, time_limit_min=10)  # fmt: skip
-    return RunSpec(**{**base, **kw})
+    """The drills' run (3 CPU nodes, 40 steps of the tiny model, checkpoints every 10, checks every 5) as
+    training_run would launch it, named `name`: the session's `drill_reference` is its run without a fault."""
+    base = lifecycle.spec_from_params({**DRILL_CONF, "run_name": name})
+    return dataclasses.replace(base, **{"max_restarts": 1, "time_limit_min": 10, **kw})
 
 
 def _submit(launcher, run: RunSpec, wait_s: int) -> int:
@@ -96,11 +100,9 @@ def _direct_and_finish(launcher, run: str, job_id: int, *, nodes: tuple[str, ...
 
 
 @pytest.fixture(scope="module")
-def clean_fp(launcher):
-    run = tiny("hs-clean")
-    done = launcher.launch(run)
-    assert done.outcome.label == "completed", done.log
-    return done.report()["final_fingerprint"]
+def clean_fp(drill_reference: CleanRun) -> str:
+    """The final weights of the runs here without their fault (`tiny` is the drills' run)."""
+    return drill_reference.final_fingerprint
 
 
 def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp, slurm_cluster):

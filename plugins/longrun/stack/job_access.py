@@ -39,6 +39,8 @@ PRIVATE_DIRS = ("s3", "airflow")
 NOLOGIN = "/usr/sbin/nologin"
 NO_HOME = "/nonexistent"
 CHECK_TIMEOUT_S = 60.0
+MAX_LINK_HOPS = 40
+"""Links followed by `_first_unsearchable` before it stops (Linux's own limit for a path's links)."""
 
 
 def ensure_user(name: str) -> pwd.struct_passwd:
@@ -124,8 +126,17 @@ def check_job_user_runs(layout: Layout, python: str = sys.executable) -> None:
 
 
 def _first_unsearchable(path: Path) -> Path | None:
-    """The first directory above `path` (links followed) that others may not search, if any."""
-    for parent in reversed(path.resolve().parents):
-        if not parent.stat().st_mode & 0o001:
-            return parent
+    """The first directory that others may not search on the way to `path`, if any: above `path` as
+    written, above each link it goes through, and above where it resolves to. Each hop counts, since
+    exec walks every one: a virtualenv's Python is a link to its base interpreter, so both the venv's
+    directories (a link in a private dir to a public interpreter) and the base's (pyenv's, under a 0700
+    home) must be searchable."""
+    hops = [Path(os.path.abspath(path))]
+    while hops[-1].is_symlink() and len(hops) <= MAX_LINK_HOPS:
+        hops.append(Path(os.path.abspath(hops[-1].parent / hops[-1].readlink())))
+    hops.append(path.resolve())
+    for hop in hops:
+        for parent in reversed(hop.parents):
+            if not parent.stat().st_mode & 0o001:
+                return parent
     return None
