@@ -26,6 +26,7 @@ from helpers.clean_reference import CleanRun, launch_clean
 from helpers.cleanup import restore_cluster
 from helpers.marks import END_TO_END
 from longrun.drill import Rest, prepare, run_drill
+from longrun.entrypoint import ENTRYPOINT_DIR_ENV
 from longrun.monitor import lifecycle
 from longrun.slurm.factory import make_client
 
@@ -92,7 +93,9 @@ def clean_run(slurm_conf: str, root: Path, loop: str) -> CleanRun:
     drilled run below goes through Airflow, and a clean run through the DAG would add only its tasks.
     A false alarm in it fails the job (exit 93), and launch_clean then fails the test."""
     if loop not in _CLEAN:
-        _CLEAN[loop] = launch_clean(slurm_conf, conf(loop, "clean"), root / loop)
+        with pytest.MonkeyPatch.context() as mp:  # the site setting the stack gives its Airflow workers
+            mp.setenv(ENTRYPOINT_DIR_ENV, str(REPO / "examples"))
+            _CLEAN[loop] = launch_clean(slurm_conf, conf(loop, "clean"), root / loop)
         print(f"\nreference {loop}: job {_CLEAN[loop].job_id}, fingerprint {_CLEAN[loop].final_fingerprint}")
     return _CLEAN[loop]
 

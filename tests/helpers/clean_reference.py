@@ -50,6 +50,7 @@ def launch_clean(slurm_conf: str, params: Mapping[str, Any], root: Path) -> Clea
     spec = lifecycle.spec_from_params(params)
     if spec.drill is not None:
         raise ValueError(f"params must hold no drill: a clean run is the reference, got {spec.drill}")
+    root.mkdir(parents=True, exist_ok=True)  # Slurm opens the job's log there before anything runs
     tag = JobTag(dag_id="tests_reference", run_id=spec.run_name, task_id="launch")
     job = job_spec_for_run(
         spec,
