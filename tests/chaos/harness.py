@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import sqlalchemy as sa
 from helpers import airflow_db
 from longrun.dagrun_ids import attempt_run_id, incident_run_id
+from longrun.slurm import parse
 from longrun.slurm.client import SlurmClient
 from longrun.stack import procs
 from longrun.stack.stack import Stack
@@ -26,26 +29,20 @@ from longrun.stack.stack import Stack
 from training.records import schema
 from training.store.interface import ObjectStore
 
-AIRFLOW_DAEMONS = ("scheduler", "triggerer", "dag-processor")
-COMPONENTS = (*AIRFLOW_DAEMONS, "task", "slurmctld", "slurmd", "s3")
+from .grid import AIRFLOW_DAEMONS, COMPONENTS, NEXT
+
 TASK_WAIT_S = 180.0  # for a task process to start once its step is reached (a resumed deferred task)
-STEPS = (
-    "monitor",
-    "hand_over",
-    "freeze",
-    "attribute",
-    "drain",
-    "diagnose",
-    "pick",
-    "relaunch",
-    "reenter",
-    "promotion",
-)
 # step -> the sdc_incident task that acts on it, for the steps whose task runs beside another one (attribute
-# beside freeze, pick beside diagnose) or is reached while the task before it still runs (freeze: the
-# incident record exists once open_record's first write is done, and open_record is still finishing): a
-# "task" cell there kills that task's process, not any running task.
-STEP_TASK = {"freeze": "freeze", "attribute": "attribute", "pick": "pick_checkpoint"}
+# beside freeze, pick beside diagnose, the hot-spare relaunch waiting for the job's supervisor beside
+# diagnose) or is reached while the task before it still runs (freeze: the incident record exists once
+# open_record's first write is done, and open_record is still finishing): a "task" cell there kills that
+# task's process, not any running task.
+STEP_TASK = {
+    "freeze": "freeze",
+    "attribute": "attribute",
+    "pick": "pick_checkpoint",
+    "spare_directive": "relaunch",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +149,9 @@ REACHED: dict[str, Callable[[Where], bool]] = {
     "relaunch": lambda w: bool(_relaunch_jobs(w)),
     "reenter": lambda w: _ti_state(w, "training_run", attempt_run_id(w.run, 1), "monitor") is not None,
     "promotion": _unpromoted_relaunch_checkpoint,
+    # the hot-spare row (grid.SPARE_STEPS): recovery inside the kept job, from the incident's timeline
+    "spare_directive": lambda w: "directive_written" in _timeline(w),
+    "spare_running": lambda w: "relaunched_running" in _timeline(w),
 }
 
 
@@ -169,16 +169,123 @@ def wait_for_step(w: Where, step: str, *, timeout: float, poll: float = 0.2) -> 
     raise TimeoutError(f"run {w.run} never reached step {step!r} in {timeout:.0f} s")
 
 
+def next_steps_begun(w: Where, step: str) -> dict[str, bool | None]:
+    """For each step that begins only after `step` ended (grid.NEXT), whether it has begun now, by the same
+    recognition as `wait_for_step` (REACHED); None where the look failed (a component we broke may not
+    answer: S3 for the store's records, slurmctld for Slurm's states)."""
+    looks: dict[str, bool | None] = {}
+    for later in NEXT[step]:
+        try:
+            looks[later] = bool(REACHED[later](w))
+        except Exception:  # noqa: BLE001 - unknown, not "not begun"
+            looks[later] = None
+    return looks
+
+
+def next_steps_within(w: Where, step: str, wait_s: float) -> dict[str, bool | None]:
+    """`next_steps_begun`, taking `wait_s` seconds whatever it costs: a look that has not answered by then
+    (a store client retrying against a killed S3) counts as unknown, so the look never stretches the time
+    the killed component stays down. Used as the pause between a kill and the restart."""
+    box: dict[str, bool | None] = {}
+    t0 = time.monotonic()
+    looker = threading.Thread(target=lambda: box.update(next_steps_begun(w, step)), daemon=True)
+    looker.start()
+    looker.join(wait_s)
+    looks = dict(box) if not looker.is_alive() else dict.fromkeys(NEXT[step])
+    time.sleep(max(0.0, wait_s - (time.monotonic() - t0)))
+    return looks
+
+
+def at_kill(before: dict[str, bool | None], after: dict[str, bool | None]) -> dict[str, bool | None]:
+    """The later steps as they were when the kill landed, from a look just before it and one just after:
+    begun if either look saw it begun (a step never un-begins, and one begun before the kill had begun at
+    it); otherwise what the look after the kill saw (False, or None when that look failed: a look before
+    can be long before a task kill, which waits for its task process, so its False proves nothing)."""
+    return {s: True if before.get(s) is True or after.get(s) is True else after.get(s) for s in after}
+
+
+def begun(looks: dict[str, bool | None]) -> bool | None:
+    """Whether a later step had begun: True if any had, False if every look says none had, None when a
+    look failed and none saw one begun (also when `looks` is empty: no later step is recognised)."""
+    if any(v is True for v in looks.values()):
+        return True
+    if looks and all(v is False for v in looks.values()):
+        return False
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Allocation:
+    """The nodes one job of the run was given (`active`: it runs now)."""
+
+    job_id: int
+    nodes: tuple[str, ...]
+    active: bool
+    state: str = ""
+    """Slurm's state as last seen (squeue for a running job, the jobcomp line for a finished one)."""
+
+
+def run_allocations(w: Where, jobcomp: Path | None) -> list[Allocation]:
+    """The run's jobs, oldest first: the ones Slurm runs now, and the finished ones of its jobcomp file."""
+    active = {j.job_id: j for j in w.client.jobs() if j.name == w.run and j.is_active}
+    done = {}
+    if jobcomp is not None and jobcomp.exists():
+        with jobcomp.open() as fh:
+            done = {i: j for i, j in parse.jobs_from_jobcomp(fh).items() if j.name == w.run}
+    seen = {**done, **active}
+    return [
+        Allocation(job_id=i, nodes=tuple(j.nodes), active=i in active, state=j.slurm_state)
+        for i, j in sorted(seen.items())
+    ]
+
+
+def choose_slurmd(allocations: list[Allocation], *, target: str) -> tuple[str, str]:
+    """The node whose slurmd a "slurmd" cell kills, and why: a node of the run's allocation at the kill
+    (the newest running job's), other than the drill's target if it has another, so that the kill hits a
+    node that holds a rank of the run. Between jobs (the first one ended, the relaunch not yet started)
+    the newest finished job's allocation; with no job of the run at all, n1 as before (said so)."""
+    running = [a for a in allocations if a.active and a.nodes]
+    finished = [a for a in allocations if not a.active and a.nodes]
+    for group, how in ((running, "running"), (finished, "finished, none running")):
+        if not group:
+            continue
+        alloc = group[-1]
+        others = sorted(n for n in alloc.nodes if n != target)
+        node = others[0] if others else target
+        why = f"allocation of job {alloc.job_id} ({how}): {','.join(alloc.nodes)}"
+        return node, why + ("" if others else f"; only the target {target} in it")
+    return "n1", "no job of the run known to Slurm: n1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Kill:
+    """What a cell killed: the PID, the process's name (the stack's record name, or the task's
+    `<dag>.<task>`), the node (slurmd only) and when the SIGKILL was sent (epoch seconds)."""
+
+    pid: int
+    name: str
+    time: float
+    node: str | None = None
+
+
 class Breaker:
     """SIGKILL one component of the session's stack and start it again."""
 
     def __init__(self, stack: Stack, say: Callable[[str], None] = print) -> None:
         self.stack = stack
         self.say = say
+        self.last_kill: Kill | None = None
+        """The last kill this breaker made (None before the first, or when there was nothing to kill)."""
 
-    def kill(self, component: str, w: Where, *, node: str = "n1", step: str | None = None) -> int | None:
-        """SIGKILL `component`; returns the PID killed (None when there was nothing to kill). For a task at
-        a step in STEP_TASK, only that task's process is killed."""
+    def kill(
+        self, component: str, w: Where, *, node: str | None = None, step: str | None = None
+    ) -> int | None:
+        """SIGKILL `component`; returns the PID killed (None when there was nothing to kill) and keeps what
+        it killed in `last_kill`. For a task at a step in STEP_TASK, only that task's process is killed;
+        for slurmd, `node`'s (required: the cell chooses it, `choose_slurmd`)."""
+        self.last_kill = None
+        if component == "slurmd" and node is None:
+            raise ValueError("a slurmd kill needs its node (choose_slurmd)")
         if component in AIRFLOW_DAEMONS:
             rec = self.stack.airflow.live_record(component)
         elif component == "slurmctld":
@@ -194,10 +301,11 @@ class Breaker:
         if rec is None:
             return None
         os.kill(rec.pid, signal.SIGKILL)
+        self.last_kill = Kill(pid=rec.pid, name=rec.name, time=time.time(), node=node)
         deadline = time.monotonic() + 10
         while procs.alive(rec) and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.say(f"chaos: SIGKILL {component} (pid {rec.pid})")
+        self.say(f"chaos: SIGKILL {component}{f' on {node}' if node else ''} (pid {rec.pid})")
         return rec.pid
 
     def _kill_task_when_running(
@@ -244,12 +352,14 @@ class Breaker:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
+            self.last_kill = Kill(pid=pid, name=f"{row['dag_id']}.{row['task_id']}", time=time.time())
             self.say(f"chaos: SIGKILL task {row['dag_id']}.{row['task_id']} (pid {pid})")
             return pid
         return None
 
-    def restart(self, component: str, *, node: str = "n1") -> None:
-        """Start the component again (no-op for a task: Airflow's retry is its restart)."""
+    def restart(self, component: str, *, node: str | None = None) -> None:
+        """Start the component again (no-op for a task: Airflow's retry is its restart); for slurmd,
+        `node`'s (the node the kill named)."""
         if component in AIRFLOW_DAEMONS:
             # The stack's own restart: it first ends what the dead daemon left running (a scheduler's
             # LocalExecutor workers holding its database session and row locks).
@@ -259,6 +369,8 @@ class Breaker:
             self.stack.slurm._start_ctld(self.say)
         elif component == "slurmd":
             self.stack.slurm.forget_dead()
+            if node is None:
+                raise ValueError("a slurmd restart needs its node")
             self.stack.slurm.restart_slurmd(node, self.say)
         elif component == "s3":
             self.stack.s3.forget_dead()
