@@ -3,8 +3,8 @@ per check and all together, and against the hand-written path the guard replaced
 
     python bench/bench_guard.py [--model small] [--ranks 4] [--cadence 10] [--rounds 3]
 
-Starts `--ranks` gloo ranks on this host (one process each). In the same processes it times windows of
-`--cadence` steps of the reference model under each configuration:
+Starts `--ranks` gloo ranks on this host (one process each: bench/launch_ranks.py). In the same processes
+it times windows of `--cadence` steps of the reference model under each configuration:
 
     ddp          the user's loop without longrun: real DistributedDataParallel (DDP's own all-reduce, the
                  same find_unused_parameters and buffer settings the guard uses), AdamW, clip
@@ -27,17 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from launch_ranks import run_ranks
+
 CHECKS = {
     "guard:none": (),
     "guard:finite": ("finite",),
@@ -184,12 +182,6 @@ def fingerprint_vs_memcpy(nbytes_list: list[int], repeats: int = 20) -> list[dic
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="small", help="model preset (the reference model is `small`)")
@@ -209,30 +201,10 @@ def main() -> int:
     command = " ".join(["python", "bench/bench_guard.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix="bench-checks-") as tmp:
         out = Path(tmp) / "times.json"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "LONGRUN_FAULT"))}
-        env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.ranks),
-                   LONGRUN_NODE_NAMES=",".join(f"n{i + 1}" for i in range(args.ranks)))  # fmt: skip
         wargs = [sys.executable, str(Path(__file__).resolve()), "--worker", "--run-dir", tmp, "--out", str(out),
                  "--model", args.model, "--cadence", str(args.cadence), "--rounds", str(args.rounds),
                  "--warmup", str(args.warmup)]  # fmt: skip
-        # SIGTERM (a timeout) must still reach the finally below, which kills the workers.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        procs = [
-            subprocess.Popen(
-                wargs,
-                cwd=REPO,
-                env=dict(env, RANK=str(r), LOCAL_RANK="0"),
-                stderr=None if r == 0 and args.verbose else subprocess.DEVNULL,
-            )
-            for r in range(args.ranks)
-        ]
-        try:
-            rcs = [proc.wait(timeout=3600) for proc in procs]
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(timeout=10)
+        rcs = run_ranks(wargs, args.ranks, verbose=args.verbose)
         if any(rcs) or not out.exists():
             print(f"benchmark workers failed: exit codes {rcs}", file=sys.stderr)
             return 1

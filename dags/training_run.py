@@ -22,6 +22,7 @@ from longrun.monitor.handover import HandOverOperator
 from longrun.monitor.operator import RunMonitorOperator
 from longrun.operators.slurm import SlurmSubmitJobOperator
 
+from training.config import PARALLELISMS
 from training.records.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS
 
 RUN, CHECKS, INCIDENT, DRILL, RELAUNCH = (
@@ -61,6 +62,27 @@ PARAMS = {
         maximum=64,
         title="GPUs per node",
         description="One rank per GPU (H100: 8). 0 = CPU ranks, one per node.",
+        section=RUN,
+    ),
+    "ranks_per_node": Param(
+        0,
+        type="integer",
+        minimum=0,
+        maximum=64,
+        title="Ranks per node",
+        description="Processes started on each node. 0 = one per GPU, or one per node for CPU ranks. With GPUs: 0 "
+        "or GPUs per node.",
+        section=RUN,
+    ),
+    "parallelism": Param(
+        "ddp",
+        type="string",
+        enum=list(PARALLELISMS),
+        title="Parallelism",
+        description="ddp: a whole replica per rank (all three checks). hsdp: FSDP2 within a node, replicas across "
+        "nodes (2+ nodes; finite check and a weight vote per shard, which names the node with 3+ nodes). fsdp: "
+        "FSDP2 over every rank (finite check only). Sharded runs: recompute every N steps must be 0 and hot "
+        "spares 0 (not built yet). docs/sharding.md",
         section=RUN,
     ),
     "partition": Param(

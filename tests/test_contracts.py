@@ -59,6 +59,8 @@ CONTRACT_PARAMS = {
 # Not contracted: set by sdc_incident when it triggers a relaunch (form section "Relaunch ... leave as
 # is"). Users never fill them in; they may change with the incident DAG, but not by accident.
 EXTRA_PARAMS = {"attach_job_id", "resume_from", "exclude", "attempt", "incident_id"}
+# Added beside the pinned Params for sharded training (issue 29): contracted in docs/contracts.md too.
+SHARDING_PARAMS = {"ranks_per_node", "parallelism"}
 
 # Parse dags/ with a DagBag in a throwaway AIRFLOW_HOME; write what the contract needs as JSON to argv[1].
 # A subprocess keeps Airflow (and its config, read once per process) out of this test process.
@@ -108,9 +110,19 @@ def test_dag_ids(dagbag: dict[str, Any]) -> None:
     assert set(dagbag["dag_ids"]) == CONTRACT_DAG_IDS | EXTRA_DAG_IDS
 
 
+def schemas_enum(params: dict[str, Any], name: str) -> list[str]:
+    return list(params[name]["schema"]["enum"])
+
+
 def test_training_run_params(dagbag: dict[str, Any]) -> None:
     params = dagbag["params"]
-    assert set(params) == CONTRACT_PARAMS | EXTRA_PARAMS
+    assert set(params) == CONTRACT_PARAMS | EXTRA_PARAMS | SHARDING_PARAMS
+    assert params["parallelism"]["default"] == "ddp" and schemas_enum(params, "parallelism") == [
+        "ddp",
+        "fsdp",
+        "hsdp",
+    ]
+    assert params["ranks_per_node"]["default"] == 0
     # Closed conf: what preflight and an incident's run_params accept is exactly what the DAG declares.
     assert set(lifecycle.RUN_PARAMS) == set(params)
     schemas = {name: p["schema"] for name, p in params.items()}
@@ -428,7 +440,7 @@ def test_docs_name_the_dag_ids_and_params() -> None:
     dags = _section("DAGs")
     listed = {name for line in dags.splitlines() if line.startswith("- `") for name in _ticked(line)[:1]}
     assert listed == CONTRACT_DAG_IDS
-    assert set(_table_rows(dags)) == CONTRACT_PARAMS
+    assert set(_table_rows(dags)) == CONTRACT_PARAMS | SHARDING_PARAMS
     assert set(_ticked(dags.split("sets ", 1)[1].split("\n\n", 1)[0])) >= EXTRA_PARAMS
 
 
@@ -441,6 +453,7 @@ CONTRACT_JOB_ENV = {
     "LONGRUN_RECOMPUTE_EVERY",
     "LONGRUN_VOTE_EVERY",
     "LONGRUN_SEED",
+    "LONGRUN_PARALLELISM",
     "LONGRUN_MODEL",
     "LONGRUN_FAULTS",
     "LONGRUN_RESUME_FROM",

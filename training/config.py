@@ -115,6 +115,22 @@ ENV_RESUME_FROM = "LONGRUN_RESUME_FROM"
 ENV_AWAIT_DIRECTIVE_S = "LONGRUN_AWAIT_DIRECTIVE_S"
 ENV_FAULTS = "LONGRUN_FAULTS"
 ENV_MODEL = "LONGRUN_MODEL"
+ENV_PARALLELISM = "LONGRUN_PARALLELISM"
+
+#: How the model is spread over the ranks (`ENV_PARALLELISM`): `ddp`, a whole replica on every rank;
+#: `fsdp`, FSDP2 sharding over every rank (nothing replicated); `hsdp`, FSDP2 sharding within each node and
+#: replication across nodes (training.api.sharding, docs/sharding.md).
+PARALLELISMS = ("ddp", "fsdp", "hsdp")
+
+
+def parallelism_from_env(env: Mapping[str, str] | None = None) -> str:
+    """`LONGRUN_PARALLELISM` (default `ddp`); ValueError naming the variable for any other value."""
+    raw = (os.environ if env is None else env).get(ENV_PARALLELISM, "").strip() or "ddp"
+    if raw not in PARALLELISMS:
+        raise ValueError(
+            f"environment variable {ENV_PARALLELISM}={raw!r} is not one of {', '.join(PARALLELISMS)}"
+        )
+    return raw
 
 
 def env_int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -243,8 +259,15 @@ class TrainConfig(GuardConfig):
     """Model shape."""
     lr: float = 3e-3
     """AdamW learning rate."""
+    parallelism: str = "ddp"
+    """How the model is spread over the ranks (PARALLELISMS): `ddp` through `Guard.prepare`, `fsdp` and
+    `hsdp` through `Guard.prepare_sharded` on `Guard.device_mesh(parallelism)`."""
 
     def __post_init__(self) -> None:
         GuardConfig.__post_init__(self)
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.parallelism not in PARALLELISMS:
+            raise ValueError(
+                f"parallelism must be one of {', '.join(PARALLELISMS)}, got {self.parallelism!r}"
+            )

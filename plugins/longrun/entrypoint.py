@@ -33,6 +33,7 @@ from training.config import (
     ENV_CHECKPOINT_EVERY,
     ENV_FAULTS,
     ENV_MODEL,
+    ENV_PARALLELISM,
     ENV_RECOMPUTE_EVERY,
     ENV_RESUME_FROM,
     ENV_RUN_DIR,
@@ -74,6 +75,7 @@ JOB_PYTHONS_ENV = "LONGRUN_JOB_PYTHONS"
 #: Set for every launch.
 ALWAYS_ENV = (
     ENV_RUN_NAME, ENV_RUN_DIR, ENV_STEPS, ENV_CHECKPOINT_EVERY, ENV_RECOMPUTE_EVERY, ENV_VOTE_EVERY, ENV_SEED,
+    ENV_PARALLELISM,
 )  # fmt: skip
 #: Set only sometimes (MODEL: the reference trainer; FAULTS: a drill's first launch; RESUME_FROM: a resume;
 #: AWAIT_DIRECTIVE_S: a hot-spare standby). The script unsets them before it decides, so none can come

@@ -53,7 +53,7 @@ def step_script(
     entry = ep.launcher_args(run.entrypoint, run.entrypoint_args)
     ft_args = [
         f"--nnodes={run.nodes}",
-        f"--nproc-per-node={run.ranks_per_node}",
+        f"--nproc-per-node={run.node_ranks}",
         "--rdzv-backend=c10d",
         '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
         '--rdzv-id="$SLURM_JOB_ID-a$LONGRUN_ATTEMPT"',

@@ -5,7 +5,7 @@ Inside the job, the script
    every node has the same host name, so a host name would not tell the nodes apart;
 2. picks the rendezvous port from the job id (two jobs sharing a node do not collide);
 3. `srun`s one NVRx `ft_launcher` per node (c10d rendezvous on that address; the first node hosts the
-   store), which starts `ranks_per_node` processes of the run's entrypoint (`--module <name>` or a
+   store), which starts `node_ranks` processes of the run's entrypoint (`--module <name>` or a
    script path, then the entrypoint's own arguments, each quoted; longrun.entrypoint) and restarts them,
    up to `max_restarts` times, when one dies or stops sending heartbeats. longrun's settings reach the
    entrypoint as the LONGRUN_* variables the script exports (`RunSpec.job_env`, the drill, the resume
@@ -74,7 +74,7 @@ def _launch_script(
     q = shlex.quote
     ft_args = [
         f"--nnodes={run.nodes}",
-        f"--nproc-per-node={run.ranks_per_node}",
+        f"--nproc-per-node={run.node_ranks}",
         "--rdzv-backend=c10d",
         '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
         '--rdzv-id="$SLURM_JOB_ID"',

@@ -19,12 +19,14 @@ from longrun import entrypoint as ep
 from training.config import (
     ENV_CHECKPOINT_EVERY,
     ENV_MODEL,
+    ENV_PARALLELISM,
     ENV_RECOMPUTE_EVERY,
     ENV_RUN_DIR,
     ENV_RUN_NAME,
     ENV_SEED,
     ENV_STEPS,
     ENV_VOTE_EVERY,
+    PARALLELISMS,
 )
 from training.records.schema import FAULT_KINDS, INCIDENT_MODES, MODEL_PRESETS, NODE_NAME, check_run_name
 
@@ -89,7 +91,15 @@ class RunSpec:
     nodes: int = 3
     """Number of nodes."""
     gpus_per_node: int = 8
-    """GPUs per node (one rank per GPU); 0 means CPU ranks, one per node."""
+    """GPUs per node (one rank per GPU); 0 means CPU ranks."""
+    ranks_per_node: int = 0
+    """Ranks started on each node; 0: one per GPU (`gpus_per_node`), or one per node for CPU ranks. With GPUs
+    it is 0 or `gpus_per_node` (one rank per GPU); CPU ranks may be several per node."""
+    parallelism: str = "ddp"
+    """How the model is spread over the ranks (training.config.PARALLELISMS): `ddp` whole replicas; `fsdp`
+    FSDP2 over every rank (the finite check only: no shard has a second holder to vote); `hsdp` FSDP2 within
+    a node and replicas across nodes (finite check and a weight vote per shard). Sharded runs have no
+    recompute check yet (`recompute_every` must be 0) and no hot spares yet (`spare_nodes` must be 0)."""
     partition: str = "debug"
     """Slurm partition."""
     model: str = "tiny"
@@ -139,6 +149,13 @@ class RunSpec:
             raise RunSpecError("run_name", self.run_name, str(e)) from None
         _int("nodes", self.nodes, 1, 4096)
         _int("gpus_per_node", self.gpus_per_node, 0, 64)
+        _int("ranks_per_node", self.ranks_per_node, 0, 64)
+        if self.gpus_per_node and self.ranks_per_node not in (0, self.gpus_per_node):
+            raise RunSpecError(
+                "ranks_per_node", self.ranks_per_node,
+                f"must be 0 or gpus_per_node ({self.gpus_per_node}): one rank per GPU",
+            )  # fmt: skip
+        self._check_parallelism()
         if not NODE_NAME.match(str(self.partition)):
             raise RunSpecError("partition", self.partition, "must be a plain Slurm partition name")
         try:
@@ -185,18 +202,39 @@ class RunSpec:
                 "resume_from", self.resume_from, "must be a checkpoint key prefix or directory"
             )
 
+    def _check_parallelism(self) -> None:
+        """What a sharded run needs and what it does not have yet, refused by name before anything runs."""
+        if self.parallelism not in PARALLELISMS:
+            raise RunSpecError("parallelism", self.parallelism, f"must be one of {', '.join(PARALLELISMS)}")
+        if self.parallelism == "ddp":
+            return
+        if self.parallelism == "hsdp" and self.nodes < 2:
+            raise RunSpecError("nodes", self.nodes, "hsdp replicates across nodes: 2 nodes or more (or fsdp)")
+        if self.recompute_every:
+            raise RunSpecError(
+                "recompute_every", self.recompute_every,
+                f"must be 0 with parallelism {self.parallelism}: the recompute check does not run on sharded"
+                " models yet (one rank recomputing alone would hang FSDP's all-gathers)",
+            )  # fmt: skip
+        if self.spare_nodes:
+            raise RunSpecError(
+                "spare_nodes", self.spare_nodes,
+                f"must be 0 with parallelism {self.parallelism}: hot spares are not built for sharded runs yet",
+            )  # fmt: skip
+
     @property
     def is_reference(self) -> bool:
         """Whether the entrypoint is the reference trainer (training.train)."""
         return ep.is_reference(self.entrypoint)
 
     @property
-    def ranks_per_node(self) -> int:
-        return max(1, self.gpus_per_node)
+    def node_ranks(self) -> int:
+        """Ranks per node as launched (`ranks_per_node`, or its default)."""
+        return self.ranks_per_node or max(1, self.gpus_per_node)
 
     @property
     def world_size(self) -> int:
-        return self.nodes * self.ranks_per_node
+        return self.nodes * self.node_ranks
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> RunSpec:
@@ -255,6 +293,7 @@ class RunSpec:
             ENV_RECOMPUTE_EVERY: str(self.recompute_every),
             ENV_VOTE_EVERY: str(self.vote_every),
             ENV_SEED: str(self.seed),
+            ENV_PARALLELISM: self.parallelism,
         }
         if self.is_reference:
             env[ENV_MODEL] = self.model

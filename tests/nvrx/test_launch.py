@@ -270,6 +270,7 @@ def test_each_argument_arrives_as_one_literal_argv_entry(tmp_path: Path) -> None
         "LONGRUN_RECOMPUTE_EVERY": "5",
         "LONGRUN_VOTE_EVERY": "5",
         "LONGRUN_SEED": "1234",
+        "LONGRUN_PARALLELISM": "ddp",
         "LONGRUN_FAULTS": "nan:3:0",  # no LONGRUN_MODEL: not the reference trainer
     }
 
@@ -349,6 +350,7 @@ def test_the_hot_spare_step_sets_the_environment_per_attempt(
         "LONGRUN_RECOMPUTE_EVERY": "5",
         "LONGRUN_VOTE_EVERY": "5",
         "LONGRUN_SEED": "1234",
+        "LONGRUN_PARALLELISM": "ddp",
         **expect,
     }
 

@@ -5,9 +5,12 @@ real gloo ranks (CPU; nothing mocked), each rank its own node, through `Guard.pr
 In one spawn of six processes, one guarded run after another on the same process group:
 - clean: six steps, a sharded save at steps 3 and 6, the finite check every step and the weight vote at
   steps 2, 3 (before the save), 4 and 6 all pass; exit 0, a report;
-- resume: a fresh model (other initial weights) resumes step 3's save on the same mesh and ends with every
-  rank's local shards bit-identical to the uninterrupted run's (AdamW's state, the scheduler and the data
-  loader's position resumed with it);
+- the clean run's saves are uploaded to a local store (every DCP file, then the manifest record, dcp-v1);
+- resume: a fresh model (other initial weights) resumes step 3's save from the store (rank 0 fetches it,
+  every rank loads it) on the same mesh and ends with every rank's local shards bit-identical to the
+  uninterrupted run's (AdamW's state, the scheduler and the data loader's position resumed with it); the
+  report's fingerprint, over every rank's shards, equals the clean run's; a resume from the step-6 folder
+  on the shared run dir starts at step 6 with the same shards;
 - weight-flip drill on rank 3 (one replica of shard 1) after step 2: the weight vote names rank 3, exit 93;
 - a NaN in rank 1's input at step 2 (so in its local gradient before the reduce-scatter): the finite check
   fails on every rank without naming anyone (the reduction spread it to every holder of every shard);
@@ -59,7 +62,7 @@ def _loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
 def _guarded(
     out: str, name: str, rank: int, mesh: Any, *, checks: tuple[str, ...] = ("finite", "weight_vote"),
     seed: int = 0, resume_from: str | None = None, faults: tuple[Any, ...] = (), nan_at: int | None = None,
-    recompute_every: int = 0,
+    recompute_every: int = 0, use_store: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """One guarded run of six steps on `mesh`: its exit code, every rank's local shards' fingerprints at the
     end, its start step, and its alert (if any)."""
@@ -68,7 +71,7 @@ def _guarded(
 
     run_dir = Path(out, name)
     cfg = GuardConfig(
-        run=name, run_dir=run_dir, steps=6, checkpoint_every=3, use_store=False, resume_from=resume_from,
+        run=name, run_dir=run_dir, steps=6, checkpoint_every=3, use_store=use_store, resume_from=resume_from,
         checks=CheckConfig(checks=checks, recompute_every=recompute_every, vote_every=2),
     )  # fmt: skip
     guard = Guard(cfg, faults=faults)
@@ -115,14 +118,18 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     from training.faults import Fault
 
     os.environ["LONGRUN_NODE_NAMES"] = ",".join(f"n{r + 1}" for r in range(world))
+    os.environ["LONGRUN_STORE_DIR"] = str(Path(out, "store"))  # a local store (training.store), no server
     join_group(rank, world, port)
     found: dict[str, Any] = {}
     try:
         hsdp = init_device_mesh("cpu", (3, 2), mesh_dim_names=("replicate", "shard"))
-        found["clean"] = _guarded(out, "clean", rank, hsdp)
+        found["clean"] = _guarded(out, "clean", rank, hsdp, use_store=True)
         found["sharded_saves"] = sorted(p.name for p in Path(out, "clean", "sharded-checkpoints").iterdir())
-        step3 = str(Path(out, "clean", "sharded-checkpoints", "step-00000003"))
-        found["resumed"] = _guarded(out, "resumed", rank, hsdp, seed=1, resume_from=step3)
+        # The relaunch's path: rank 0 fetches the uploaded checkpoint from the store, every rank loads it.
+        step3 = "runs/clean/checkpoints/step-00000003/"
+        found["resumed"] = _guarded(out, "resumed", rank, hsdp, seed=1, resume_from=step3, use_store=True)
+        step6 = str(Path(out, "clean", "sharded-checkpoints", "step-00000006"))
+        found["resumed_folder"] = _guarded(out, "resumed-folder", rank, hsdp, seed=1, resume_from=step6)
         found["flip"] = _guarded(out, "flip", rank, hsdp, faults=(Fault(kind="weight-flip", step=2, rank=3),))
         found["nan_input"] = _guarded(out, "nan-input", rank, hsdp, nan_at=1 if rank == 1 else None)
         found["nan_shard"] = _guarded(
@@ -147,6 +154,7 @@ def test_guard_on_hsdp_passes_clean_resumes_exactly_and_names_faults(tmp_path: P
         assert found["sharded_saves"] == ["step-00000003", "step-00000006"]
         assert (resumed["code"], resumed["start"], resumed["alerts"]) == (0, 3, []), (rank, resumed)
         assert resumed["shards"] == clean["shards"], rank  # bit for bit, every local shard
+        assert found["resumed_folder"]["start"] == 6 and found["resumed_folder"]["shards"] == clean["shards"]
 
         # One alert per verdict (its writer is one rank; the run dir is shared here), read after the exit.
         flip = found["flip"]
@@ -162,7 +170,21 @@ def test_guard_on_hsdp_passes_clean_resumes_exactly_and_names_faults(tmp_path: P
         assert found["fsdp_finite"] == 0
 
     report = json.loads((tmp_path / "clean" / "report.json").read_text())
-    assert report["final_step"] == 6 and report["fingerprints"] == per_rank[0]["clean"]["shards"]
+    every_shard = {
+        f"{r}/{n}": fp for r, found in enumerate(per_rank) for n, fp in found["clean"]["shards"].items()
+    }
+    assert report["final_step"] == 6 and report["fingerprints"] == every_shard
+    resumed_report = json.loads((tmp_path / "resumed" / "report.json").read_text())
+    assert resumed_report["final_fingerprint"] == report["final_fingerprint"]
+    # Both saves reached the store, each with its files and its record (manifest.json) last.
+    ckpts = tmp_path / "store" / "runs" / "clean" / "checkpoints"
+    for step in ("step-00000003", "step-00000006"):
+        record = json.loads((ckpts / step / "manifest.json").read_text())
+        assert record["format"] == "dcp-v1" and set(record["shard_fingerprints"]) == {
+            str(r) for r in range(WORLD)
+        }
+        assert {f["name"] for f in record["files"]} >= {".metadata", "sharded-manifest.json", "extra.pt"}
+    assert (tmp_path / "resumed" / "resume" / "step-00000003" / "sharded-manifest.json").is_file()
     (nan_input,) = per_rank[0]["nan_input"]["alerts"]
     assert (nan_input["check"], nan_input["step"], nan_input["suspects"]) == ("finite", 2, [])
     assert nan_input["evidence"]["flags_by_rank"] == [1] * WORLD

@@ -8,6 +8,8 @@ right rank and node."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("transformers", reason="the Hugging Face example needs the optional 'hf' extra")
@@ -73,3 +75,19 @@ def test_drill_is_caught_by_the_intended_check(launch, fault, check, step, rank,
     assert alert["suspect_ranks"] == [rank] and alert["suspect_nodes"] == [node], alert
     assert run.store_alerts("run") == alerts
     assert not (run.run_dir / "checkpoints" / f"step-{step:08d}").exists()  # never frozen into a checkpoint
+
+
+def test_hsdp_the_example_shards_and_the_vote_names_the_flipped_node(launch):
+    """LONGRUN_PARALLELISM=hsdp: the same example on a 3 x 2 mesh (two ranks per node, FSDP2 within a node):
+    a weight flip on n3's first rank is named by the vote among each shard's three replicas, and the sharded
+    checkpoint before it reached the store."""
+    run = launch(
+        ARGS, name="hsdp", nodes="n1,n1,n2,n2,n3,n3", module=MODULE, timeout_s=400.0,
+        env={**ENV, "LONGRUN_PARALLELISM": "hsdp", "LONGRUN_RECOMPUTE_EVERY": "0", "LONGRUN_FAULTS": "weight-flip:5:n3"},
+    )  # fmt: skip
+    assert run.rcs == [EXIT_SDC_VERDICT] * 6, run.log()
+    (alert,) = run.alerts()
+    assert (alert["check"], alert["step"]) == ("weight_vote", 8), alert
+    assert alert["suspect_ranks"] == [4] and alert["suspect_nodes"] == ["n3"], alert
+    record = run.store_dir / "runs" / "hsdp" / "checkpoints" / "step-00000004" / "manifest.json"
+    assert json.loads(record.read_text())["format"] == "dcp-v1"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -53,7 +54,7 @@ from training.api import sharding
 from training.api.gradients import LocalGradients
 from training.api.peers import LossFn, PeerBatches, to_device
 from training.api.records import RunRecords, code_version
-from training.api.saves import Saves
+from training.api.saves import Saves, ShardedUploads
 from training.api.state import (
     StateError,
     Stateful,
@@ -69,6 +70,7 @@ from training.dist import device as default_device
 from training.dist import gather_strings, init_process_group, placement_from_env, shutdown, use_rank_device
 from training.events import EventWriter
 from training.faults import Fault, Injector, fault_state_dir, faults_from
+from training.fingerprint.host import fingerprint_state, local_state
 from training.nvrx.adapter import NvrxMonitor
 from training.nvrx.restart import first_incarnation_only, in_job_resume_ref, verdict_already_given
 from training.records import schema
@@ -270,6 +272,16 @@ class Guard:
         )  # fmt: skip
         return self.ddp
 
+    def device_mesh(self, parallelism: str) -> Any:
+        """The DeviceMesh `prepare_sharded` takes for `parallelism` (`fsdp` or `hsdp`; `ddp` gives None: use
+        `prepare`), laid out over this job's nodes: HSDP shards within a node and replicates across nodes
+        (training.api.sharding.mesh_for). Every rank calls it. SetupError on every rank alike when the job's
+        layout does not allow it (one node for hsdp, unequal or interleaved ranks per node)."""
+        try:
+            return sharding.mesh_for(parallelism, nodes=self.nodes, device_type=self.device.type)
+        except ValueError as e:
+            raise SetupError(str(e)) from e
+
     def prepare_sharded(
         self,
         model: nn.Module,
@@ -327,6 +339,7 @@ class Guard:
             run=self.cfg.run, run_dir=self.run_dir, store=self.store, world=self.world, nodes=self.nodes,
             seed=self.cfg.seed, enabled=False,
         )  # fmt: skip
+        self.sharded_uploads = ShardedUploads(run=self.cfg.run, store=self.store if self.rank == 0 else None)
         self._records.write_segment()
         if self.earlier_verdict and self.cfg.checks.on_verdict == "exit":
             log.error("in-job restart after this launch's SDC verdict (%s): exiting 93", self.earlier_verdict)
@@ -354,10 +367,9 @@ class Guard:
         from training.checkpoint.sharded import load_sharded, read_sharded_extra
 
         try:
-            if not Path(ref).is_dir():
-                raise StateError("a sharded resume reads a checkpoint folder on a filesystem every rank sees")
-            manifest = load_sharded(ref, self.module, self.optimizer, mesh=self.mesh)
-            extra = read_sharded_extra(ref) or {}
+            folder = self._sharded_folder(ref)
+            manifest = load_sharded(folder, self.module, self.optimizer, mesh=self.mesh)
+            extra = read_sharded_extra(folder) or {}
             if self.scheduler is not None:
                 if "scheduler" not in extra:
                     raise StateError(f"{ref} has no scheduler state, but a scheduler was given")
@@ -368,6 +380,33 @@ class Guard:
         self.start_step = int(manifest["step"])
         self._resumed_last_pass = dict(manifest["extra"].get("last_pass", {}))
         log.info("resumed the sharded model from %s at step %d", ref, self.start_step)
+
+    def _sharded_folder(self, ref: str) -> Path:
+        """The local folder of the sharded checkpoint `ref`: `ref` itself when it is a folder, else a store
+        key prefix that rank 0 fetches (and checks whole: training.checkpoint.sharded_store.fetch_sharded)
+        into `<run dir>/resume/<its name>/`, a folder every rank must see. Rank 0's outcome is broadcast, so
+        every rank fails alike."""
+        from training.checkpoint.sharded_store import fetch_sharded
+
+        if Path(ref).is_dir():
+            return Path(ref)
+        dest = self.run_dir / "resume" / ref.rstrip("/").rsplit("/", 1)[-1]
+        error: list[object] = [None]
+        if self.rank == 0:
+            try:
+                if self.store is None:
+                    raise StateError(
+                        f"{ref!r} is not a local folder, and this run has no store to fetch it from"
+                    )
+                shutil.rmtree(dest, ignore_errors=True)  # an earlier incarnation's partial fetch
+                fetch_sharded(self.store, ref, dest)
+            except Exception as e:
+                error[0] = f"{type(e).__name__}: {e}"
+        if self.world > 1:
+            dist.broadcast_object_list(error, src=0)
+        if error[0] is not None:
+            raise StateError(f"fetching the sharded checkpoint {ref!r} failed on rank 0: {error[0]}")
+        return dest
 
     def _new_segment(self) -> Segment:
         started_at = time.time()
@@ -435,6 +474,9 @@ class Guard:
         """Train on `batches` (one micro-batch per step, this rank's) until `done`, then close. Returns the
         exit code for `sys.exit`: 0, or 93 after an SDC verdict."""
         with self:
+            if self.exit_code is None and self.done:  # resumed at the last step: nothing left to train
+                self.records.report(final_step=self.cfg.steps, fingerprints=self._final_fingerprints())
+                self.exit_code = 0
             it = iter(batches)
             while not self.done:
                 try:
@@ -569,6 +611,11 @@ class Guard:
             extra={"run": self.cfg.run, "loss": loss, "seed": self.cfg.seed, "last_pass": passed},
         )  # fmt: skip
         log.info("sharded checkpoint of step %d saved in %s", step, folder)
+        if self.rank == 0:  # every rank's files are closed once save_sharded returns
+            fields = self.saves.manifest_fields(
+                step=step, loss=loss, results=results, passed=passed, fingerprints={}
+            )
+            self.sharded_uploads.submit(step=step, folder=folder, manifest_fields=fields)
 
     def _mean_loss(self, loss: torch.Tensor) -> float:
         total = self.hook.loss_sum
@@ -648,8 +695,19 @@ class Guard:
             )  # fmt: skip
         )
         if step >= self.cfg.steps:
-            records.report(final_step=self.cfg.steps, model=self.module)
+            records.report(final_step=self.cfg.steps, fingerprints=self._final_fingerprints())
             self.exit_code = 0
+
+    def _final_fingerprints(self) -> dict[str, str]:
+        """The fingerprints the run report compares runs by: the whole model's (rank 0's replica) under DDP;
+        under sharding every rank's shards, gathered to every rank and named `<rank>/<tensor>`, so two
+        runs compare equal only when every shard is."""
+        mine = fingerprint_state(local_state(self.module.state_dict()))
+        if self.mesh is None or self.world == 1:
+            return mine
+        every: list[object] = [None] * self.world
+        dist.all_gather_object(every, mine)
+        return {f"{r}/{name}": fp for r, fps in enumerate(every) for name, fp in dict(fps).items()}  # type: ignore[call-overload]
 
     # ---- the end -----------------------------------------------------------------------------------
 
@@ -679,13 +737,17 @@ class Guard:
         # bounds the wait).
         self.nvrx.close()
         saves = getattr(self, "saves", None)
-        if saves is not None and saves.saver is not None:
+        uploads = getattr(self, "sharded_uploads", None)
+        if (saves is not None and saves.saver is not None) or (uploads is not None and uploads.active):
             # ft_launcher SIGTERMs the surviving workers when it restarts them (SIGKILL after its
             # workers-stop timeout): finish the pending saves first, else the restart finds no complete
             # checkpoint of this launch and starts over.
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            saves.close()
+            if saves is not None:
+                saves.close()
+            if uploads is not None:
+                uploads.close()
         self.events.close()
         self.ddp = None  # type: ignore[assignment]  # DDP must not hold the last reference to the group
         self._shutdown()

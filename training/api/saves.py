@@ -7,7 +7,9 @@ uploads them off the training step (training.checkpoint.saver).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,8 @@ from training.checks.base import CheckResult
 from training.events import EventWriter
 from training.fingerprint.host import combine, fingerprint_state
 from training.store.interface import ObjectStore
+
+log = logging.getLogger(__name__)
 
 
 class Saves:
@@ -54,8 +58,34 @@ class Saves:
         passed = {**last_pass, **{r.check: step for r in results if r.verdict == "pass"}}
         # A vote on CUDA carries dfp64 values, not the manifest's xxh3: the saver then hashes its snapshot.
         fps = vote.extra.get("fingerprints") if vote else fingerprint_state(model.state_dict())
-        fields = {
-            **({"fingerprints": fps, "fingerprint": combine(fps)} if fps is not None else {}),
+        fields = self.manifest_fields(step=step, loss=loss, results=results, passed=passed, fingerprints=fps)
+        self.saver.save(
+            step=step,
+            model_state=model.state_dict(),
+            optim_state=optimizer.state_dict(),
+            extra={"step": step, "last_pass": passed, "seed": self.seed, **extra},
+            manifest_fields=fields,
+        )
+        events.flush()
+
+    def manifest_fields(
+        self,
+        *,
+        step: int,
+        loss: float,
+        results: list[CheckResult],
+        passed: Mapping[str, int],
+        fingerprints: Mapping[str, str] | None,
+    ) -> dict[str, Any]:
+        """What the manifest of the save at `step` says besides its files: the whole model's tensor
+        fingerprints (None: the saver hashes its snapshot; `{}`: a sharded save, whose record carries every
+        rank's shard fingerprints instead), the weight vote of this step, the checks' coverage (`passed`:
+        each check's last passing step, this step's included), the loss, the world and the code version."""
+        vote = next((r for r in results if r.check == "weight_vote"), None)
+        fps = fingerprints
+        return {
+            **({"fingerprints": dict(fps)} if fps is not None else {}),
+            **({"fingerprint": combine(fps)} if fps else {}),
             "weight_vote": (
                 {
                     "step": step,
@@ -72,16 +102,57 @@ class Saves:
             "world": {"nodes": sorted(set(self.nodes)), "ranks": self.nodes, "world_size": self.world},
             "code_version": code_version(),
         }
-        self.saver.save(
-            step=step,
-            model_state=model.state_dict(),
-            optim_state=optimizer.state_dict(),
-            extra={"step": step, "last_pass": passed, "seed": self.seed, **extra},
-            manifest_fields=fields,
-        )
-        events.flush()
 
     def close(self) -> None:
         if self.saver is not None:
             self.saver.wait()
             self.saver.close()
+
+
+class ShardedUploads:
+    """Rank 0's uploads of sharded checkpoints to the store (training.checkpoint.sharded_store), one at a
+    time, off the training step: once `save_sharded` returned on every rank the folder is whole and never
+    written again, so the step does not wait for the upload. `close()` waits for every upload; each is
+    bounded by the uploader's own retry deadline and never raises (its `save` record says what happened)."""
+
+    def __init__(self, *, run: str, store: ObjectStore | None) -> None:
+        self.run, self.store = run, store
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[dict[str, Any]]] = []
+
+    @property
+    def active(self) -> bool:
+        """Some upload was started (close() has something to wait for)."""
+        return bool(self._pending)
+
+    def submit(self, *, step: int, folder: Path, manifest_fields: Mapping[str, Any]) -> None:
+        """Upload the sharded checkpoint of `step` in `folder` (nothing without a store)."""
+        from training.checkpoint.sharded_store import upload_sharded
+
+        if self.store is None:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longrun-sharded-upload")
+        self._pending.append(
+            self._pool.submit(
+                upload_sharded,
+                self.store,
+                run=self.run,
+                step=step,
+                folder=folder,
+                manifest_fields=dict(manifest_fields),
+            )  # fmt: skip
+        )
+
+    def close(self) -> None:
+        """Wait for every upload and log the ones that did not publish their checkpoint."""
+        for future in self._pending:
+            record = future.result()
+            if not record.get("ok"):
+                log.error(
+                    "sharded checkpoint of step %s not uploaded: %s", record.get("step"), record.get("error")
+                )
+        self._pending.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

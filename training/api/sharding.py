@@ -42,6 +42,37 @@ SHARD = "shard"
 MESHES = ((SHARD,), (REPLICATE, SHARD))
 
 
+def mesh_for(parallelism: str, *, nodes: Sequence[str], device_type: str) -> Any:
+    """The DeviceMesh of `parallelism` (training.config.PARALLELISMS) over a world whose rank r runs on
+    `nodes[r]`: None for `ddp`; `("shard",)` over every rank for `fsdp`; for `hsdp` `("replicate", "shard")`
+    with one row per node, so a shard's all-gathers stay inside a node and each shard's replicas sit on
+    different nodes (a sick node then disagrees with healthy replicas of every shard it holds, and the vote
+    names it). Every rank calls it (DeviceMesh creates process groups). ValueError: an unknown parallelism,
+    `hsdp` on one node, nodes with unequal rank counts, or a node whose ranks are not contiguous (the launcher
+    numbers a node's ranks one after another; anything else is not the layout this mesh assumes)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = len(nodes)
+    if parallelism == "ddp":
+        return None
+    if parallelism == "fsdp":
+        return init_device_mesh(device_type, (world,), mesh_dim_names=(SHARD,))
+    if parallelism != "hsdp":
+        raise ValueError(f"parallelism {parallelism!r} is not one of ddp, fsdp, hsdp")
+    hosts = list(dict.fromkeys(nodes))
+    per_node = world // len(hosts)
+    rows = [list(nodes[i * per_node : (i + 1) * per_node]) for i in range(len(hosts))]
+    if len(hosts) < 2:
+        raise ValueError("hsdp replicates across nodes: it needs 2 nodes or more (use fsdp on one node)")
+    if per_node * len(hosts) != world or any(len(set(row)) != 1 for row in rows):
+        counts = {h: nodes.count(h) for h in hosts}
+        raise ValueError(
+            f"hsdp needs the same number of ranks on every node, numbered one node after another; the ranks"
+            f" sit on {counts} in the order {list(nodes)}"
+        )
+    return init_device_mesh(device_type, (len(hosts), per_node), mesh_dim_names=(REPLICATE, SHARD))
+
+
 def mesh_layout(mesh: Any, world: int) -> ReplicaLayout:
     """The replica layout of a mesh the guard can shard over; ValueError naming the accepted meshes."""
     names = tuple(mesh.mesh_dim_names or ())

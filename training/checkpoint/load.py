@@ -15,6 +15,7 @@ from training.checkpoint.manifest import (
     MANIFEST_FILE,
     MODEL_FILE,
     OPTIM_FILE,
+    SHARDED_FORMAT,
     CheckpointError,
     read_manifest,
 )
@@ -43,6 +44,15 @@ def _torch_load(path: Path, label: str) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise CheckpointError(f"{label}: torch.load(weights_only=True) failed: {e}") from None
+
+
+def _unsharded(manifest: dict[str, Any], label: str) -> dict[str, Any]:
+    if manifest.get("format") == SHARDED_FORMAT:
+        raise CheckpointError(
+            f"{label}: a sharded ({SHARDED_FORMAT}) checkpoint: fetch it with"
+            " training.checkpoint.sharded_store.fetch_sharded, then load_sharded on every rank"
+        )
+    return manifest
 
 
 def _load_dir(directory: Path, manifest: dict[str, Any], label: str, verify: bool) -> LoadedCheckpoint:
@@ -80,7 +90,7 @@ def load_checkpoint(
         mpath = local / MANIFEST_FILE
         if not mpath.is_file():
             raise CheckpointError(f"{local}: no {MANIFEST_FILE}, so not a (complete) checkpoint")
-        manifest = read_manifest(mpath.read_bytes(), str(mpath))
+        manifest = _unsharded(read_manifest(mpath.read_bytes(), str(mpath)), str(local))
         return _load_dir(local, manifest, f"{local}/", verify)
     prefix = str(ref).rstrip("/") + "/"
     store = store or store_from_env()
@@ -90,7 +100,7 @@ def load_checkpoint(
         raise CheckpointError(
             f"{prefix}{MANIFEST_FILE} not found in {store.describe()}: not a (complete) checkpoint"
         ) from None
-    manifest = read_manifest(data, f"{prefix}{MANIFEST_FILE} in {store.describe()}")
+    manifest = _unsharded(read_manifest(data, f"{prefix}{MANIFEST_FILE} in {store.describe()}"), prefix)
     with tempfile.TemporaryDirectory(prefix="longrun-ckpt-") as tmp:
         for f in manifest["files"]:
             try:

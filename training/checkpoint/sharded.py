@@ -27,8 +27,9 @@ every rank's RNG and data-loader state, gathered to rank 0 by the caller), writt
 listed in it like DCP's files; `read_sharded_extra` reads it back with `weights_only=True`.
 
 Status: the guard (training.api.Guard.prepare_sharded) saves and resumes through this module into the run
-dir on every rank (a folder every rank must see); nothing uploads these folders to the store yet, and the
-orchestrator's validation, promotion and audit read only the unsharded manifest (docs/checkpoints.md).
+dir on every rank (a folder every rank must see). `training.checkpoint.sharded_store` uploads such a folder
+to the store (rank 0, the `manifest.json` record last, `format: "dcp-v1"`) and fetches it back for a
+resume; `training.checkpoint.sharded_verify` is the orchestrator's validation of it (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -44,12 +45,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.checkpoint.manifest import CheckpointError
+from training.checkpoint.manifest import DCP_METADATA, SHARDED_FORMAT, CheckpointError
 from training.fingerprint.host import fingerprint_state, local_state
 
 MANIFEST = "sharded-manifest.json"
-FORMAT = "dcp-v1"
-DCP_METADATA = ".metadata"
+FORMAT = SHARDED_FORMAT
 EXTRA = "extra.pt"
 _RANK_FILE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 

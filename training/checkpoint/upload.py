@@ -127,7 +127,15 @@ def run_upload_job(job: UploadJob, store: ObjectStore | None = None) -> dict[str
         if store is None and job.store is not None:
             store = _store_for(job.store)
         if store is not None:
-            uploaded = _upload(store, job, files, data)
+            uploaded = publish_checkpoint(
+                store,
+                run=job.run,
+                step=job.step,
+                folder=ckpt_dir,
+                files=files,
+                manifest=data,
+                deadline_s=job.retry_deadline_s,
+            )
     except Exception as e:  # reported, never raised into training
         error = f"{type(e).__name__}: {e}"
     result = save_record(job, error=error, uploaded=uploaded, nbytes=nbytes)
@@ -168,33 +176,47 @@ def write_save_record(job: UploadJob, record: dict[str, Any]) -> None:
         log.error("cannot write the save record for step %d: %s", job.step, e)
 
 
-def _upload(store: ObjectStore, job: UploadJob, files: list[dict[str, Any]], manifest: bytes) -> bool:
-    manifest_key = schema.store_key(job.run, schema.manifest_path(job.step))
-    deadline = job.retry_deadline_s
+def publish_checkpoint(
+    store: ObjectStore,
+    *,
+    run: str,
+    step: int,
+    folder: Path,
+    files: list[dict[str, Any]],
+    manifest: bytes,
+    deadline_s: float,
+) -> bool:
+    """Publish checkpoint `step` of `run`: each of `files` (`{name, key, size, sha256}`, read from
+    `folder / name`, stored at the run's `key`, with its SHA-256 in the object's metadata and its stored
+    size checked), then `manifest` (the record's bytes) as its `manifest.json`, LAST and with
+    `If-None-Match: *`. Every store call is retried while the store is unavailable, up to `deadline_s`.
+    PreconditionFailed when the store already has a manifest for `step` (a published checkpoint is never
+    overwritten); StoreError when a file's stored size differs. Used for unsharded saves (the upload
+    stage) and sharded ones (training.checkpoint.sharded_store)."""
+    manifest_key = schema.store_key(run, schema.manifest_path(step))
 
     existing = with_retries(
-        lambda: store.head(manifest_key), what=f"head {manifest_key}", deadline_s=deadline
+        lambda: store.head(manifest_key), what=f"head {manifest_key}", deadline_s=deadline_s
     )
     if existing is not None:
         # A resumed run saving the same step again: never overwrite a published checkpoint.
         raise PreconditionFailed(
             f"{manifest_key} already exists in {store.describe()}: checkpoint not overwritten"
         )
-    ckpt_dir = Path(job.run_dir) / schema.checkpoint_dir(job.step)
     for f in files:
-        key = schema.store_key(job.run, f["key"])
-        path = ckpt_dir / f["name"]
+        key = schema.store_key(run, f["key"])
+        path = folder / f["name"]
         info = with_retries(
             functools.partial(store.put_file, key, path, sha256=f["sha256"]),
             what=f"upload {key}",
-            deadline_s=deadline,
+            deadline_s=deadline_s,
         )
         if info.size != f["size"]:
             raise StoreError(f"upload {key}: store holds {info.size} bytes, the file has {f['size']}")
     with_retries(
         lambda: store.put_bytes(manifest_key, manifest, if_none_match=True),
         what=f"put {manifest_key}",
-        deadline_s=deadline,
+        deadline_s=deadline_s,
     )
     return True
 

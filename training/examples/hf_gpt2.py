@@ -9,7 +9,10 @@ What it shows: a loop longrun did not write, on the public job-side API (trainin
 - a GPT-2 from `transformers`, built from a config (no downloaded weights), dropout on, the same initial
   weights on every rank (seeded);
 - a data loader whose state is checkpointed (`Blocks`: epoch and position; a per-rank shard, shuffled per
-  epoch from a seed), AdamW with a linear warm-up then a cosine decay (`LambdaLR`), gradient clipping;
+  epoch from a seed), AdamW with a linear warm-up then a cosine decay (`LambdaLR`), gradient clipping
+  (under DDP);
+- `LONGRUN_PARALLELISM` honoured: `ddp` through `Guard.prepare`; `hsdp` and `fsdp` through
+  `Guard.prepare_sharded` on `Guard.device_mesh` (FSDP2, the optimizer and scheduler built after sharding);
 - `loss_fn(model, batch) = model(**batch).loss`.
 
 The guard owns the step order (DDP, the finite check, the cross-node recompute, the weight vote, saves,
@@ -27,6 +30,7 @@ Needs the optional extra `hf` (`pip install -e '.[hf]'`). Exit codes as the refe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import logging
 import math
@@ -49,7 +53,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
     ) from e
 
 from training.api.guard import Guard, SetupError
-from training.config import GuardConfig
+from training.config import GuardConfig, parallelism_from_env
 
 log = logging.getLogger("training.examples.hf_gpt2")
 
@@ -158,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def train(cfg: GuardConfig, args: argparse.Namespace) -> int:
+def train(cfg: GuardConfig, args: argparse.Namespace, parallelism: str = "ddp") -> int:
     guard = Guard(cfg)  # the process group, the records; drills from LONGRUN_FAULTS
     stream, vocab, eot = token_stream(stdlib_texts(args.files), args.vocab_size)
     # Every rank trained its own tokenizer: the token streams must be the same bits everywhere.
@@ -177,14 +181,25 @@ def train(cfg: GuardConfig, args: argparse.Namespace) -> int:
     )  # fmt: skip
     model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"  # what transformers falls back to for this class, minus its warning
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=args.lr, weight_decay=args.weight_decay, foreach=False
-    )
     warmup = max(1, round(args.warmup * cfg.steps))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.steps, warmup))
+
+    def adamw(params: Any) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay, foreach=False)
+
+    def schedule(optimizer: torch.optim.Optimizer) -> Any:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.steps, warmup))
+
     data = Blocks(stream, batch_size=args.batch_size, rank=guard.rank, world=guard.world, seed=cfg.seed,
                   device=guard.device)  # fmt: skip
-    guard.prepare(model, optimizer, loss_fn=loss_fn, scheduler=scheduler, state={"data": data})
+    if parallelism == "ddp":
+        optimizer = adamw(model.parameters())
+        guard.prepare(model, optimizer, loss_fn=loss_fn, scheduler=schedule(optimizer), state={"data": data})
+    else:  # FSDP2 over the mesh longrun's launch asked for; the guard shards the root module
+        mesh = guard.device_mesh(parallelism)
+        guard.prepare_sharded(
+            model, mesh=mesh, loss_fn=loss_fn, make_optimizer=adamw, make_scheduler=schedule,
+            state={"data": data},
+        )  # fmt: skip
     return guard.run(data)
 
 
@@ -198,12 +213,21 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        cfg = GuardConfig.from_env(grad_clip=1.0)  # LONGRUN_RUN_DIR, LONGRUN_STEPS, cadences, resume point
+        parallelism = parallelism_from_env()  # LONGRUN_PARALLELISM: ddp, fsdp or hsdp
+        # LONGRUN_RUN_DIR, LONGRUN_STEPS, cadences, resume point; gradient clipping under DDP only (the guard
+        # does not clip shards yet), and no weight vote under fsdp (nothing is replicated to vote with).
+        overrides: dict[str, Any] = {"grad_clip": 1.0 if parallelism == "ddp" else None}
+        if parallelism == "fsdp":
+            base = GuardConfig.from_env().checks
+            overrides["checks"] = dataclasses.replace(
+                base, checks=tuple(c for c in base.checks if c != "weight_vote")
+            )
+        cfg = GuardConfig.from_env(**overrides)
     except ValueError as e:
         print(f"{build_parser().prog}: {e}", file=sys.stderr)
         return 2
     try:
-        return train(cfg, args)
+        return train(cfg, args, parallelism)
     except SetupError as e:
         log.error("%s", e)
         return 2

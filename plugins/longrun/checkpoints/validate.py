@@ -4,6 +4,11 @@ A checkpoint passes when: its manifest parses; every file it lists is present wi
 SHA-256; each loads with `torch.load(weights_only=True)`; no tensor holds NaN or Inf; and the per-tensor
 fingerprints recomputed from the stored model weights equal the manifest's (the weight-vote majority at
 save time). Every error names the file and what failed.
+
+A sharded checkpoint (the record says `format: "dcp-v1"`) is checked by
+`training.checkpoint.sharded_verify.check_sharded_payload` instead: the folder whole, the record equal to
+its sharded-manifest, every tensor finite, and each rank's shards recomputed from the full tensors equal to
+the fingerprints the record keeps for that rank; errors name the file, or the rank and the tensor.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any
 
 import torch
 
-from training.checkpoint.manifest import MODEL_FILE, CheckpointError, read_manifest
+from training.checkpoint.manifest import MODEL_FILE, SHARDED_FORMAT, CheckpointError, read_manifest
+from training.checkpoint.sharded_verify import check_sharded_payload
 from training.fingerprint.host import combine, fingerprint_state
 from training.records import schema
 from training.store.interface import NotFound, ObjectStore, put_json, sha256_file
@@ -111,7 +117,21 @@ def _check_fingerprints(
 def check_payload(
     directory: Path, manifest: Mapping[str, Any]
 ) -> tuple[list[str], list[str], dict[str, int]]:
-    """Check downloaded files against `manifest`: (errors, warnings, stats). Pure: reads `directory` only."""
+    """Check downloaded files against `manifest`: (errors, warnings, stats). Pure: reads `directory` only.
+    A sharded checkpoint (`format: dcp-v1`) is checked by `training.checkpoint.sharded_verify`."""
+    if manifest.get("format") == SHARDED_FORMAT:
+        errors, warnings, stats = check_sharded_payload(directory, manifest)
+    else:
+        errors, warnings, stats = _check_unsharded(directory, manifest)
+    loss = manifest.get("loss")
+    if isinstance(loss, float) and not math.isfinite(loss):
+        errors.append(f"manifest.json: the loss at save time is {loss}")
+    return errors, warnings, stats
+
+
+def _check_unsharded(
+    directory: Path, manifest: Mapping[str, Any]
+) -> tuple[list[str], list[str], dict[str, int]]:
     errors: list[str] = []
     warnings: list[str] = []
     stats = {"files": 0, "bytes": 0, "tensors": 0}
@@ -128,9 +148,6 @@ def check_payload(
             _check_fingerprints(model, want, manifest, errors, warnings)
     elif not any(f["name"] == MODEL_FILE for f in manifest["files"]):
         errors.append(f"manifest.json: lists no {MODEL_FILE}, so the fingerprints cannot be checked")
-    loss = manifest.get("loss")
-    if isinstance(loss, float) and not math.isfinite(loss):
-        errors.append(f"manifest.json: the loss at save time is {loss}")
     return errors, warnings, stats
 
 

@@ -52,6 +52,8 @@ RUN_PARAMS = (
     "nodes",
     "spare_nodes",
     "gpus_per_node",
+    "ranks_per_node",
+    "parallelism",
     "partition",
     "model",
     "entrypoint",
