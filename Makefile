@@ -7,7 +7,7 @@ VENV_STAMP := .venv/.longrun-installed
 MYPY_TARGETS := training plugins/longrun
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv lint typecheck test test-fast test-chaos test-bench demo bench gpu-check gpu-check-dry stack-up stack-down stack-status clean
+.PHONY: setup system venv lint typecheck test test-fast test-chaos test-bench test-drills demo bench gpu-check gpu-check-dry stack-up stack-down stack-status clean
 
 setup: system venv
 
@@ -62,6 +62,10 @@ test-chaos: setup
 # The recovery bench as a test (both paths, idle and busy; about 11 minutes): not part of `make test`.
 test-bench: setup
 	LONGRUN_BENCH_TESTS=1 $(PY) -m pytest tests/e2e/test_bench_recovery.py -p no:cacheprovider $(PYTEST_ARGS)
+
+# Every sharded (HSDP) drill through Airflow: sick-node (also in `make test`), weight-flip and scale.
+test-drills: setup
+	LONGRUN_SHARDED_DRILLS=all $(PY) -m pytest tests/e2e/test_sharded_drill.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # The fast suite: everything not marked slow.
 test-fast: setup

@@ -80,9 +80,9 @@ PARAMS = {
         enum=list(PARALLELISMS),
         title="Parallelism",
         description="ddp: a whole replica per rank (all three checks). hsdp: FSDP2 within a node, replicas across "
-        "nodes (2+ nodes; finite check and a weight vote per shard, which names the node with 3+ nodes). fsdp: "
-        "FSDP2 over every rank (finite check only). Sharded runs: recompute every N steps must be 0 and hot "
-        "spares 0 (not built yet). docs/sharding.md",
+        "nodes (2+ nodes; finite check, a forward recompute across nodes and a weight vote per shard, which name "
+        "the node with 3+ nodes). fsdp: FSDP2 over every rank (finite check and forward recompute, no vote). "
+        "Sharded runs: hot spares 0 (not built yet). docs/sharding.md",
         section=RUN,
     ),
     "partition": Param(

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--parallelism", default=parallelism_from_env(env), choices=PARALLELISMS,
-        help=f"ddp (whole replicas), fsdp (FSDP2 over every rank: the finite check only) or hsdp (FSDP2 within "
+        help=f"ddp (whole replicas), fsdp (FSDP2 over every rank: no weight vote) or hsdp (FSDP2 within "
         f"a node, replicas across nodes) (default: ${ENV_PARALLELISM}, else ddp)",
     )  # fmt: skip
     p.add_argument(
@@ -137,7 +137,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, tuple[Fault
     if args.parallelism == "fsdp" and "weight_vote" in checks:
         # No shard has a second holder to vote with (training.api.sharding); fsdp's documented protection is
         # the finite check, so the default check list loses the vote here rather than failing the set-up.
-        log.warning("parallelism fsdp: no shard is replicated, the weight vote cannot run; finite check only")
+        log.warning("parallelism fsdp: no shard is replicated, the weight vote cannot run; it is left out")
         checks = tuple(c for c in checks if c != "weight_vote")
     cfg = TrainConfig(
         run=args.run or Path(args.run_dir).resolve().name,

@@ -97,9 +97,9 @@ class RunSpec:
     it is 0 or `gpus_per_node` (one rank per GPU); CPU ranks may be several per node."""
     parallelism: str = "ddp"
     """How the model is spread over the ranks (training.config.PARALLELISMS): `ddp` whole replicas; `fsdp`
-    FSDP2 over every rank (the finite check only: no shard has a second holder to vote); `hsdp` FSDP2 within
-    a node and replicas across nodes (finite check and a weight vote per shard). Sharded runs have no
-    recompute check yet (`recompute_every` must be 0) and no hot spares yet (`spare_nodes` must be 0)."""
+    FSDP2 over every rank (the finite check and the forward recompute; no vote: no shard has a second
+    holder); `hsdp` FSDP2 within a node and replicas across nodes (finite check, forward recompute, a weight
+    vote per shard). Sharded runs have no hot spares yet (`spare_nodes` must be 0)."""
     partition: str = "debug"
     """Slurm partition."""
     model: str = "tiny"
@@ -210,17 +210,23 @@ class RunSpec:
             return
         if self.parallelism == "hsdp" and self.nodes < 2:
             raise RunSpecError("nodes", self.nodes, "hsdp replicates across nodes: 2 nodes or more (or fsdp)")
-        if self.recompute_every:
-            raise RunSpecError(
-                "recompute_every", self.recompute_every,
-                f"must be 0 with parallelism {self.parallelism}: the recompute check does not run on sharded"
-                " models yet (one rank recomputing alone would hang FSDP's all-gathers)",
-            )  # fmt: skip
         if self.spare_nodes:
             raise RunSpecError(
                 "spare_nodes", self.spare_nodes,
                 f"must be 0 with parallelism {self.parallelism}: hot spares are not built for sharded runs yet",
             )  # fmt: skip
+
+    def checks_run(self) -> tuple[str, ...]:
+        """The checks a launch of this run runs, as the pick after an alert must know them (a check that
+        does not run bounds nothing): the finite check always; the recompute with a cadence (under FSDP2
+        and HSDP too, forward only: docs/sharding.md); the weight vote except under FSDP2 (nothing
+        replicated to vote with)."""
+        out = ["finite"]
+        if self.recompute_every:
+            out.append("recompute")
+        if self.parallelism != "fsdp":
+            out.append("weight_vote")
+        return tuple(out)
 
     @property
     def is_reference(self) -> bool:

@@ -205,3 +205,24 @@ def test_pick_reads_the_alerts_world_from_its_evidence(
     for odd in ({"world_size": "3"}, {"world_size": 3.0}, {"world_size": True}, {"size": 3}, "3", None):
         assert pick(odd) is None  # a world that does not read names no world
     assert plan_pick(store, run, {**alert, "evidence": [3]})["step"] is None
+
+
+def test_a_check_the_run_does_not_run_bounds_nothing_when_the_launch_record_says_so(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    """A run without the recompute (its cadence 0, or a sharded run): without the launch's checks every check
+    of the class counts and a weight-vote alert restarts from step 0; with them the vote's passes bound the
+    pick. The alert's own check counts even when the launch record leaves it out."""
+    save_checkpoints(store, run, [10, 20], coverage=lambda s: {"finite": s, "weight_vote": s})
+    for s in (10, 20):
+        assert validate(store, run, s)["ok"]
+        promote(store, run, s)
+    no_recompute = [r for r in _history(30) if r["check"] != "recompute"]
+    lines = "".join(json.dumps({**r, "run": run}) + "\n" for r in no_recompute)
+    store.put_bytes(schema.store_key(run, schema.check_batch_path(1, 30, 0)), lines.encode())
+    alert = {"check": "weight_vote", "step": 25, "suspect_nodes": ["n3"]}
+    step, why = pick_pre_incident(store, run, alert, write=False)
+    assert step is None and "recompute never passed on every rank" in why
+    step, why = pick_pre_incident(store, run, alert, write=False, checks_run=("finite", "weight_vote"))
+    assert step == 20 and "not run by this run, so no bound: recompute" in why, why
+    assert plan_pick(store, run, alert, checks_run=("finite",))["last_known_good"] == {"weight_vote": 20}

@@ -1,14 +1,20 @@
-"""A sharded run (HSDP: 3 replica groups x 2 shards, 6 ranks on 3 nodes, 2 ranks per node) through Airflow,
-end to end on the local stack: a weight-flip drill on one shard of one replica (node n3's lowest rank) is
-caught by the weight vote within the shard's replicas, which names n3; the incident drains n3, relaunches
-the run on n1, n2 and the spare n4 from the picked sharded checkpoint (fetched from the store, checked whole,
-loaded onto the same mesh), and the run ends on the clean run's weights: every rank's shards, bit for bit
-(the report's fingerprint is taken over all of them, `<rank>/<tensor>`).
+"""Sharded runs (HSDP: 3 replica groups x 2 shards, 6 ranks on 3 nodes, 2 ranks per node) through Airflow, end
+to end on the local stack. Each drill on node n3 is caught by the intended check, which names n3; the incident
+drains n3, diagnoses it, relaunches the run on n1, n2 and the spare n4 from the picked sharded checkpoint
+(fetched from the store, checked whole, loaded onto the same mesh), and the run ends on the clean run's weights:
+every rank's shards, bit for bit (the report's fingerprint is taken over all of them, `<rank>/<tensor>`).
+
+- `sick-node` (every matmul on n3 slightly wrong from step 13): the forward recompute by replica groups at
+  step 15 names n3 (a vote never would: every replica applies the same wrong average); its diagnosis fails.
+  Always run.
+- `weight-flip` (one bit of one shard of n3's replica) and `scale` (n3's first rank's gradient shard after
+  the reduction): the recompute or the vote at step 15, naming n3; the diagnosis passes. Run with
+  `make test-drills` (LONGRUN_SHARDED_DRILLS=all): each drill is some five minutes here, and CI's budget
+  keeps one.
 
 The clean reference is the same Params without the drill, launched straight on the cluster
-(helpers.clean_reference). What this does not cover yet (docs/sharding.md): the recompute by replica groups
-(a sick node's wrong gradients are averaged into every replica's, so under HSDP only the recompute could see
-them: the sick-node drill is not caught without it), hot spares with a sharded job, FSDP2 through Airflow.
+(helpers.clean_reference). Not covered here (docs/sharding.md): FSDP2 through Airflow, hot spares with a
+sharded job.
 """
 
 from __future__ import annotations
@@ -35,10 +41,16 @@ HSDP_CONF = {
     "parallelism": "hsdp",
     "steps": 30,
     "checkpoint_every": 10,
-    "recompute_every": 0,
+    "recompute_every": 5,
     "vote_every": 5,
 }
-DRILL = {"kind": "weight-flip", "step": 13, "target": "n3"}
+DRILLS = {
+    # kind: (checks that may catch it first, diagnostic verdict)
+    "sick-node": (("recompute",), "fail"),
+    "weight-flip": (("recompute", "weight_vote"), "pass"),
+    "scale": (("recompute", "weight_vote"), "pass"),
+}
+ALWAYS = ("sick-node",)
 STAMP = time.strftime("%H%M%S")
 
 
@@ -64,22 +76,30 @@ def hsdp_reference(env, tmp_path_factory: pytest.TempPathFactory) -> CleanRun:
     return launch_clean(env.env["SLURM_CONF"], {**HSDP_CONF, "run_name": f"hsdp{STAMP}-clean"}, root)
 
 
-def test_hsdp_weight_flip_is_caught_naming_the_node_and_the_relaunch_ends_bit_identical(rest, hsdp_reference):
+@pytest.mark.parametrize("kind", list(DRILLS))
+def test_hsdp_drill_is_caught_naming_the_node_and_the_relaunch_ends_bit_identical(rest, hsdp_reference, kind):
+    if kind not in ALWAYS and os.environ.get("LONGRUN_SHARDED_DRILLS") != "all":
+        pytest.skip(
+            "runs with `make test-drills` (LONGRUN_SHARDED_DRILLS=all); `make test` runs the sick-node drill"
+        )
+    checks, verdict = DRILLS[kind]
     client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
     return_to_service(client)  # a previous test's node, as the runbook's return-to-service would
-    run = f"hsdp{STAMP}-flip"
+    run = f"hsdp{STAMP}-{kind}"
     store = store_from_env()
     try:
-        result = run_drill(rest, store, {**HSDP_CONF, "run_name": run, "drill": DRILL})
+        drill = {"kind": kind, "step": 13, "target": "n3"}
+        result = run_drill(rest, store, {**HSDP_CONF, "run_name": run, "drill": drill})
         print("\n" + result.summary())
         inc = result.incident
         assert inc is not None and inc.status == "relaunched", result.summary()
-        assert inc.alert["check"] == "weight_vote", inc.alert
+        assert inc.alert["check"] in checks, inc.alert
         assert inc.alert["suspect_nodes"] == ["n3"] and inc.attribution.node == "n3", inc.alert
+        assert inc.diagnosis.verdict == verdict, inc.diagnosis.summary
         nodes = inc.relaunch.nodes or ()
         assert "n3" not in nodes and len(nodes) == 3 and "n4" in nodes, inc.relaunch
         pick = inc.checkpoint.step
-        assert pick is not None and pick < (result.detection_step or 0), inc.checkpoint
+        assert pick is not None and 0 < pick < (result.detection_step or 0), inc.checkpoint
         assert result.final_step == HSDP_CONF["steps"], result.summary()
         assert result.final_fingerprint == hsdp_reference.final_fingerprint, (
             "some shard differs from the clean run"
@@ -87,6 +107,7 @@ def test_hsdp_weight_flip_is_caught_naming_the_node_and_the_relaunch_ends_bit_id
         # The relaunch resumed from the pick (the records), and its checkpoints are sharded ones, validated.
         relaunch = result.segments[-1]
         assert relaunch["start_step"] == pick and relaunch["first_step"] == pick + 1, relaunch
+        assert relaunch["resumed_from"].rstrip("/").endswith(f"step-{pick:08d}"), relaunch
         assert result.promoted_steps[-1] == HSDP_CONF["steps"], result.promoted_steps
         final = json.loads(store.get_bytes(schema.store_key(run, schema.manifest_path(HSDP_CONF["steps"]))))
         assert final["format"] == "dcp-v1" and set(final["shard_fingerprints"]) == {str(r) for r in range(6)}

@@ -103,3 +103,37 @@ def test_trainer_shaped_evidence():
         )
     )
     assert a.verdict == AMBIGUOUS and "no strict majority" in a.reason
+
+
+def sharded_vote(shards):
+    """The evidence a weight vote within replica groups writes (training.checks.weight_vote): no whole-model
+    majority, one entry per shard whose holders disagreed (3 x 2 HSDP: shard 0 on ranks 0, 2, 4)."""
+    return alert(
+        check="weight_vote",
+        suspect_ranks=[4],
+        suspect_nodes=["n3"],
+        evidence={"majority": None, "layout": "2 shard(s) x 3 replica(s) over 6 rank(s)", "shards": shards},
+    )
+
+
+def test_a_sharded_vote_with_a_majority_in_every_disagreeing_shard_names_the_node():
+    a = attribute(sharded_vote({"0": {"ranks": [0, 2, 4], "majority": "00ab", "dissent": [4]}}))
+    assert (a.verdict, a.node, a.ranks) == (NODE, "n3", (4,))
+
+
+@pytest.mark.parametrize(
+    "shards",
+    [
+        {
+            "0": {"ranks": [0, 2, 4], "majority": "00ab", "dissent": [4]},
+            "1": {"ranks": [1, 3, 5], "majority": None},
+        },
+        {},
+        [],
+        "0",
+        {"0": "not an object"},
+    ],
+)
+def test_a_sharded_vote_without_a_majority_or_unreadable_is_ambiguous(shards):
+    a = attribute(sharded_vote(shards))
+    assert a.verdict == AMBIGUOUS and "no strict majority" in a.reason

@@ -43,7 +43,6 @@ def test_a_relaunch_keeps_the_parallelism_and_the_ranks_per_node() -> None:
     [
         ({"parallelism": "zero3"}, "parallelism", "must be one of ddp, fsdp, hsdp"),
         ({"nodes": 1}, "nodes", "2 nodes or more"),
-        ({"recompute_every": 5}, "recompute_every", "does not run on sharded models yet"),
         ({"spare_nodes": 1}, "spare_nodes", "not built for sharded runs yet"),
         ({"gpus_per_node": 8, "ranks_per_node": 2}, "ranks_per_node", "one rank per GPU"),
         ({"ranks_per_node": 65}, "ranks_per_node", ""),
@@ -55,7 +54,23 @@ def test_refused_by_name(changes: dict[str, object], field: str, says: str) -> N
     assert e.value.field == field and says in str(e.value)
 
 
-def test_fsdp_runs_on_one_node_and_refuses_the_recompute_alike() -> None:
+def test_fsdp_runs_on_one_node_and_both_sharded_parallelisms_take_the_recompute() -> None:
     assert RunSpec(**{**HSDP, "parallelism": "fsdp", "nodes": 1}).world_size == 2
-    with pytest.raises(RunSpecError, match="recompute_every"):
-        RunSpec(**{**HSDP, "parallelism": "fsdp", "recompute_every": 5})  # type: ignore[arg-type]
+    for parallelism in ("hsdp", "fsdp"):
+        spec = RunSpec(**{**HSDP, "parallelism": parallelism, "recompute_every": 5})  # type: ignore[arg-type]
+        assert spec.job_env(run_dir="/runs/hsdp")["LONGRUN_RECOMPUTE_EVERY"] == "5"
+
+
+@pytest.mark.parametrize(
+    ("changes", "checks"),
+    [
+        ({"parallelism": "ddp", "recompute_every": 5}, ("finite", "recompute", "weight_vote")),
+        ({"parallelism": "ddp", "recompute_every": 0}, ("finite", "weight_vote")),
+        ({}, ("finite", "weight_vote")),  # hsdp, recompute_every 0
+        ({"recompute_every": 5}, ("finite", "recompute", "weight_vote")),  # hsdp: forward only
+        ({"parallelism": "fsdp", "nodes": 1}, ("finite",)),
+        ({"parallelism": "fsdp", "nodes": 1, "recompute_every": 5}, ("finite", "recompute")),
+    ],
+)
+def test_the_checks_a_launch_runs_for_the_pick(changes: dict[str, object], checks: tuple[str, ...]) -> None:
+    assert RunSpec(**{**HSDP, **changes}).checks_run() == checks  # type: ignore[arg-type]

@@ -166,3 +166,29 @@ def test_a_bad_field_is_refused_in_code_and_when_read_naming_kind_and_field(
         stored[field.key or name] = list(value) if isinstance(value, tuple) else value
     with pytest.raises(SchemaError, match=message):
         type(rec).from_json(stored)
+
+
+def test_every_record_class_declares_each_attribute_once_in_its_fields() -> None:
+    """One idiom (issue 27): every record, part and small record is a `Declared` whose `FIELDS` names
+    every attribute but the stamp, `extra` and `as_read`, so no attribute is read or written by hand and
+    none is left out of `to_json`."""
+    from longrun.health.history import NodeEvent
+    from longrun.monitor.event import Carry, MonitorEvent
+    from longrun.nodes.outcome import NodeProbe, NodeReturn
+
+    from training.records import KINDS
+    from training.records.base import Declared, Part, Record
+    from training.records.diagnosis import Diagnosis, NodeCheck, Probe, ProbeResult
+    from training.records.incident import Attribution, Closing, Drain, Recovery, Relaunch, RestartCheckpoint
+
+    parts = (Attribution, Closing, Drain, Recovery, Relaunch, RestartCheckpoint, Diagnosis, NodeCheck)
+    parts += (Probe, ProbeResult, Carry, MonitorEvent, NodeProbe, NodeReturn)
+    classes = [KINDS[k] for k in KINDS] + list(parts)
+    assert NodeEvent in classes
+    for cls in classes:
+        assert issubclass(cls, Declared), cls
+        own = {"schema_version", "extra", "as_read"}
+        attributes = {f.name for f in dataclasses.fields(cls)} - own  # type: ignore[arg-type]
+        assert attributes == set(cls.FIELDS), cls
+    assert all(issubclass(c, Part) for c in parts)
+    assert all(issubclass(KINDS[k], Record) for k in ("alert", "check", "incident", "report"))

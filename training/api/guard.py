@@ -24,9 +24,10 @@ returns 93. What the guard asks of user code: `loss_fn(model, batch)` that is pu
 batch and the RNG, with no collectives of its own, and every trainable parameter used in each step.
 
 A sharded model (FSDP2, HSDP) is prepared with `prepare_sharded(model, mesh=..., make_optimizer=...,
-loss_fn=...)` instead: the same step order without the recompute (refused at set-up), the finite check on
-each rank's gradient shard after the reduce-scatter, the weight vote within the ranks that hold the same
-shard, and saves and resumes through training.checkpoint.sharded (training.api.sharding, docs/adopting.md).
+loss_fn=...)` instead: the same step order, the finite check on each rank's gradient shard after the
+reduce-scatter, the recompute forward only with every rank at once (the loss alone), the weight vote within
+the ranks that hold the same shard, and saves and resumes through training.checkpoint.sharded
+(training.api.sharding, docs/adopting.md).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ log = logging.getLogger("training.api")
 
 
 SHARDED_CHECKPOINTS = "sharded-checkpoints"
-"""Where a sharded run's checkpoints go, under the run dir (not the unsharded saver's `checkpoints/`)."""
+"""Where a sharded run's checkpoints go, under the run dir (not the unsharded saver's `checkpoints/`):
+`sharded-checkpoints/<segment id>/step-NNNNNNNN/`, one folder per incarnation of the trainer."""
 
 
 class SetupError(RuntimeError):
@@ -299,8 +301,8 @@ class Guard:
         resume through training.checkpoint.sharded. Returns the sharded module; `loss_fn` gets it.
 
         Refused with SetupError on every rank alike (the configuration is the same on every rank), before
-        any collective: a mesh other than those two, the recompute check, a weight vote where no shard has
-        two holders, and `grad_clip` (not supported on shards yet). Checkpoints go to
+        any collective: a mesh other than those two, a weight vote where no shard has two holders, and
+        `grad_clip` (not supported on shards yet). Checkpoints go to
         `<run dir>/sharded-checkpoints/` (a folder every rank must see); the records are the DDP path's.
 
         Why one function: like `prepare`, one ordered set-up sequence (refusals, sharding, the optimizer over
@@ -340,6 +342,12 @@ class Guard:
             seed=self.cfg.seed, enabled=False,
         )  # fmt: skip
         self.sharded_uploads = ShardedUploads(run=self.cfg.run, store=self.store if self.rank == 0 else None)
+        # Rank 0's segment id names the incarnation's checkpoint folder on every rank (outside Slurm the
+        # ranks' own ids carry their start times, which may differ).
+        incarnation: list[object] = [self._records.segment.segment_id]
+        if self.world > 1:
+            dist.broadcast_object_list(incarnation, src=0)
+        self._sharded_dir = self.run_dir / SHARDED_CHECKPOINTS / str(incarnation[0])
         self._records.write_segment()
         if self.earlier_verdict and self.cfg.checks.on_verdict == "exit":
             log.error("in-job restart after this launch's SDC verdict (%s): exiting 93", self.earlier_verdict)
@@ -558,9 +566,11 @@ class Guard:
         self, step: int, batch: Any
     ) -> tuple[float | None, list[CheckResult], CheckResult | None]:
         """`_train_step` for a sharded model: the same order, but the gradient is looked at after FSDP's
-        reduce-scatter (each rank's shard; training.api.sharding) and there is no recompute."""
+        reduce-scatter (each rank's shard; training.api.sharding), and the recompute at an audit step is a
+        forward pass of every rank at once, before the optimizer step (the pre-update weights)."""
         saving = bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0
         due = [c for c in self.checks if c.due(step, saving=saving)]
+        audit = self.world > 1 and any(c.name == "recompute" for c in due)
         self.injector.start_of_step(step)
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.rng(step, self.rank, lambda: self.loss_fn(self.module, batch))
@@ -571,6 +581,7 @@ class Guard:
         ctx = StepContext(
             step=step, rank=self.rank, nodes=self.nodes, device=self.device, model=self.module,
             loss=loss.detach(), local_nonfinite=sharding.nonfinite(grads), saving=saving,
+            peers=self._peers(step, batch) if audit else None,
         )  # fmt: skip
         results: list[CheckResult] = []
         for c in due:
@@ -595,7 +606,8 @@ class Guard:
 
     def _save_sharded(self, step: int, loss: float, results: list[CheckResult]) -> None:
         """Every rank writes its shards (training.checkpoint.sharded, synchronously: the step waits) into
-        `<run dir>/sharded-checkpoints/step-NNNNNNNN/`; rank 0 adds every rank's state and the scheduler."""
+        `<run dir>/sharded-checkpoints/<segment id>/step-NNNNNNNN/`; rank 0 adds every rank's state and the
+        scheduler."""
         from training.checkpoint.sharded import save_sharded
 
         ranks = gather_rank_states(rank_state(self.state), rank=self.rank, world=self.world)
@@ -605,7 +617,9 @@ class Guard:
             if self.scheduler is not None:
                 extra_state["scheduler"] = self.scheduler.state_dict()
         passed = {**self.records.last_pass, **{r.check: step for r in results if r.verdict == "pass"}}
-        folder = self.run_dir / SHARDED_CHECKPOINTS / f"step-{step:08d}"
+        # One folder per incarnation: a relaunch or an in-job restart that trains this step again must not
+        # meet the folder an earlier one left (the store keeps the copy that was published first).
+        folder = self._sharded_dir / f"step-{step:08d}"
         save_sharded(
             folder, self.module, self.optimizer, step=step, mesh=self.mesh, extra_state=extra_state,
             extra={"run": self.cfg.run, "loss": loss, "seed": self.cfg.seed, "last_pass": passed},

@@ -1,4 +1,5 @@
-"""Micro-batches between ranks at an audit step, and their recompute on the unwrapped module.
+"""Micro-batches between ranks at an audit step, and their recompute: on the unwrapped module under DDP (loss
+and local gradient), forward only on the sharded module under FSDP2/HSDP (`recompute_loss`, every rank at once).
 
 A micro-batch is whatever the user's `loss_fn(model, batch)` takes: a tensor, or dicts, lists and tuples of
 tensors and plain values (a Hugging Face `BatchEncoding` travels as a dict). It travels as the bytes of
@@ -11,7 +12,8 @@ batch to every rank.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -110,17 +112,45 @@ class PeerBatches:
         return self.batch if src == self.rank else decode(data, self.device)
 
     def recompute(self, batch: Any, rank: int) -> tuple[torch.Tensor, int]:
+        with self._buffers_kept():
+            loss = self.forward(self.step, rank, lambda: self.loss_fn(self.module, batch))
+            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        return loss.detach(), grad_fingerprint(grads, self.params)
+
+    def recompute_loss(self, batch: Any, rank: int) -> torch.Tensor:
+        """The loss alone, forward only under `torch.no_grad()` (a sharded model: no backward, so no
+        reduce-scatter and `p.grad` untouched). Under FSDP the forward all-gathers each shard group's
+        parameters: every rank of a group must call this at the same time. FSDP2 keeps the root's
+        parameters gathered after a forward (its backward would need them); no backward follows here and
+        the optimizer updates the shards next, so every FSDP module is resharded before returning (a
+        gathered copy left in place would be the next step's stale weights)."""
+        try:
+            with self._buffers_kept(), torch.no_grad():
+                loss = self.forward(self.step, rank, lambda: self.loss_fn(self.module, batch))
+        finally:
+            reshard(self.module)
+        return loss.detach()
+
+    @contextmanager
+    def _buffers_kept(self) -> Iterator[None]:
         # A forward pass in training mode may update buffers (BatchNorm's running statistics): put them
         # back, so a recompute leaves the replica exactly as the real pass left it.
         kept = [(b, b.detach().clone()) for b in self.module.buffers()]
         try:
-            loss = self.forward(self.step, rank, lambda: self.loss_fn(self.module, batch))
-            grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+            yield
         finally:
             with torch.no_grad():
                 for b, saved in kept:
                     b.copy_(saved)
-        return loss.detach(), grad_fingerprint(grads, self.params)
+
+
+def reshard(module: nn.Module) -> None:
+    """Free the gathered parameters of every FSDP2 module in `module` (none: nothing to do)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
 
 
 def _sendrecv(out: torch.Tensor, to: int, into: torch.Tensor, frm: int) -> None:

@@ -7,15 +7,15 @@ every rank: `Guard.prepare_sharded` and its step use these parts.
   layers first, with the same mesh; the root is then sharded last, as FSDP2 asks).
 - The checks (`sharded_checks`): the finite check runs on the gradient shards after the reduce-scatter
   (training.checks.finite.ShardedFiniteCheck), the weight vote within the ranks that hold the same shard
-  (ReplicaLayout.from_mesh). Two configurations are refused, not weakened in silence:
-  * a weight vote over a layout that is not votable (FSDP2: no shard is held by two ranks). A vote that
-    compares nothing would pass at every step and look like protection; dropping it with a warning would
-    leave the records of a run that claims a check it never ran. The fix is the user's choice, so the
-    error names both: replicate the shards (an HSDP mesh) or leave `weight_vote` out of
-    `CheckConfig.checks`.
-  * the cross-node recompute: it runs one rank's micro-batch on another rank, alone, with the unwrapped
-    module; under FSDP the forward pass all-gathers the shards, a collective that the other ranks are not
-    making, and the group hangs. Refused at set-up, before any collective.
+  (ReplicaLayout.from_mesh), the recompute forward only with every rank at once (RecomputeCheck.sharded:
+  rank r recomputes the loss of rank (r + k)'s micro-batch, k the smallest offset onto another node, so the
+  all-gathers of every shard group line up; one rank recomputing alone would hang its group). It runs on
+  FSDP2 too: it needs no replica, only that every rank gathers the same full weights, which FSDP2's
+  all-gather gives. One configuration is refused, not weakened in silence: a weight vote over a layout
+  that is not votable (FSDP2: no shard is held by two ranks). A vote that compares nothing would pass at
+  every step and look like protection; dropping it with a warning would leave the records of a run that
+  claims a check it never ran. The fix is the user's choice, so the error names both: replicate the shards
+  (an HSDP mesh) or leave `weight_vote` out of `CheckConfig.checks`.
 - The gradient (`local_grads`, `nonfinite`): FSDP2 has no communication hook that shows the local gradient
   before the reduce-scatter, so the guard looks after backward at what the rank holds: its shard of the
   reduced gradient. The gradient drills (`nan`, `inf`, `scale`: training.faults) change one element of the
@@ -33,6 +33,7 @@ from torch import nn
 
 from training.checks.base import Check
 from training.checks.finite import ShardedFiniteCheck
+from training.checks.recompute import RecomputeCheck
 from training.checks.replicas import REPLICATE, ReplicaLayout
 from training.checks.weight_vote import WeightVoteCheck
 from training.faults import Injector
@@ -91,13 +92,9 @@ def sharded_checks(checks: Sequence[Check], layout: ReplicaLayout) -> list[Check
     (ValueError) and why."""
     out: list[Check] = []
     for c in checks:
-        if c.name == "recompute":
-            raise ValueError(
-                "the recompute check cannot run on a sharded model yet: one rank recomputing another's batch "
-                "alone would all-gather shards that no other rank is sending, and the group would hang. "
-                "Leave 'recompute' out of CheckConfig.checks (or set recompute_every=0)"
-            )
-        if c.name == "finite":
+        if isinstance(c, RecomputeCheck):
+            out.append(c.sharded())
+        elif c.name == "finite":
             out.append(ShardedFiniteCheck(layout=layout))
         elif isinstance(c, WeightVoteCheck):
             if not layout.votable:

@@ -30,6 +30,12 @@ class Peers(Protocol):
         the RNG fork of (step, rank)."""
         ...
 
+    def recompute_loss(self, batch: Any, rank: int) -> torch.Tensor:
+        """The loss of `batch` as rank `rank` computed it this step, forward only under `torch.no_grad()` on
+        the sharded module (FSDP2/HSDP), under the RNG fork of (step, rank); `p.grad` is untouched. A
+        collective under FSDP (the forward all-gathers shards): every rank calls it at the same time."""
+        ...
+
 
 @dataclass(slots=True, kw_only=True)
 class StepContext:

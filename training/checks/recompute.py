@@ -12,6 +12,18 @@ One checker per target cannot say which of the two is wrong. So on a mismatch (r
 recomputes each disputed micro-batch, and the opinions are put to a vote: ranks whose value differs from a
 strict majority are the suspects (each disputed micro-batch is broadcast from its owner for that). With fewer than three nodes a majority of ranks can still be one node's
 doing, so the check reports the mismatch without naming anyone.
+
+Sharded models (FSDP2, HSDP: `forward_only`). One rank cannot recompute alone: the forward all-gathers the
+shards of its group, a collective the group's other ranks must make too. So every rank recomputes at once,
+in one round: rank r the micro-batch of rank (r + k) mod W, forward only under `torch.no_grad()`, and the
+all-gathers of every shard group line up (under HSDP on `Guard.device_mesh`, one row per node, k is the
+ranks per node: rank (row i, column c) recomputes rank (row i + 1, column c)). Every rank all-gathers the
+same full weights (HSDP's replicas hold equal shards; FSDP2's one copy is gathered by all), so the loss a
+rank recomputes must equal, bit for bit, the loss the owner computed. Only the loss is compared: there is
+no local gradient to fingerprint (no backward in the recompute, and FSDP offers no hook before its
+reduce-scatter). A dispute round is also every rank at once: each disputed micro-batch is recomputed by
+every rank, its owner included (its value discarded: its own report is its opinion), so no shard group
+waits on a rank that skipped the forward.
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ import math
 import time
 from typing import Any
 
-from training.checks.base import CheckBase, CheckResult, StepContext, bits_loss, loss_bits, majority
+from training.checks.base import CheckBase, CheckResult, Peers, StepContext, bits_loss, loss_bits, majority
 from training.dist import all_gather_int64
 from training.fingerprint.host import from_int64, hex64, to_int64
 
@@ -35,41 +47,63 @@ def derangement_offset(nodes: list[str]) -> tuple[int, bool]:
     return 1, False
 
 
+Opinion = tuple[int, ...]
+"""What a rank says one micro-batch gave: (loss bits, gradient fingerprint), or (loss bits,) forward only."""
+
+
 class RecomputeCheck(CheckBase):
     name = "recompute"
 
-    def __init__(self, *, every: int, loss_rtol: float = 0.0) -> None:
-        self.every, self.loss_rtol = every, loss_rtol
+    def __init__(self, *, every: int, loss_rtol: float = 0.0, forward_only: bool = False) -> None:
+        self.every, self.loss_rtol, self.forward_only = every, loss_rtol, forward_only
+
+    def sharded(self) -> RecomputeCheck:
+        """This check for a sharded model: the same cadence and tolerance, forward only, every rank at once."""
+        return RecomputeCheck(every=self.every, loss_rtol=self.loss_rtol, forward_only=True)
 
     def due(self, step: int, *, saving: bool) -> bool:
         return self.every > 0 and step % self.every == 0
 
-    def _agree(self, a: tuple[int, int], b: tuple[int, int]) -> bool:
+    def _agree(self, a: Opinion, b: Opinion) -> bool:
         if self.loss_rtol == 0:
             return a == b
         la, lb = bits_loss(a[0]), bits_loss(b[0])
         return math.isclose(la, lb, rel_tol=self.loss_rtol, abs_tol=0.0)
+
+    def _recompute(self, peers: Peers, batch: Any, rank: int) -> Opinion:
+        if self.forward_only:
+            return (loss_bits(peers.recompute_loss(batch, rank)),)
+        loss, fp = peers.recompute(batch, rank)
+        return loss_bits(loss), fp
+
+    def _own(self, ctx: StepContext) -> Opinion:
+        if self.forward_only:
+            return (loss_bits(ctx.loss),)
+        assert ctx.own_grad_fingerprint is not None
+        return loss_bits(ctx.loss), ctx.own_grad_fingerprint
 
     def after_reduce(self, ctx: StepContext) -> CheckResult | None:
         w = ctx.world_size
         if w < 2:
             return None
         t0 = time.perf_counter()
-        if ctx.peers is None or ctx.own_grad_fingerprint is None:
+        if ctx.peers is None or (ctx.own_grad_fingerprint is None and not self.forward_only):
             raise RuntimeError(
                 "recompute check at an audit step without the guard's peers and own fingerprint"
             )
         k, cross_node = derangement_offset(ctx.nodes)
         target = (ctx.rank + k) % w
-        loss, fp = ctx.peers.recompute(ctx.peers.exchange(k), target)
-        mine = [loss_bits(ctx.loss), to_int64(ctx.own_grad_fingerprint), loss_bits(loss), to_int64(fp)]
-        table = all_gather_int64(mine, ctx.device).tolist()
-        reported = [(row[0], from_int64(row[1])) for row in table]
-        recomputed = {(r + k) % w: (table[r][2], from_int64(table[r][3])) for r in range(w)}
+        recomputed_here = self._recompute(ctx.peers, ctx.peers.exchange(k), target)
+        table = all_gather_int64(_wire(self._own(ctx)) + _wire(recomputed_here), ctx.device).tolist()
+        n = 1 if self.forward_only else 2
+        reported = [_opinion(row[:n]) for row in table]
+        recomputed = {(r + k) % w: _opinion(table[r][n:]) for r in range(w)}
         checker = {(r + k) % w: r for r in range(w)}
         disputed = [t for t in range(w) if not self._agree(reported[t], recomputed[t])]
         n_nodes = len(set(ctx.nodes))
         evidence: dict[str, Any] = {"offset": k, "cross_node": cross_node, "nodes_in_world": n_nodes}
+        if self.forward_only:
+            evidence["compared"] = "loss (forward only: a sharded model)"
         if not disputed:
             self._add_time(ctx, t0)
             return CheckResult(
@@ -106,25 +140,27 @@ class RecomputeCheck(CheckBase):
         )
 
     def _vote(
-        self, ctx: StepContext, disputed: list[int], reported: list[tuple[int, int]]
+        self, ctx: StepContext, disputed: list[int], reported: list[Opinion]
     ) -> tuple[list[int], dict[str, dict[str, dict[str, str]]], bool]:
-        """Every rank recomputes every disputed micro-batch; a target's own report is its opinion."""
+        """Every rank recomputes every disputed micro-batch; a target's own report is its opinion (forward
+        only, the target recomputes too, in step with the others, and keeps its report)."""
         assert ctx.peers is not None
         mine: list[int] = []
         for t in disputed:
             batch = ctx.peers.broadcast(t)  # a collective: every rank, every disputed target, in order
-            if t == ctx.rank:
-                loss_b, fp = reported[t]
-            else:
-                loss, fp = ctx.peers.recompute(batch, t)
-                loss_b = loss_bits(loss)
-            mine += [loss_b, to_int64(fp)]
+            if t != ctx.rank:
+                mine += _wire(self._recompute(ctx.peers, batch, t))
+                continue
+            if self.forward_only:
+                self._recompute(ctx.peers, batch, t)  # FSDP's all-gathers need this rank
+            mine += _wire(reported[t])
         table = all_gather_int64(mine, ctx.device).tolist()
+        n = 1 if self.forward_only else 2
         suspects: set[int] = set()
         votes: dict[str, dict[str, dict[str, str]]] = {}
         attributable = len(set(ctx.nodes)) >= 3
         for i, t in enumerate(disputed):
-            opinions = [(row[2 * i], from_int64(row[2 * i + 1])) for row in table]
+            opinions = [_opinion(row[n * i : n * (i + 1)]) for row in table]
             votes[str(t)] = {str(r): _show(o) for r, o in enumerate(opinions)}
             found, dissent = self._majority(opinions)
             if not found:
@@ -132,7 +168,7 @@ class RecomputeCheck(CheckBase):
             suspects.update(dissent)
         return sorted(suspects), votes, attributable
 
-    def _majority(self, opinions: list[tuple[int, int]]) -> tuple[bool, list[int]]:
+    def _majority(self, opinions: list[Opinion]) -> tuple[bool, list[int]]:
         if self.loss_rtol == 0:
             value, dissent = majority(opinions)
             return value is not None, dissent
@@ -145,5 +181,17 @@ class RecomputeCheck(CheckBase):
         return True, [r for r in range(w) if not agree[r]]
 
 
-def _show(opinion: tuple[int, int]) -> dict[str, str]:
-    return {"loss": repr(bits_loss(opinion[0])), "grad_fingerprint": hex64(opinion[1])}
+def _wire(opinion: Opinion) -> list[int]:
+    """An opinion as int64 values for a gather (a fingerprint is unsigned)."""
+    return [opinion[0], *(to_int64(v) for v in opinion[1:])]
+
+
+def _opinion(row: list[int]) -> Opinion:
+    return (row[0], *(from_int64(v) for v in row[1:]))
+
+
+def _show(opinion: Opinion) -> dict[str, str]:
+    shown = {"loss": repr(bits_loss(opinion[0]))}
+    if len(opinion) > 1:
+        shown["grad_fingerprint"] = hex64(opinion[1])
+    return shown

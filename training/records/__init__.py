@@ -7,11 +7,10 @@ ValueError naming the field) and `to_json`. Pure Python: no torch, no Airflow, n
 `parse(kind, obj)` builds the record of a kind named at run time; `loads(kind, data)` decodes JSON bytes
 first. The key layout is in `training.records.schema`; the read model of a whole run is `longrun.runview`.
 
-`KINDS` names every record kind the store holds. The kinds of `training.records.schema`'s table share one base
-(`Record`); the newer kinds share another (`Declared`: each field declared once, `fields.Field`) with the
-same `from_json`/`to_json` contract (`RecordType`), registered here by where they live: several belong to
-the orchestrator (package `longrun`, which the job must not import), so
-`KINDS` imports a newer kind's class on first use.
+`KINDS` names every record kind the store holds. Every kind is a `Declared` (each field declared once,
+`fields.Field`; the kinds of `training.records.schema`'s table through its base `Record`); the newer kinds
+are registered here by where they live: several belong to the orchestrator (package `longrun`, which the
+job must not import), so `KINDS` imports a newer kind's class on first use.
 """
 
 from __future__ import annotations

@@ -4,12 +4,11 @@ Field meanings are in docs/contracts.md; `extra` keeps what a newer writer added
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Self
 
-from training.records import schema
 from training.records.base import Record
-from training.records.fields import ints, opt_bool, opt_int, strs
+from training.records.fields import ints_of, opt_bool, opt_int, schema_fields, strs, strs_of
 from training.records.schema import SchemaError
 
 
@@ -103,18 +102,9 @@ class Alert(Record):
     update_applied: bool | None = None
     """True when the step's update was applied before the verdict (the weight vote runs after it)."""
     exit_code: int | None = None
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
-
-    OPTIONAL = {"update_applied": opt_bool, "exit_code": opt_int}
-
-    @classmethod
-    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            "suspect_ranks": ints(cls.KIND, "suspect_ranks", obj["suspect_ranks"]),
-            "suspect_nodes": strs(cls.KIND, "suspect_nodes", obj["suspect_nodes"]),
-        }
+    FIELDS = schema_fields(
+        KIND, suspect_ranks=ints_of, suspect_nodes=strs_of, update_applied=opt_bool, exit_code=opt_int
+    )
 
     @property
     def world(self) -> World | None:

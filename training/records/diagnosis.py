@@ -1,16 +1,15 @@
 """The diagnosis part of an incident record, as the diagnose step returns it and the record keeps it: the
 step's verdict, node_check's JSON (`details`) and the replay probe's JSON inside it; a probe's JSON is
-also the diagnosis' reference. Reading and writing: training/records/parts.py."""
+also the diagnosis' reference. Reading and writing: `Part` in training/records/base.py."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Self
 
-from training.records.base import Part
-from training.records.fields import opt_bool, opt_float, opt_int, opt_obj, opt_str
-from training.records.parts import PART, opt_job_id
+from training.records.base import PART, Part
+from training.records.fields import opt_bool, opt_float, opt_int, opt_job_id, opt_obj, opt_str, while_set
 
 
 @PART
@@ -31,20 +30,18 @@ class ProbeResult(Part):
     torch: str | None = None
     cpu_capability: str | None = None
     threads: int | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {
-        "node": opt_str,
-        "verdict": opt_str,
-        "fingerprint": opt_str,
-        "expect": opt_str,
-        "expected": opt_str,
-        "duration_s": opt_float,
-        "torch": opt_str,
-        "cpu_capability": opt_str,
-        "threads": opt_int,
-    }
+    FIELDS = while_set(
+        node=opt_str,
+        verdict=opt_str,
+        fingerprint=opt_str,
+        expect=opt_str,
+        expected=opt_str,
+        duration_s=opt_float,
+        torch=opt_str,
+        cpu_capability=opt_str,
+        threads=opt_int,
+    )
 
     @property
     def env(self) -> tuple[str | None, str | None, int | None]:
@@ -67,16 +64,10 @@ class Probe(Part):
     result: ProbeResult | None = None
     error: str | None = None
     stderr_tail: str | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {
-        "verdict": opt_str,
-        "exit_code": opt_int,
-        "result": ProbeResult.read,
-        "error": opt_str,
-        "stderr_tail": opt_str,
-    }
+    FIELDS = while_set(
+        verdict=opt_str, exit_code=opt_int, result=ProbeResult.read, error=opt_str, stderr_tail=opt_str
+    )
 
 
 @PART
@@ -92,17 +83,15 @@ class NodeCheck(Part):
     """DCGM's verdict as longrun.health.dcgm writes it (read by `dcgm.describe`)."""
     stdout_tail: str | None = None
     stderr_tail: str | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {
-        "node": opt_str,
-        "verdict": opt_str,
-        "probe": Probe.read,
-        "dcgm": opt_obj,
-        "stdout_tail": opt_str,
-        "stderr_tail": opt_str,
-    }
+    FIELDS = while_set(
+        node=opt_str,
+        verdict=opt_str,
+        probe=Probe.read,
+        dcgm=opt_obj,
+        stdout_tail=opt_str,
+        stderr_tail=opt_str,
+    )
 
     @property
     def probe_result(self) -> ProbeResult:
@@ -134,25 +123,23 @@ class Diagnosis(Part):
     job); absent for the reservation path."""
     job_id: int | str | None = None
     observe: bool | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {
-        "node": opt_str,
-        "verdict": opt_str,
-        "reason": opt_str,
-        "summary": opt_str,
-        "runbook": opt_str,
-        "duration_s": opt_float,
-        "exit_code": opt_int,
-        "details": NodeCheck.read,
-        "reference_node": opt_str,
-        "dcgm_level": opt_int,
-        "total_s": opt_float,
-        "where": opt_str,
-        "job_id": opt_job_id,
-        "observe": opt_bool,
-    }
+    FIELDS = while_set(
+        node=opt_str,
+        verdict=opt_str,
+        reason=opt_str,
+        summary=opt_str,
+        runbook=opt_str,
+        duration_s=opt_float,
+        exit_code=opt_int,
+        details=NodeCheck.read,
+        reference_node=opt_str,
+        dcgm_level=opt_int,
+        total_s=opt_float,
+        where=opt_str,
+        job_id=opt_job_id,
+        observe=opt_bool,
+    )
 
     @property
     def checked(self) -> NodeCheck:

@@ -1,7 +1,8 @@
 """Readers of one record field: each checks the type and raises a SchemaError naming the field, or reads
-the version stamp of a record that is a dataclass of its own (`stamped`, `versioned`); and `Field`, the
-declaration of one field of a `Declared` record kind (its reader, checks, JSON name), with the checks
-those kinds share (`run_name`, `non_empty`, `epoch_seconds`...)."""
+the version stamp of a record (`stamped`, `versioned`); and `Field`, the declaration of one field of a
+record kind (`training.records.base.Declared`: its reader, checks, JSON name), with the checks those
+kinds share (`run_name`, `non_empty`, `epoch_seconds`...) and the tables of a part's fields
+(`while_set`) and of a kind of `schema.REQUIRED` (`schema_fields`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from training.records.schema import SchemaError, check_run_name
+from training.records.schema import REQUIRED, SchemaError, check_run_name
 
 
 def _is_number(v: Any) -> bool:
@@ -108,6 +109,18 @@ def opt_strs(kind: str, obj: Mapping[str, Any], field: str) -> tuple[str, ...] |
     return None if v is None else strs(kind, field, v)
 
 
+def opt_ints(kind: str, obj: Mapping[str, Any], field: str) -> tuple[int, ...] | None:
+    """An optional list-of-integers field (absent or null: None)."""
+    v = obj.get(field)
+    return None if v is None else ints(kind, field, v)
+
+
+def opt_job_id(kind: str, obj: Mapping[str, Any], field: str) -> int | str | None:
+    """A Slurm job id: an integer, or its text."""
+    v = obj.get(field)
+    return v if v is None or isinstance(v, str) else opt_int(kind, obj, field)
+
+
 Reader = Callable[[str, Mapping[str, Any], str], Any]
 """Reads one optional field: (kind, object, field name) -> value, or raises SchemaError."""
 
@@ -155,6 +168,9 @@ Check = Callable[[Any], str | None]
 
 SET = "<set>"
 """`Field.when` of a field written only while it is set (not None)."""
+FILLED = "<filled>"
+"""`Field.when` of a field written only while it is not empty (None, an empty tuple or mapping, an empty
+part)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +183,9 @@ class Field:
     `present`: the JSON object must hold the name even when its value is null (a field always written).
     `checks` run on the value whenever the record is built (in code or by `from_json`), skipped for None
     when the field is not needed. `key`: the JSON name when it is not the attribute's. `when`: "" is
-    always written; `SET`, only while not None; an attribute's name, only while that one is not None."""
+    always written; `SET`, only while not None; `FILLED`, only while not empty; an attribute's name, only
+    while that one is not None (a `SET` or `FILLED` field read as empty is written back as read, where
+    the record keeps `as_read`). `write`: the field's JSON, when it is not plain."""
 
     read: Reader
     need: bool = True
@@ -175,10 +193,10 @@ class Field:
     checks: tuple[Check, ...] = ()
     key: str = ""
     when: str = ""
+    write: Callable[[Any], Any] | None = None
 
-    def take(self, kind: str, obj: Mapping[str, Any], name: str) -> Any:
-        """The value of this field (attribute `name`) in the record object `obj`; SchemaError naming it."""
-        key = self.key or name
+    def take(self, kind: str, obj: Mapping[str, Any], key: str) -> Any:
+        """The value of this field (JSON name `key`) in the record object `obj`; SchemaError naming it."""
         if self.present and key not in obj:
             raise SchemaError(f"{kind} record lacks field {key!r}")
         return need(kind, obj, key, self.read) if self.need else self.read(kind, obj, key)
@@ -231,3 +249,33 @@ def one_of(values: tuple[str, ...]) -> Check:
 def matches(pattern: re.Pattern[str], what: str) -> Check:
     """A string `pattern` matches (anchor it: `^...$`); `what` says what is wrong otherwise."""
     return lambda v: None if isinstance(v, str) and pattern.match(v) else what
+
+
+def while_set(**readers: Reader | Field) -> dict[str, Field]:
+    """The fields of a part: each optional, read with its reader and written while set (not None), or
+    declared whole (a `Field`)."""
+    return {n: r if isinstance(r, Field) else Field(r, need=False, when=SET) for n, r in readers.items()}
+
+
+def as_written(kind: str, obj: Mapping[str, Any], field: str) -> Any:
+    """A field taken as written (a required field of `schema.REQUIRED`'s table, validated before)."""
+    return obj.get(field)
+
+
+def ints_of(kind: str, obj: Mapping[str, Any], field: str) -> tuple[int, ...]:
+    """A list-of-integers field as a tuple (absent or null: empty)."""
+    return ints(kind, field, obj.get(field) or ())
+
+
+def strs_of(kind: str, obj: Mapping[str, Any], field: str) -> tuple[str, ...]:
+    """A list-of-strings field as a tuple (absent or null: empty)."""
+    return strs(kind, field, obj.get(field) or ())
+
+
+def schema_fields(kind: str, **readers: Reader) -> dict[str, Field]:
+    """The fields of a kind of `schema.REQUIRED`'s table (a `base.Record`): its required fields, taken as
+    validated (a number as written) unless `readers` names one, always written; then the other fields of
+    `readers`, optional, written while not empty (`FILLED`)."""
+    required = REQUIRED[kind]
+    out = {name: Field(readers.get(name, as_written), need=False) for name in required}
+    return out | {n: Field(r, need=False, when=FILLED) for n, r in readers.items() if n not in required}

@@ -1,16 +1,24 @@
 """The parts of an incident record besides the diagnosis (training/records/diagnosis.py): the attribution,
 the drain, the restart checkpoint and the relaunch, as sdc_incident's steps return them and the record
-keeps them. Reading and writing: training/records/parts.py."""
+keeps them. Reading and writing: `Part` in training/records/base.py."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import field
 from typing import Any
 
-from training.records.base import Part
-from training.records.fields import opt_bool, opt_float, opt_int, opt_obj, opt_str, opt_strs
-from training.records.parts import PART, opt_ints, opt_job_id
+from training.records.base import PART, Part
+from training.records.fields import (
+    opt_bool,
+    opt_float,
+    opt_int,
+    opt_ints,
+    opt_job_id,
+    opt_obj,
+    opt_str,
+    opt_strs,
+    while_set,
+)
 
 
 @PART
@@ -25,10 +33,8 @@ class Attribution(Part):
     ranks: tuple[int, ...] | None = None
     reason: str | None = None
     runbook: str | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {"verdict": opt_str, "node": opt_str, "ranks": opt_ints, "reason": opt_str, "runbook": opt_str}
+    FIELDS = while_set(verdict=opt_str, node=opt_str, ranks=opt_ints, reason=opt_str, runbook=opt_str)
 
     @property
     def ambiguous(self) -> bool:
@@ -45,10 +51,8 @@ class RestartCheckpoint(Part):
     key: str | None = None
     why: str | None = None
     lost_steps: int | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {"step": opt_int, "key": opt_str, "why": opt_str, "lost_steps": opt_int}
+    FIELDS = while_set(step=opt_int, key=opt_str, why=opt_str, lost_steps=opt_int)
 
 
 @PART
@@ -68,20 +72,18 @@ class Relaunch(Part):
     """The relaunched run's params (a RunSpec's)."""
     in_job: bool | None = None
     observe: bool | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {
-        "job_id": opt_job_id,
-        "nodes": opt_strs,
-        "exclude": opt_strs,
-        "resume_from": opt_str,
-        "attempt": opt_int,
-        "note": opt_str,
-        "params": opt_obj,
-        "in_job": opt_bool,
-        "observe": opt_bool,
-    }
+    FIELDS = while_set(
+        job_id=opt_job_id,
+        nodes=opt_strs,
+        exclude=opt_strs,
+        resume_from=opt_str,
+        attempt=opt_int,
+        note=opt_str,
+        params=opt_obj,
+        in_job=opt_bool,
+        observe=opt_bool,
+    )
 
 
 @PART
@@ -98,17 +100,15 @@ class Drain(Part):
     """Drains in the rate limit's window, this one included."""
     rerun: bool | None = None
     observe: bool | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {
-        "node": opt_str,
-        "reason": opt_str,
-        "drained_now": opt_bool,
-        "in_window": opt_int,
-        "rerun": opt_bool,
-        "observe": opt_bool,
-    }
+    FIELDS = while_set(
+        node=opt_str,
+        reason=opt_str,
+        drained_now=opt_bool,
+        in_window=opt_int,
+        rerun=opt_bool,
+        observe=opt_bool,
+    )
 
 
 @PART
@@ -128,19 +128,17 @@ class Recovery(Part):
     resumed_as_picked: bool | None = None
     """The relaunch's first step is the one after the picked checkpoint."""
     lost_steps: int | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {
-        "milestones_s": opt_obj,
-        "alert_to_first_healthy_step_s": opt_float,
-        "relaunch_segment": opt_str,
-        "pick_step": opt_int,
-        "start_step": opt_int,
-        "first_step": opt_int,
-        "resumed_as_picked": opt_bool,
-        "lost_steps": opt_int,
-    }
+    FIELDS = while_set(
+        milestones_s=opt_obj,
+        alert_to_first_healthy_step_s=opt_float,
+        relaunch_segment=opt_str,
+        pick_step=opt_int,
+        start_step=opt_int,
+        first_step=opt_int,
+        resumed_as_picked=opt_bool,
+        lost_steps=opt_int,
+    )
 
 
 @PART
@@ -153,10 +151,8 @@ class Closing(Part):
     by: str | None = None
     reason: str | None = None
     healthy_steps: int | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {"time": opt_float, "by": opt_str, "reason": opt_str, "healthy_steps": opt_int}
+    FIELDS = while_set(time=opt_float, by=opt_str, reason=opt_str, healthy_steps=opt_int)
 
 
 __all__ = ["Attribution", "Closing", "Drain", "Recovery", "Relaunch", "RestartCheckpoint"]

@@ -7,11 +7,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from training.records import schema
 from training.records.alert import World
 from training.records.base import Record
-from training.records.fields import ints, opt_bool, opt_dict, opt_float, opt_int, opt_str, strs
-from training.records.schema import SchemaError
+from training.records.fields import (
+    ints_of,
+    opt_bool,
+    opt_dict,
+    opt_float,
+    opt_int,
+    opt_objects,
+    opt_str,
+    schema_fields,
+    strs_of,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,18 +41,14 @@ class CheckRecord(Record):
     suspect_ranks: tuple[int, ...] = ()
     suspect_nodes: tuple[str, ...] = ()
     evidence: Mapping[str, Any] = field(default_factory=dict)
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
-
-    OPTIONAL = {"loss": opt_float, "world_size": opt_int, "evidence": opt_dict}
-
-    @classmethod
-    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            "suspect_ranks": ints(cls.KIND, "suspect_ranks", obj.get("suspect_ranks") or ()),
-            "suspect_nodes": strs(cls.KIND, "suspect_nodes", obj.get("suspect_nodes") or ()),
-        }
+    FIELDS = schema_fields(
+        KIND,
+        loss=opt_float,
+        world_size=opt_int,
+        suspect_ranks=ints_of,
+        suspect_nodes=strs_of,
+        evidence=opt_dict,
+    )
 
     @property
     def fingerprints_by_rank(self) -> dict[str, Any]:
@@ -72,11 +76,7 @@ class Progress(Record):
     total_steps: int | None = None
     world_size: int | None = None
     restart_count: int | None = None
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
-
-    OPTIONAL = {"total_steps": opt_int, "world_size": opt_int, "restart_count": opt_int}
+    FIELDS = schema_fields(KIND, total_steps=opt_int, world_size=opt_int, restart_count=opt_int)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,16 +97,7 @@ class Manifest(Record):
     loss: float | None
     code_version: str
     world: World
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        files = obj["files"]
-        if not all(isinstance(f, Mapping) for f in files):
-            raise SchemaError(f"manifest record field 'files' = {files!r:.80} is not a list of objects")
-        return {"files": tuple(files), "world": World.from_json(obj["world"])}
+    FIELDS = schema_fields(KIND, files=opt_objects, world=lambda kind, obj, name: World.from_json(obj[name]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,17 +145,9 @@ class Save(Record):
     writer: str | None = None
     """`nvrx` or `thread`: where the upload stage ran."""
     duration_s: float | None = None
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
-
-    OPTIONAL = {
-        "job_id": opt_str,
-        "uploaded": opt_bool,
-        "nbytes": opt_int,
-        "writer": opt_str,
-        "duration_s": opt_float,
-    }
+    FIELDS = schema_fields(
+        KIND, job_id=opt_str, uploaded=opt_bool, nbytes=opt_int, writer=opt_str, duration_s=opt_float
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,11 +160,7 @@ class Report(Record):
     final_fingerprint: str
     time: float
     total_steps: int | None = None
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
-
-    OPTIONAL = {"total_steps": opt_int}
+    FIELDS = schema_fields(KIND, total_steps=opt_int)
 
     @property
     def orchestrator(self) -> ReportOrchestrator:

@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self
 
-from training.records import schema
 from training.records.alert import AlertRef
 from training.records.base import Record
 from training.records.diagnosis import Diagnosis, ProbeResult
-from training.records.fields import ints, opt_float, opt_int, opt_str, strs
+from training.records.fields import opt_float, opt_int, opt_ints, opt_str, schema_fields, strs_of
 from training.records.incident import Attribution, Closing, Drain, Recovery, Relaunch, RestartCheckpoint
 from training.records.schema import SchemaError
 
@@ -30,15 +29,12 @@ class Validation(Record):
     manifest_key: str | None = None
     manifest_etag: str | None = None
     """The ETag of the manifest this validation read (promotion requires it to be the current one)."""
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
-
-    OPTIONAL = {"manifest_key": opt_str, "manifest_etag": opt_str}
-
-    @classmethod
-    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return {"errors": tuple(str(e) for e in obj["errors"])}
+    FIELDS = schema_fields(
+        KIND,
+        errors=lambda kind, obj, name: tuple(str(e) for e in obj[name]),
+        manifest_key=opt_str,
+        manifest_etag=opt_str,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,11 +50,7 @@ class Promotion(Record):
     previous_step: int | None = None
     by: str | None = None
     """Who promoted (`longrun`, a monitor's `training_run.monitor:<run id>`, `mark_suspect`)."""
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
-
-    OPTIONAL = {"previous_step": opt_int, "by": opt_str}
+    FIELDS = schema_fields(KIND, previous_step=opt_int, by=opt_str)
 
 
 def _steps_by_check(kind: str, obj: Mapping[str, Any], field: str) -> dict[str, int | None] | None:
@@ -93,11 +85,7 @@ class Pick(Record):
     null when it never did. `bound` is the smallest of them (null when one is)."""
     key: str | None = None
     """Store key prefix of the chosen checkpoint."""
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
-
-    OPTIONAL = {"bound": opt_int, "last_known_good": _steps_by_check, "key": opt_str}
+    FIELDS = schema_fields(KIND, bound=opt_int, last_known_good=_steps_by_check, key=opt_str)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,16 +100,7 @@ class SuspectMark(Record):
     steps: tuple[int, ...] | None = None
     """An explicit list of suspect steps; when present it wins over `after_step`."""
     incident_id: str | None = None
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
-
-    OPTIONAL = {"incident_id": opt_str}
-
-    @classmethod
-    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        steps = obj.get("steps")
-        return {"steps": ints(cls.KIND, "steps", steps) if steps is not None else None}
+    FIELDS = schema_fields(KIND, steps=opt_ints, incident_id=opt_str)
 
     def demotes(self, step: int, saved_at: float | None) -> bool:
         """The suspect rule. A mark demotes the checkpoints after its last known-good step that were
@@ -192,6 +171,13 @@ class TimelineEvent:
         return {**out, **self.details}
 
 
+def _status(kind: str, obj: Mapping[str, Any], name: str) -> IncidentStatus | str | None:
+    """An `IncidentStatus`; a status this reader does not know (a newer writer's) stays a string: shown,
+    not hidden."""
+    status = opt_str(kind, obj, name)
+    return IncidentStatus(status) if status in {s.value for s in IncidentStatus} else status
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Incident(Record):
     """One incident, keyed by its alert; the timeline says what was done."""
@@ -225,35 +211,25 @@ class Incident(Record):
     """The measured recovery (event `first_healthy_step`; empty: not measured yet)."""
     closed: Closing = field(default_factory=Closing)
     """How the incident closed (status `closed`; empty: not closed)."""
-    schema_version: int = schema.SCHEMA_VERSION
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    as_read: Mapping[str, Any] = field(default_factory=dict)
 
     # Written after the other fields (each by a later step), as they were when they were extra fields.
-    OPTIONAL = {
-        "alert_key": opt_str,
-        "attribution": Attribution.read_or_empty,
-        "drain": Drain.read_or_empty,
-        "diagnosis": Diagnosis.read_or_empty,
-        "checkpoint": RestartCheckpoint.read_or_empty,
-        "relaunch": Relaunch.read_or_empty,
-        "lost_steps": opt_int,
-        "time_to_recover_s": opt_float,
-        "reference": ProbeResult.read_or_empty,
-        "recovery": Recovery.read_or_empty,
-        "closed": Closing.read_or_empty,
-    }
-
-    @classmethod
-    def _convert(cls, obj: Mapping[str, Any]) -> dict[str, Any]:
-        status = opt_str(cls.KIND, obj, "status")
-        known = {s.value for s in IncidentStatus}
-        return {
-            "timeline": tuple(TimelineEvent.from_json(e) for e in obj["timeline"]),
-            # A status this reader does not know (a newer writer's) stays a string: shown, not hidden.
-            "status": IncidentStatus(status) if status in known else status,
-            "runbooks": strs(cls.KIND, "runbooks", obj.get("runbooks") or ()),
-        }
+    FIELDS = schema_fields(
+        KIND,
+        timeline=lambda kind, obj, name: tuple(TimelineEvent.from_json(e) for e in obj[name]),
+        status=_status,
+        alert_key=opt_str,
+        attribution=Attribution.read_or_empty,
+        drain=Drain.read_or_empty,
+        diagnosis=Diagnosis.read_or_empty,
+        checkpoint=RestartCheckpoint.read_or_empty,
+        relaunch=Relaunch.read_or_empty,
+        lost_steps=opt_int,
+        time_to_recover_s=opt_float,
+        runbooks=strs_of,
+        reference=ProbeResult.read_or_empty,
+        recovery=Recovery.read_or_empty,
+        closed=Closing.read_or_empty,
+    )
 
     def event(self, name: str) -> TimelineEvent | None:
         """The timeline's event `name`, or None when it has not happened."""

@@ -154,7 +154,7 @@ def step_of_manifest_key(key: str) -> int | None:
 # ---- records --------------------------------------------------------------------------------------
 
 #: kind -> {field: type or tuple of types}; these are the fields every reader may rely on (the kinds of
-#: `training.records.base.Record`; the other kinds declare theirs in `Declared.FIELDS`).
+#: `training.records.base.Record`, whose `FIELDS` take them from here: `fields.schema_fields`).
 REQUIRED: dict[str, dict[str, Any]] = {
     "alert": {
         "run": str,

@@ -10,13 +10,19 @@ record that does not say its world size (when the alert does not say it either),
 manifest claims (one rank's view). A suspect checkpoint (after a demotion mark) and one whose newest
 validation did not pass are never picked. When a check in the class has no all-rank pass before the
 alert, nothing is provably from before the fault and the pick is None.
+
+A check the run does not run (the orchestrator's own launch record says so: a recompute cadence of 0, or a
+sharded run, whose recompute and, under FSDP2, vote do not exist) bounds nothing: it leaves the class,
+and the pick rests on the checks that ran. Without that record every check of the class counts, and a run
+that never ran one of them restarts from step 0. The pick is then as strong as the checks the run chose
+(docs/checkpoints.md, docs/sharding.md).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from longrun.checkpoints import catalog
@@ -134,10 +140,29 @@ def _newest_usable(
     return None
 
 
-def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[str, Any]:
-    """Work out the pick without writing anything: a dict with `step` (or None), `why`, and the evidence."""
+def checks_bounding(
+    check: str, checks_run: Collection[str] | None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the checks whose last known-good step bounds the pick after an alert of `check`, those of its
+    class left out because the run does not run them). `checks_run`: what the orchestrator's own launch
+    record says the run runs (None: unknown, so every check of the class counts, and a check that never
+    ran leaves nothing provable). The alert's own check always counts."""
+    klass = tuple(schema.CHECKS_FOR_ALERT[check])
+    if checks_run is None:
+        return klass, ()
+    return (
+        tuple(c for c in klass if c == check or c in checks_run),
+        tuple(c for c in klass if c != check and c not in checks_run),
+    )
+
+
+def plan_pick(
+    store: ObjectStore, run: str, alert: Mapping[str, Any], *, checks_run: Collection[str] | None = None
+) -> dict[str, Any]:
+    """Work out the pick without writing anything: a dict with `step` (or None), `why`, and the evidence.
+    `checks_run`: see `checks_bounding`."""
     check, alert_step = _alert_fields(alert)
-    checks = tuple(schema.CHECKS_FOR_ALERT[check])
+    checks, not_run = checks_bounding(check, checks_run)
     cat = catalog.checkpoints(store, run)
     lkg = last_known_good(
         checks,
@@ -153,7 +178,9 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
     lkg_text = ", ".join(f"{c} at step {s} ({src})" for c, (s, src) in lkg.items())
     head = (
         f"alert {check} at step {alert_step} (suspect nodes {list(alert.get('suspect_nodes') or [])}); "
-        f"checks able to catch this fault class: {', '.join(checks)}; last known good: {lkg_text}"
+        f"checks able to catch this fault class: {', '.join(checks)}"
+        + (f" (not run by this run, so no bound: {', '.join(not_run)})" if not_run else "")
+        + f"; last known good: {lkg_text}"
     )
     rejected: list[str] = []
     step: int | None = None
@@ -183,11 +210,17 @@ def plan_pick(store: ObjectStore, run: str, alert: Mapping[str, Any]) -> dict[st
 
 
 def pick_pre_incident(
-    store: ObjectStore, run: str, alert: Mapping[str, Any], *, write: bool = True
+    store: ObjectStore,
+    run: str,
+    alert: Mapping[str, Any],
+    *,
+    write: bool = True,
+    checks_run: Collection[str] | None = None,
 ) -> tuple[int | None, str]:
     """(step, why): the checkpoint to restart from after `alert` (a record with `check`, `step`, and
-    `suspect_nodes`), None when there is none. With `write`, the choice is recorded under picks/."""
-    plan = plan_pick(store, run, alert)
+    `suspect_nodes`), None when there is none. With `write`, the choice is recorded under picks/.
+    `checks_run`: see `checks_bounding`."""
+    plan = plan_pick(store, run, alert, checks_run=checks_run)
     if write:
         _check, alert_step = _alert_fields(alert)
         rec = schema.record(

@@ -19,8 +19,18 @@ from typing import Any
 
 from longrun.health.diagnose import VERDICTS
 from longrun.slurm import validate as v
+from training.records.base import FIELDS_HERE, Declared
 from training.records.diagnosis import Diagnosis
-from training.records.fields import need, opt_dict, opt_float, opt_str, versioned
+from training.records.fields import (
+    Field,
+    epoch_seconds,
+    matches,
+    one_of,
+    opt_dict,
+    opt_float,
+    opt_str,
+    versioned,
+)
 from training.records.schema import SchemaError
 from training.store.factory import store_from_env
 from training.store.interface import NotFound, ObjectStore, StoreError
@@ -53,9 +63,40 @@ def source_id(text: str) -> str:
     return s or "unknown"
 
 
+def _slurm_node(name: Any) -> str | None:
+    try:
+        v.node("node", name)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _a_string(value: Any) -> str | None:
+    return None if isinstance(value, str) else "expected a string or null"
+
+
+_OPT_STR = Field(opt_str, need=False, checks=(_a_string,))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NodeEvent:
-    """One thing that happened to a node."""
+class NodeEvent(Declared):
+    """One thing that happened to a node. Its `kind` is the event, not a stamp; a field this class does
+    not know is refused (the record is written whole, once)."""
+
+    KIND = RECORD_KIND
+    VERSION = SCHEMA_VERSION
+    FIELDS = {
+        "node": Field(opt_str, checks=(_slurm_node,)),
+        "kind": Field(opt_str, checks=(one_of(KINDS),)),
+        "time": Field(opt_float, checks=(epoch_seconds, lambda t: None if t > 0 else "must be > 0")),
+        "source": Field(opt_str, checks=(matches(_SOURCE, "expected 1-128 of [A-Za-z0-9._-]"),)),
+        "run": _OPT_STR,
+        "incident_id": _OPT_STR,
+        "verdict": Field(opt_str, need=False, checks=(_a_string, one_of(VERDICTS))),
+        "reason": _OPT_STR,
+        "evidence": Field(opt_dict, need=False),
+    }
+    ORDER = ("schema_version", FIELDS_HERE)
 
     node: str
     """Slurm node name."""
@@ -78,78 +119,22 @@ class NodeEvent:
     schema_version: int = SCHEMA_VERSION
     """Version of this record's layout."""
 
-    def __post_init__(self) -> None:
-        try:
-            v.node("node", self.node)
-        except ValueError as e:
-            raise SchemaError(f"{RECORD_KIND} record field 'node': {e}") from None
-        if self.kind not in KINDS:
-            raise SchemaError(f"{RECORD_KIND} record field 'kind' = {self.kind!r}; expected one of {KINDS}")
-        if not isinstance(self.time, (int, float)) or isinstance(self.time, bool) or self.time <= 0:
+    def _settle(self) -> None:
+        if not isinstance(self.evidence, Mapping):  # None too: always written as an object
             raise SchemaError(
-                f"{RECORD_KIND} record field 'time' = {self.time!r}; expected epoch seconds > 0"
+                f"{self.KIND} record field 'evidence' = {self.evidence!r:.80}: must be an object"
             )
-        if not isinstance(self.source, str) or not _SOURCE.match(self.source):
-            raise SchemaError(
-                f"{RECORD_KIND} record field 'source' = {self.source!r:.80}; expected 1-128 of [A-Za-z0-9._-]"
-            )
-        for name in ("run", "incident_id", "verdict", "reason"):
-            val = getattr(self, name)
-            if val is not None and not isinstance(val, str):
-                raise SchemaError(
-                    f"{RECORD_KIND} record field {name!r} = {val!r:.80}; expected a string or null"
-                )
-        if self.verdict is not None and self.verdict not in VERDICTS:
-            raise SchemaError(
-                f"{RECORD_KIND} record field 'verdict' = {self.verdict!r}; expected one of {VERDICTS}"
-            )
-        if not isinstance(self.evidence, Mapping):
-            raise SchemaError(
-                f"{RECORD_KIND} record field 'evidence' = {self.evidence!r:.80}; expected an object"
-            )
-        if self.schema_version != SCHEMA_VERSION:
-            raise SchemaError(
-                f"{RECORD_KIND} record field 'schema_version' = {self.schema_version!r}; expected {SCHEMA_VERSION}"
-            )
+
+    @classmethod
+    def _open(cls, raw: Any) -> Mapping[str, Any]:
+        obj = versioned(cls.KIND, raw, cls.VERSION)
+        if unknown := sorted(set(obj) - {*cls.FIELDS, "schema_version"}):
+            raise SchemaError(f"{cls.KIND} record has unknown field(s) {unknown}")
+        return obj
 
     @property
     def key(self) -> str:
         return f"{PREFIX}{self.node}/{int(self.time * 1000):013d}-{self.kind}-{self.source}.json"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": self.schema_version,
-            "node": self.node,
-            "kind": self.kind,
-            "time": self.time,
-            "source": self.source,
-            "run": self.run,
-            "incident_id": self.incident_id,
-            "verdict": self.verdict,
-            "reason": self.reason,
-            "evidence": dict(self.evidence),
-        }
-
-    @classmethod
-    def from_json(cls, raw: Any) -> NodeEvent:
-        """The event in a stored record (JSON text or object). Its `kind` is the event, not a stamp; a field
-        this class does not know is refused (the record is written whole, once)."""
-        r = RECORD_KIND
-        obj = versioned(r, raw, SCHEMA_VERSION)
-        if unknown := sorted(set(obj) - set(cls.__dataclass_fields__)):
-            raise SchemaError(f"{r} record has unknown field(s) {unknown}")
-        return cls(
-            node=need(r, obj, "node", opt_str),
-            kind=need(r, obj, "kind", opt_str),
-            time=need(r, obj, "time", opt_float),
-            source=need(r, obj, "source", opt_str),
-            run=opt_str(r, obj, "run"),
-            incident_id=opt_str(r, obj, "incident_id"),
-            verdict=opt_str(r, obj, "verdict"),
-            reason=opt_str(r, obj, "reason"),
-            evidence=opt_dict(r, obj, "evidence"),
-            schema_version=obj["schema_version"],
-        )
 
 
 def _existing(store: ObjectStore, ev: NodeEvent) -> NodeEvent | None:

@@ -8,7 +8,8 @@ real cause, so the incident drains nothing, fails loudly and links the ambiguous
 Ambiguous when:
 - the alert names no node (e.g. a two-node recompute mismatch, where no majority exists);
 - it names several nodes at once;
-- every replica disagrees (no majority: the checks say so in the evidence, or every node is named).
+- every replica disagrees (no majority: the checks say so in the evidence, or every node is named); for a
+  vote within replica groups (a sharded model) that is any disagreeing shard without a majority.
 """
 
 from __future__ import annotations
@@ -63,6 +64,20 @@ class AttributionOutcome:
         }
 
 
+def _vote_without_majority(evidence: Mapping[str, Any]) -> bool:
+    """Whether a weight vote's evidence says no strict majority existed. A vote within replica groups (a
+    sharded model: `shards`, one entry per shard whose holders disagreed) has no whole-model `majority`
+    by design; it had one where every disagreeing shard's group had a strict majority. Anything else
+    under `shards` (not a non-empty object of objects) counts as no majority: evidence that does not read
+    never names a node."""
+    if "shards" not in evidence:
+        return "majority" in evidence and evidence["majority"] is None
+    shards = evidence["shards"]
+    if not isinstance(shards, Mapping) or not shards:
+        return True
+    return any(not isinstance(g, Mapping) or g.get("majority") is None for g in shards.values())
+
+
 def attribute(alert: Mapping[str, Any] | Alert) -> AttributionOutcome:
     """Attribute an alert record (training.records.schema kind `alert`) to one node, or call it ambiguous.
     A record that does not read as an alert raises SchemaError (a ValueError) naming the field."""
@@ -83,9 +98,7 @@ def attribute(alert: Mapping[str, Any] | Alert) -> AttributionOutcome:
 
     # The checks say "no strict majority" as a flag, as a weight vote without a majority value, or as
     # a recompute dispute they could not attribute.
-    no_majority = any(evidence.get(k) for k in _NO_MAJORITY_KEYS) or (
-        "majority" in evidence and evidence["majority"] is None
-    )
+    no_majority = any(evidence.get(k) for k in _NO_MAJORITY_KEYS) or _vote_without_majority(evidence)
     if no_majority:
         return ambiguous(f"{check} at step {step}: every replica disagrees (no strict majority)")
     if evidence.get("attributable") is False:

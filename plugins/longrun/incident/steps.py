@@ -29,6 +29,7 @@ from longrun.incident import attribution, hot_spare, record
 from longrun.incident.events import Event
 from longrun.incident.runner import Incident, Outcome, Rec, authenticate, run, write
 from longrun.monitor.gate import gate_pending
+from longrun.monitor.lifecycle import spec_from_params
 from longrun.slurm import ops
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import JobNotFoundError, SlurmError
@@ -131,6 +132,15 @@ def gate_left(store: ObjectStore, inc: Incident) -> None:
     gate_pending(store, inc.run, before_step=inc.step, log=log, by=f"sdc_incident:{inc.incident_id}")
 
 
+def checks_run_by(inc: Incident) -> tuple[str, ...] | None:
+    """The checks the alerted launch runs, from the orchestrator's own launch record (`inc.run_params`);
+    None when those params do not read as a run (then the pick counts every check of the class)."""
+    try:
+        return spec_from_params(inc.run_params).checks_run()
+    except ValueError:
+        return None
+
+
 def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
     """The checkpoint to resume from; demotes the checkpoints after the last known-good step."""
 
@@ -140,9 +150,10 @@ def pick(store: ObjectStore, inc: Incident) -> dict[str, Any]:
 
     def act(rec: Rec) -> Outcome:  # observe mode too: it changes nothing on the cluster
         gate_left(store, inc)  # the job is final now: what it was still uploading at the freeze too
-        plan = plan_pick(store, inc.run, inc.alert)
+        checks_run = checks_run_by(inc)
+        plan = plan_pick(store, inc.run, inc.alert, checks_run=checks_run)
         if inc.plan.changes:
-            step, why = pick_pre_incident(store, inc.run, inc.alert, write=True)
+            step, why = pick_pre_incident(store, inc.run, inc.alert, write=True, checks_run=checks_run)
             lkg = [s for s in (plan.get("last_known_good") or {}).values() if isinstance(s, int)]
             if lkg:
                 mark_suspect(

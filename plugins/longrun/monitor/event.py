@@ -17,6 +17,8 @@ from typing import Any
 from longrun.monitor import watch
 from training.records.base import Part
 from training.records.fields import (
+    SET,
+    Field,
     need,
     opt_bool,
     opt_dict,
@@ -25,22 +27,21 @@ from training.records.fields import (
     opt_obj,
     opt_objects,
     opt_str,
+    while_set,
 )
 from training.records.schema import SchemaError
 
 KIND = "monitor_event"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # parts.PART, spelled out for mypy
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # base.PART, spelled out for mypy
 class Carry(Part):
     """Gate results of this watch so far, carried from one deferral to the next."""
 
     promoted: tuple[dict[str, Any], ...] = ()
     rejected: tuple[dict[str, Any], ...] = ()
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {"promoted": opt_objects, "rejected": opt_objects}
+    FIELDS = while_set(promoted=opt_objects, rejected=opt_objects)
     WITHIN = "carry"
     ERROR_KIND = KIND
 
@@ -71,7 +72,7 @@ def _seen(kind: str, obj: Mapping[str, Any], name: str) -> watch.Seen:
         raise SchemaError(f"{kind} record field {name!r} = {d!r:.80}: {e}") from None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # parts.PART, spelled out for mypy
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # base.PART, spelled out for mypy
 class MonitorEvent(Part):
     """One trigger event. Which fields are set depends on `type` (see `longrun.monitor.watch`)."""
 
@@ -97,27 +98,23 @@ class MonitorEvent(Part):
     carry: Carry = field(default_factory=Carry)
     at: float | None = None
     """Epoch seconds the trigger fired."""
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    """Fields this reader does not declare, kept as sent."""
 
     # In the order the trigger has always written them: each type's fields, then seen, carry, at.
-    READ = {
-        "type": _type,
-        "alert_key": opt_str,
-        "alert": opt_obj,
-        "step": opt_int,
-        "manifest_key": opt_str,
-        "outcome": opt_str,
-        "label": opt_str,
-        "age_s": opt_float,
-        "progress": opt_obj,
-        "retryable": opt_bool,
-        "message": opt_str,
-        "state": opt_obj,
-        "seen": _seen,
-        "carry": Carry.read_or_empty,
-        "at": opt_float,
-    }
-    WRITE = {"seen": watch.seen_to_dict}
+    FIELDS = while_set(
+        type=_type,
+        alert_key=opt_str,
+        alert=opt_obj,
+        step=opt_int,
+        manifest_key=opt_str,
+        outcome=opt_str,
+        label=opt_str,
+        age_s=opt_float,
+        progress=opt_obj,
+        retryable=opt_bool,
+        message=opt_str,
+        state=opt_obj,
+        seen=Field(_seen, need=False, when=SET, write=watch.seen_to_dict),
+        carry=Carry.read_or_empty,
+        at=opt_float,
+    )
     ERROR_KIND = KIND

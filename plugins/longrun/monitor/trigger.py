@@ -58,14 +58,14 @@ def event_json(fields: Mapping[str, Any], seen: watch.Seen, carry: Carry) -> dic
     """The event of `fields` (one `watch` event, or an error) with what every event carries, written by
     the type the operator reads it with (`MonitorEvent`): each field where the look put it, a null kept,
     then seen, carry, at. The trigger fires it; the operator builds one from its own look the same way."""
-    declared = {k: v for k, v in fields.items() if k in MonitorEvent.READ}
+    declared = {k: v for k, v in fields.items() if k in MonitorEvent.FIELDS}
     event = MonitorEvent(
         **declared,
         seen=seen,
         carry=carry,
         at=time.time(),
-        nulls=frozenset(k for k, v in declared.items() if v is None),
-        extra={k: v for k, v in fields.items() if k not in MonitorEvent.READ},
+        as_read={k: None for k, v in declared.items() if v is None},
+        extra={k: v for k, v in fields.items() if k not in MonitorEvent.FIELDS},
     )
     return event.to_json()
 

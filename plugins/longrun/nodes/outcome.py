@@ -7,11 +7,11 @@ read."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from training.records.base import Part
-from training.records.fields import need, opt_bool, opt_int, opt_objects, opt_str
+from training.records.fields import need, opt_bool, opt_int, opt_objects, opt_str, while_set
 
 
 def _node(kind: str, obj: Mapping[str, Any], name: str) -> str:
@@ -23,7 +23,7 @@ def _flag(kind: str, obj: Mapping[str, Any], name: str) -> bool:
     return bool(opt_bool(kind, obj, name))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # parts.PART, spelled out for mypy
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # base.PART, spelled out for mypy
 class NodeProbe(Part):
     """One node's probe (`returning.probe`, or the observe mode's stand-in, or a probe that could not run)."""
 
@@ -38,20 +38,13 @@ class NodeProbe(Part):
     why: str | None = None
     """Why the probe could not run."""
     dcgm_level: int | None = None
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {
-        "node": _node,
-        "clean": _flag,
-        "rounds": opt_objects,
-        "observe": opt_bool,
-        "why": opt_str,
-        "dcgm_level": opt_int,
-    }
+    FIELDS = while_set(
+        node=_node, clean=_flag, rounds=opt_objects, observe=opt_bool, why=opt_str, dcgm_level=opt_int
+    )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # parts.PART, spelled out for mypy
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)  # base.PART, spelled out for mypy
 class NodeReturn(Part):
     """One node's return (`returning.resume`, or the summary's note of a rejected approval)."""
 
@@ -63,7 +56,5 @@ class NodeReturn(Part):
     """Why it was not returned."""
     observe: bool | None = None
     """True in observe mode: it would have been returned."""
-    nulls: frozenset[str] = frozenset()
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
-    READ = {"node": _node, "returned": _flag, "why": opt_str, "observe": opt_bool}
+    FIELDS = while_set(node=_node, returned=_flag, why=opt_str, observe=opt_bool)
