@@ -12,9 +12,12 @@ every rank's shards, bit for bit (the report's fingerprint is taken over all of 
   `make test-drills` (LONGRUN_SHARDED_DRILLS=all): each drill is some five minutes here, and CI's budget
   keeps one.
 
+FSDP2 (`parallelism: fsdp`, the 6 ranks one shard group, nothing replicated, no vote): the sick-node drill,
+caught by the forward recompute naming n3, relaunched from the picked checkpoint, bit-identical; with
+`make test-drills`.
+
 The clean reference is the same Params without the drill, launched straight on the cluster
-(helpers.clean_reference). Not covered here (docs/sharding.md): FSDP2 through Airflow, hot spares with a
-sharded job.
+(helpers.clean_reference). Not covered here (docs/sharding.md): hot spares with a sharded job.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ DRILLS = {
     "scale": (("recompute", "weight_vote"), "pass"),
 }
 ALWAYS = ("sick-node",)
+FSDP_CONF = {**HSDP_CONF, "parallelism": "fsdp"}
 STAMP = time.strftime("%H%M%S")
 
 
@@ -76,20 +80,23 @@ def hsdp_reference(env, tmp_path_factory: pytest.TempPathFactory) -> CleanRun:
     return launch_clean(env.env["SLURM_CONF"], {**HSDP_CONF, "run_name": f"hsdp{STAMP}-clean"}, root)
 
 
-@pytest.mark.parametrize("kind", list(DRILLS))
-def test_hsdp_drill_is_caught_naming_the_node_and_the_relaunch_ends_bit_identical(rest, hsdp_reference, kind):
-    if kind not in ALWAYS and os.environ.get("LONGRUN_SHARDED_DRILLS") != "all":
+def all_drills() -> None:
+    if os.environ.get("LONGRUN_SHARDED_DRILLS") != "all":
         pytest.skip(
-            "runs with `make test-drills` (LONGRUN_SHARDED_DRILLS=all); `make test` runs the sick-node drill"
+            "runs with `make test-drills` (LONGRUN_SHARDED_DRILLS=all); `make test` runs the HSDP sick-node drill"
         )
+
+
+def drilled(rest, conf: dict, run: str, kind: str, reference: CleanRun) -> None:
+    """Run the `kind` drill on n3 through Airflow and check what every sharded drill must show (module
+    docstring); returns nodes to service afterwards."""
     checks, verdict = DRILLS[kind]
     client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
     return_to_service(client)  # a previous test's node, as the runbook's return-to-service would
-    run = f"hsdp{STAMP}-{kind}"
     store = store_from_env()
     try:
         drill = {"kind": kind, "step": 13, "target": "n3"}
-        result = run_drill(rest, store, {**HSDP_CONF, "run_name": run, "drill": drill})
+        result = run_drill(rest, store, {**conf, "run_name": run, "drill": drill})
         print("\n" + result.summary())
         inc = result.incident
         assert inc is not None and inc.status == "relaunched", result.summary()
@@ -100,19 +107,32 @@ def test_hsdp_drill_is_caught_naming_the_node_and_the_relaunch_ends_bit_identica
         assert "n3" not in nodes and len(nodes) == 3 and "n4" in nodes, inc.relaunch
         pick = inc.checkpoint.step
         assert pick is not None and 0 < pick < (result.detection_step or 0), inc.checkpoint
-        assert result.final_step == HSDP_CONF["steps"], result.summary()
-        assert result.final_fingerprint == hsdp_reference.final_fingerprint, (
+        assert result.final_step == conf["steps"], result.summary()
+        assert result.final_fingerprint == reference.final_fingerprint, (
             "some shard differs from the clean run"
         )
         # The relaunch resumed from the pick (the records), and its checkpoints are sharded ones, validated.
         relaunch = result.segments[-1]
         assert relaunch["start_step"] == pick and relaunch["first_step"] == pick + 1, relaunch
         assert relaunch["resumed_from"].rstrip("/").endswith(f"step-{pick:08d}"), relaunch
-        assert result.promoted_steps[-1] == HSDP_CONF["steps"], result.promoted_steps
-        final = json.loads(store.get_bytes(schema.store_key(run, schema.manifest_path(HSDP_CONF["steps"]))))
+        assert result.promoted_steps[-1] == conf["steps"], result.promoted_steps
+        final = json.loads(store.get_bytes(schema.store_key(run, schema.manifest_path(conf["steps"]))))
         assert final["format"] == "dcp-v1" and set(final["shard_fingerprints"]) == {str(r) for r in range(6)}
-        key = schema.store_key(run, schema.checkpoint_dir(HSDP_CONF["steps"]))
+        key = schema.store_key(run, schema.checkpoint_dir(conf["steps"]))
         names = {o.key.rsplit("/", 1)[-1] for o in store.list(key)}
         assert {".metadata", "sharded-manifest.json"} | {f"__{r}_0.distcp" for r in range(6)} <= names, names
     finally:
         return_to_service(client)
+
+
+@pytest.mark.parametrize("kind", list(DRILLS))
+def test_hsdp_drill_is_caught_naming_the_node_and_the_relaunch_ends_bit_identical(rest, hsdp_reference, kind):
+    if kind not in ALWAYS:
+        all_drills()
+    drilled(rest, HSDP_CONF, f"hsdp{STAMP}-{kind}", kind, hsdp_reference)
+
+
+def test_fsdp2_sick_node_is_caught_by_the_recompute_and_the_relaunch_ends_bit_identical(rest, env, tmp_path):
+    all_drills()
+    reference = launch_clean(env.env["SLURM_CONF"], {**FSDP_CONF, "run_name": f"fsdp{STAMP}-clean"}, tmp_path)
+    drilled(rest, FSDP_CONF, f"fsdp{STAMP}-sick-node", "sick-node", reference)

@@ -132,6 +132,19 @@ def test_votes_pass_and_fail():
     assert split is not None and split.agreeing == 0 and split.dissenters == ()
 
 
+def test_a_sharded_vote_counts_agreement_within_each_shard():
+    """HSDP 3 x 2: shard 0 on ranks 0, 2, 4 (rank 4 flipped), shard 1 on ranks 1, 3, 5. Fingerprints of
+    different shards never compare: five ranks agree with their shard's majority, one dissents."""
+    by_rank = {"0": "a", "1": "b", "2": "a", "3": "b", "4": "c", "5": "b"}
+    shards = {"0": {"ranks": [0, 2, 4], "majority": "a", "dissent": [4]}}
+    flip = runview.vote(_vote_check(15, "fail", {"fingerprints_by_rank": by_rank, "shards": shards}), 6)
+    assert flip == VotePoint(step=15, agreeing=5, replicas=6, dissenters=(4,))
+    undecided = {**shards, "1": {"ranks": [1, 3, 5], "majority": None, "dissent": []}}
+    for odd in (undecided, {}, "garbled"):
+        none = runview.vote(_vote_check(15, "fail", {"fingerprints_by_rank": by_rank, "shards": odd}), 6)
+        assert none == VotePoint(step=15, agreeing=0, replicas=6)
+
+
 def test_node_states_mark_this_runs_drains(store):
     fill_drill(store)
     h = data.load_run_health(store, "drill-1", nodes=nodes)
