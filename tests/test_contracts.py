@@ -363,6 +363,7 @@ CONTRACT_NEWER_RECORD_KINDS = {
     "security_event",
     "alert_key",
     "incident_lock",
+    "incident_join",
     "run_launch",
     "alert_claim",
     "drill_grant",

@@ -7,7 +7,7 @@ A kind's reader and writer are the ones the code uses on the store (`CODECS`): t
 from the writer's own function (`put_json`, `training.store.interface.dump_json`,
 `history.append`, `hot_spare._write`, `EventWriter.flush`), called on an in-memory store, never from a copy
 of its format. A case today's code fails is a strict xfail naming the gap (`ROUND_TRIP_GAPS`,
-`NAMING_GAPS`): the one left is `incident_join`, a kind without a reader.
+`NAMING_GAPS`): none is left.
 """
 
 from __future__ import annotations
@@ -38,10 +38,6 @@ from training.store.interface import NotFound, ObjectInfo, PreconditionFailed, d
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "fixtures" / "records"
-XFAIL_NO_READER = (
-    "issue 27: incident_join has no reader (longrun.incident.exclusive.join writes a plain dict), so nothing"
-    " refuses a corrupted one"
-)
 
 
 class MemStore:
@@ -184,7 +180,7 @@ CODECS: dict[str, Codec] = {
         kind: _record(KINDS[kind], f"training.records ({KINDS[kind].__name__})")
         for kind in ("alert", "progress", "report", "validation", "promotion", "pick", "suspect")
         + ("run_claim", "security_event", "alert_key", "incident_lock", "run_launch", "alert_claim")
-        + ("drill_grant",)
+        + ("drill_grant", "incident_join")
     },
     "segment": _record(KINDS["segment"], "training.segment"),
     "fault": _record(KINDS["fault"], "training.segment"),
@@ -206,7 +202,6 @@ CODECS: dict[str, Codec] = {
         lambda r: _put_json(r.to_json()),
         "longrun.health.probe_reference (ProbeResult)",
     ),
-    "incident_join": Codec(json.loads, _put_json, "longrun.incident.exclusive.join (a plain dict, no class)"),
     "monitor_event": Codec(_typed(MonitorEvent), _xcom, "longrun.monitor.event (XCom)"),
     "node_probe": Codec(_typed(NodeProbe), _xcom, "longrun.nodes.outcome (XCom)"),
     "node_return": Codec(_typed(NodeReturn), _xcom, "longrun.nodes.outcome (XCom)"),
@@ -240,6 +235,7 @@ RECORD_CLASSES: dict[str, str] = {
     "longrun.security_events:SecurityEvent": "security_event",
     "longrun.alert_auth:AlertKey": "alert_key",
     "longrun.incident.exclusive:IncidentLock": "incident_lock",
+    "longrun.incident.exclusive:IncidentJoin": "incident_join",
     "longrun.monitor.launches:RunLaunch": "run_launch",
     "longrun.incident.alert_identity:AlertClaim": "alert_claim",
     "longrun.drill_grant:DrillGrant": "drill_grant",
@@ -428,9 +424,7 @@ CORRUPTIONS: dict[str, list[Corruption]] = {
 }
 
 #: Corruptions today's readers accept, or refuse without naming the field: "kind/file:field" -> why.
-NAMING_GAPS: dict[str, str] = {
-    "incident_join/joined:joined": XFAIL_NO_READER,
-}
+NAMING_GAPS: dict[str, str] = {}
 
 
 def _case_id(kind: str, c: Corruption) -> str:

@@ -60,6 +60,7 @@ _NEWER_KINDS: dict[str, str] = {
     "security_event": "longrun.security_events:SecurityEvent",
     "alert_key": "longrun.alert_auth:AlertKey",
     "incident_lock": "longrun.incident.exclusive:IncidentLock",
+    "incident_join": "longrun.incident.exclusive:IncidentJoin",
     "run_launch": "longrun.monitor.launches:RunLaunch",
     "alert_claim": "longrun.incident.alert_identity:AlertClaim",
     "drill_grant": "longrun.drill_grant:DrillGrant",

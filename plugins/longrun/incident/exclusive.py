@@ -40,6 +40,7 @@ from training.records.fields import (
     slurm_job_id,
 )
 from training.records.orchestrator import IncidentStatus
+from training.records.schema import SchemaError
 from training.store.interface import NotFound, ObjectStore, dump_json, put_json
 from training.store.update import UpdateConflict, update_json
 
@@ -82,6 +83,30 @@ class IncidentLock(Declared):
     """The Slurm job that incident acts on (None when its alert named none)."""
     acquired_at: float
     """Epoch seconds."""
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IncidentJoin(Declared):
+    """The note an incident leaves when its alert joined the incident that holds the run
+    (`runs/<run>/incident-joins/<incident id>.json`): which one it joined, kept after the lock is gone."""
+
+    KIND = "incident_join"
+    FIELDS = {
+        "run": Field(opt_str, checks=(run_name,)),
+        "incident_id": Field(opt_str, checks=(non_empty,)),
+        "alert_key": Field(opt_str, checks=(non_empty,)),
+        "joined": Field(opt_str, checks=(non_empty,)),
+    }
+
+    run: str
+    """Run name."""
+    incident_id: str
+    """The incident that joined."""
+    alert_key: str
+    """Its alert."""
+    joined: str
+    """The incident it joined (the holder of the run's lock)."""
     schema_version: int = SCHEMA_VERSION
 
 
@@ -195,9 +220,8 @@ def join_incident(
         if not any(j.get("incident_id") == incident_id for j in joined):
             joined.append({"incident_id": incident_id, "alert_key": alert_key, "time": time.time()})
 
-    note = {"schema_version": SCHEMA_VERSION, "kind": "incident_join", "run": run}
-    note |= {"incident_id": incident_id, "alert_key": alert_key, "joined": holder_id}
-    put_json(store, join_key(run, incident_id), note)
+    note = IncidentJoin(run=run, incident_id=incident_id, alert_key=alert_key, joined=holder_id)
+    put_json(store, join_key(run, incident_id), note.to_json())
     deadline = time.monotonic() + JOIN_WAIT_S
     while True:
         try:
@@ -209,9 +233,14 @@ def join_incident(
 
 
 def joined_to(store: ObjectStore, *, run: str, incident_id: str) -> str | None:
-    """The incident `incident_id` joined, if it joined one (its join note, kept after the lock is gone)."""
+    """The incident `incident_id` joined, if it joined one (its join note, kept after the lock is gone).
+    A note that does not read raises SchemaError (a ValueError) naming the field: whether the incident
+    joined another is then unknown, and the caller must not act as if it held the run."""
     try:
-        note = json.loads(store.get_bytes(join_key(run, incident_id)))
+        raw = store.get_bytes(join_key(run, incident_id))
     except NotFound:
         return None
-    return str(note["joined"]) if isinstance(note, dict) and note.get("joined") else None
+    try:
+        return IncidentJoin.from_json(json.loads(raw)).joined
+    except ValueError as e:
+        raise SchemaError(f"{join_key(run, incident_id)}: {e}") from e
