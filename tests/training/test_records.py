@@ -97,7 +97,7 @@ def _newer() -> dict[str, tuple[Any, tuple[str, ...]]]:
     from longrun.drill_grant import DrillGrant
     from longrun.health.history import NodeEvent
     from longrun.incident.alert_identity import AlertClaim
-    from longrun.incident.exclusive import IncidentLock
+    from longrun.incident.exclusive import IncidentJoin, IncidentLock
     from longrun.monitor.launches import RunLaunch
     from longrun.runclaim import RunClaim
     from longrun.security_events import SecurityEvent
@@ -145,6 +145,10 @@ def _newer() -> dict[str, tuple[Any, tuple[str, ...]]]:
             IncidentLock(run="r1", incident_id="00000017-recompute-r000-1", job_id=None, acquired_at=T),
             ("run", "incident_id", "job_id", "acquired_at", "kind", "schema_version"),
         ),
+        "incident_join": (
+            IncidentJoin(run="r1", incident_id="i2", alert_key="runs/r1/alerts/y.json", joined="i1"),
+            ("run", "incident_id", "alert_key", "joined", "kind", "schema_version"),
+        ),
         "run_launch": (
             RunLaunch(
                 run="r1", attempt=1, dag_run_id="r1__attempt1", job_id=7, incident_id="i1",
@@ -169,7 +173,7 @@ def _newer() -> dict[str, tuple[Any, tuple[str, ...]]]:
 
 NEWER = (
     "segment", "fault", "directive", "node_event", "run_claim", "security_event", "alert_key", "incident_lock",
-    "run_launch", "alert_claim", "drill_grant",
+    "incident_join", "run_launch", "alert_claim", "drill_grant",
 )  # fmt: skip
 
 
