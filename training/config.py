@@ -123,6 +123,16 @@ ENV_PARALLELISM = "LONGRUN_PARALLELISM"
 PARALLELISMS = ("ddp", "fsdp", "hsdp")
 
 
+def checks_for_parallelism(parallelism: str, checks: tuple[str, ...]) -> tuple[str, ...]:
+    """`checks` less what `parallelism` cannot run: the weight vote under `fsdp`, where no shard has a second
+    holder to vote with (training.api.sharding refuses a configured vote there). Launch-side defaults go
+    through this, so a default check list does not fail a sharded set-up; a vote a user asks for directly in
+    `prepare_sharded` is still refused."""
+    if parallelism == "fsdp":
+        return tuple(c for c in checks if c != "weight_vote")
+    return checks
+
+
 def parallelism_from_env(env: Mapping[str, str] | None = None) -> str:
     """`LONGRUN_PARALLELISM` (default `ddp`); ValueError naming the variable for any other value."""
     raw = (os.environ if env is None else env).get(ENV_PARALLELISM, "").strip() or "ddp"

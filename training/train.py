@@ -42,6 +42,7 @@ from training.config import (
     PRESETS,
     CheckConfig,
     TrainConfig,
+    checks_for_parallelism,
     env_float,
     env_int,
     model_preset,
@@ -134,11 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, tuple[Fault, ...]]:
     checks = () if args.checks.strip() in ("", "none") else tuple(c.strip() for c in args.checks.split(","))
-    if args.parallelism == "fsdp" and "weight_vote" in checks:
-        # No shard has a second holder to vote with (training.api.sharding); fsdp's documented protection is
-        # the finite check, so the default check list loses the vote here rather than failing the set-up.
-        log.warning("parallelism fsdp: no shard is replicated, the weight vote cannot run; it is left out")
-        checks = tuple(c for c in checks if c != "weight_vote")
+    runnable = checks_for_parallelism(args.parallelism, checks)
+    if runnable != checks:
+        log.warning(
+            "parallelism %s cannot run %s; left out", args.parallelism, sorted(set(checks) - set(runnable))
+        )
+        checks = runnable
     cfg = TrainConfig(
         run=args.run or Path(args.run_dir).resolve().name,
         run_dir=Path(args.run_dir),

@@ -53,7 +53,7 @@ except ImportError as e:  # pragma: no cover - depends on the install
     ) from e
 
 from training.api.guard import Guard, SetupError
-from training.config import GuardConfig, parallelism_from_env
+from training.config import GuardConfig, checks_for_parallelism, parallelism_from_env
 
 log = logging.getLogger("training.examples.hf_gpt2")
 
@@ -217,11 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         # LONGRUN_RUN_DIR, LONGRUN_STEPS, cadences, resume point; gradient clipping under DDP only (the guard
         # does not clip shards yet), and no weight vote under fsdp (nothing is replicated to vote with).
         overrides: dict[str, Any] = {"grad_clip": 1.0 if parallelism == "ddp" else None}
-        if parallelism == "fsdp":
-            base = GuardConfig.from_env().checks
-            overrides["checks"] = dataclasses.replace(
-                base, checks=tuple(c for c in base.checks if c != "weight_vote")
-            )
+        base = GuardConfig.from_env().checks
+        overrides["checks"] = dataclasses.replace(
+            base, checks=checks_for_parallelism(parallelism, base.checks)
+        )
         cfg = GuardConfig.from_env(**overrides)
     except ValueError as e:
         print(f"{build_parser().prog}: {e}", file=sys.stderr)
