@@ -3,7 +3,7 @@
 Everything goes to the run dir (same relative paths as in the store) and, when one is configured, to the
 store under runs/<run>/. Costs, per step: one JSONL line appended locally for each check that ran, one
 small atomic file for progress. The store sees check records in batches (every `flush_every` steps, at
-checkpoints, on an alert, at exit) and progress at most every `progress_interval_s`. A batch that cannot
+checkpoints, on an alert, at exit; no batch spans more than `schema.CHECK_BATCH_MAX_SPAN` steps) and progress at most every `progress_interval_s`. A batch that cannot
 reach the store stays pending for the next flush; the last one, at exit, is retried through an outage
 for up to `CHECKS_CLOSE_DEADLINE_S`.
 
@@ -66,6 +66,18 @@ def write_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     tmp.write_text(json.dumps(obj, sort_keys=True))
     os.replace(tmp, path)
+
+
+def _first_batch(pending: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The longest head of `pending` whose steps span at most schema.CHECK_BATCH_MAX_SPAN (the readers'
+    bound: longrun.checkpoints.pick lists only the batches near an alert). Pending records pile up while
+    the store is unreachable, so one flush may write several batches."""
+    low = high = pending[0]["step"]
+    for n, rec in enumerate(pending):
+        low, high = min(low, rec["step"]), max(high, rec["step"])
+        if high - low + 1 > schema.CHECK_BATCH_MAX_SPAN:
+            return pending[:n]
+    return pending
 
 
 class EventWriter:
@@ -179,26 +191,26 @@ class EventWriter:
         pending."""
         if self._unsent_alerts:  # the store may be back: one try each, no waiting
             self.send_unsent_alerts()
-        if not self._pending:
-            return True
-        first, last = self._pending[0]["step"], self._pending[-1]["step"]
-        relative = schema.check_batch_path(first, last, self.rank)
-        body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in self._pending)
-        path = self.run_dir / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(body)
-        if self.store is not None:
-            store, key = self.store, schema.store_key(self.run, relative)
-            try:
-                with_retries(
-                    lambda: store.put_bytes(key, body.encode()),
-                    what=f"check batch {relative}",
-                    deadline_s=deadline_s,
-                )
-            except StoreError as e:  # unreachable past the deadline, or a terminal error at once
-                log.warning("check batch %s not in the store (%s); kept pending", relative, e)
-                return False
-        self._pending.clear()
+        while self._pending:
+            batch = _first_batch(self._pending)
+            first, last = min(r["step"] for r in batch), max(r["step"] for r in batch)
+            relative = schema.check_batch_path(first, last, self.rank)
+            body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in batch)
+            path = self.run_dir / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(body)
+            if self.store is not None:
+                store, key = self.store, schema.store_key(self.run, relative)
+                try:
+                    with_retries(
+                        lambda: store.put_bytes(key, body.encode()),  # noqa: B023 - called at once
+                        what=f"check batch {relative}",
+                        deadline_s=deadline_s,
+                    )
+                except StoreError as e:  # unreachable past the deadline, or a terminal error at once
+                    log.warning("check batch %s not in the store (%s); kept pending", relative, e)
+                    return False
+            del self._pending[: len(batch)]
         return True
 
     def progress(self, rec: dict[str, Any], *, force: bool = False) -> None:

@@ -20,12 +20,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.drill_fixtures import env, rest
 
 from . import rotation
 from .artefact import ROOT
 from .verdict import cell_done, register
 
-__all__ = ["cell_done"]
+__all__ = ["cell_done", "env", "rest"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -26,7 +26,7 @@ from helpers import airflow_db
 from helpers.cleanup import fail_active_runs, restore_cluster
 from helpers.held_launch import follow_runbook
 from longrun.dagrun_ids import incident_run_id
-from longrun.drill import DRILL_CONF, Rest, prepare, return_to_service, run_drill
+from longrun.drill import DRILL_CONF, Rest, return_to_service, run_drill
 from longrun.health import ratelimit
 from longrun.slurm.factory import make_client
 
@@ -110,29 +110,6 @@ def _param(step: str, component: str) -> Any:
 
 
 STAMP = time.strftime("%H%M%S")
-
-
-@pytest.fixture(scope="module")
-def env(airflow_stack):
-    mp = pytest.MonkeyPatch()
-    for k, v in airflow_stack.env.items():
-        mp.setenv(k, v)
-    yield airflow_stack
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def rest(env) -> Rest:
-    r = Rest.login(env.url, env.user, env.password, timeout=120.0)  # a loaded 2-core host answers slowly
-    for attempt in range(3):  # SQLite under load answers "database is locked" as HTTP 500 now and then
-        try:
-            prepare(r)
-            break
-        except Exception:
-            if attempt == 2:
-                raise
-            time.sleep(5)
-    return r
 
 
 @pytest.fixture(scope="module")
@@ -301,8 +278,15 @@ def _check_end_state(
     assert node == TARGET, result.summary()
     ledger = [e for e in ratelimit.entries(store) if e["incident_id"] == inc.incident_id]
     assert len(ledger) == 1, ledger
+    # The node is sick for good (the drill's marker stays until the cell ends): its diagnosis fails, or,
+    # against a reference that was not computed in isolation, stays unconfirmed (the hot-spare path, while
+    # the job holds every other node). Never a pass, and the drain reason says which, with the run and step.
+    diag = inc.diagnosis
+    isolated = diag.extra.get("reference_from") == "idle_node" or diag.extra.get("confirmed_on")
+    assert diag.verdict == "fail" or (diag.verdict == "unconfirmed" and not isolated), diag.summary
     state = client.node(TARGET)
-    assert state.drain_flag and (state.reason or "").startswith("longrun:"), state
+    reason = f"longrun:diag-{diag.verdict}:{result.run}:{result.detection_step}"
+    assert state.drain_flag and state.reason == reason, (state, reason)
     how = (
         _check_spare_recovery(stack, client, inc, result.run)
         if spare

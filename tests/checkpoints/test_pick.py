@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from ckpt_helpers import Saver
+from helpers.check_batches import put_check_batches
 from longrun.checkpoints import catalog
 from longrun.checkpoints.pick import last_known_good, pick_pre_incident, plan_pick
 from longrun.checkpoints.promote import mark_suspect, promote
@@ -93,9 +94,7 @@ def test_a_finite_alert_is_not_bounded_by_the_finite_check_alone(
         for r in _history()
         if not (r["step"] == 40 and r["rank"] == 2 and r["check"] != "finite")
     ]
-    store.put_bytes(
-        schema.store_key(run, schema.check_batch_path(1, 50, 0)), ("\n".join(lines) + "\n").encode()
-    )
+    put_check_batches(store, run, [json.loads(line) for line in lines])
     step, why = pick_pre_incident(
         store, run, {"check": "finite", "step": 41, "suspect_nodes": ["n2"]}, write=False
     )
@@ -114,8 +113,7 @@ def _setup(store: ObjectStore, run: str, save: Saver, steps: list[int], promoted
         assert validate(store, run, s)["ok"]
     for s in promoted:
         promote(store, run, s)
-    lines = "".join(json.dumps({**r, "run": run}) + "\n" for r in _history())
-    store.put_bytes(schema.store_key(run, schema.check_batch_path(1, 50, 0)), lines.encode())
+    put_check_batches(store, run, [{**r, "run": run} for r in _history()])
 
 
 def test_pick_end_to_end_across_alert_kinds(store: ObjectStore, run: str, save_checkpoints: Saver) -> None:
@@ -192,8 +190,7 @@ def test_pick_reads_the_alerts_world_from_its_evidence(
     _setup(store, run, save_checkpoints, [10, 20, 30, 40], promoted=[10, 20, 40])
     # check records that do not state their world: only the alert's world says which ranks make a pass
     bare = [{k: v for k, v in r.items() if k != "world_size"} | {"run": run} for r in _history()]
-    lines = "".join(json.dumps(r) + "\n" for r in bare)
-    store.put_bytes(schema.store_key(run, schema.check_batch_path(1, 50, 0)), lines.encode())
+    put_check_batches(store, run, bare)
     alert = {"check": "recompute", "step": 37, "suspect_nodes": ["n2"]}
 
     def pick(world: Any) -> int | None:
@@ -218,8 +215,7 @@ def test_a_check_the_run_does_not_run_bounds_nothing_when_the_launch_record_says
         assert validate(store, run, s)["ok"]
         promote(store, run, s)
     no_recompute = [r for r in _history(30) if r["check"] != "recompute"]
-    lines = "".join(json.dumps({**r, "run": run}) + "\n" for r in no_recompute)
-    store.put_bytes(schema.store_key(run, schema.check_batch_path(1, 30, 0)), lines.encode())
+    put_check_batches(store, run, [{**r, "run": run} for r in no_recompute])
     alert = {"check": "weight_vote", "step": 25, "suspect_nodes": ["n3"]}
     step, why = pick_pre_incident(store, run, alert, write=False)
     assert step is None and "recompute never passed on every rank" in why

@@ -1,4 +1,5 @@
-"""An end-to-end test that fails ends what it started: its DAG runs, jobs, drains and reservations."""
+"""An end-to-end test that fails ends what it started: its DAG runs, jobs, drains and reservations. The
+drill modules' `env` and `rest` fixtures come from helpers.drill_fixtures."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 from helpers.cleanup import fail_active_runs, restore_cluster
+from helpers.drill_fixtures import env, rest
 from longrun.airflow_rest import AirflowRest
 from longrun.slurm.factory import make_client
+
+__all__ = ["env", "rest"]
 
 FAILED = pytest.StashKey[set]()
 """The phases (setup, call, teardown) of a test that failed."""

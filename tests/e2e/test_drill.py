@@ -17,6 +17,7 @@ Airflow on the node the incident left drained (no seeded history, no seeded drai
     (b) weight-flip drill on n3     -> diag-pass on n3; node_return n3 returns it
     (c) NaN drill on n3 again       -> a second incident on n3 within the window: the incident marks it for
                                        replacement; its diagnosis passes, yet node_return refuses it
+    (d) (a)'s sdc_incident run cleared and run again -> no second drain, submission or timeline event
 
 (b) and (c) name the node, not a rank: the rendezvous decides which rank runs where, and the story needs
 the same node twice (a rank target once landed on another node the second time). One test, because the
@@ -41,7 +42,7 @@ from helpers.held_launch import follow_runbook, resume_drained_for
 from helpers.marks import END_TO_END
 from longrun.airflow_rest import AirflowApiError
 from longrun.dagrun_ids import incident_run_id
-from longrun.drill import DRILL_CONF, DrillError, DrillResult, Rest, prepare, return_to_service, run_drill
+from longrun.drill import DRILL_CONF, DrillError, DrillResult, Rest, return_to_service, run_drill
 from longrun.health import history as h
 from longrun.health.cli import main as nodes_main
 from longrun.health.policy import POLICY_VARIABLE
@@ -78,27 +79,6 @@ RETURN_TIMEOUT_S = 900.0
 
 def name(kind: str) -> str:
     return f"e2e{STAMP}-{kind}"
-
-
-@pytest.fixture(scope="module")
-def env(airflow_stack, monkeypatch_module):
-    for k, v in airflow_stack.env.items():
-        monkeypatch_module.setenv(k, v)
-    return airflow_stack
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def rest(env):
-    r = Rest.login(env.url, env.user, env.password)
-    prepare(r)
-    return r
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +230,9 @@ def test_drills_and_the_node_story(rest, clean, node_policy, capsys):
             for e in node_events(X, "node_return")
             if e.kind == h.DIAGNOSED and e.time > c.incident.alert["time"]
         ]
+
+        # (d) The first incident's sdc_incident run, cleared and run again, changes nothing.
+        assert_rerunning_the_incident_changes_nothing(rest, client, name("sick-node"))
     finally:
         marker.unlink(missing_ok=True)
         restore_cluster(client)
@@ -362,22 +345,20 @@ def test_hot_spare_drill_recovers_inside_the_job(rest, clean):
     print(f"HOT SPARE DRILL: alert -> first healthy step {result.to_training_s} s (in-job)")
 
 
-def test_rerunning_the_incident_changes_nothing(rest, clean):
-    """Clear the whole sdc_incident run of the sick-node drill (as after a scheduler crash): it runs again
-    and never drains twice, never submits twice, never loses or doubles the incident record."""
+def assert_rerunning_the_incident_changes_nothing(rest: Rest, client: SlurmClient, run: str) -> None:
+    """Clear the whole sdc_incident run of `run`'s drill (as after a scheduler crash): it runs again and
+    never drains twice, never submits twice, never loses or doubles the incident record. Part of the node
+    story (it reruns the story's first incident), so it never depends on another test having run."""
     from longrun.health import ratelimit
 
     from training.store.interface import get_json
 
     store = store_from_env()
-    run = name("sick-node")
     # incident records only: an incident's plots lie below incidents/<id>/
     keys = [o.key for o in store.list(f"runs/{run}/incidents/") if o.key.endswith(".json")]
-    if not keys:
-        pytest.skip("the node story's sick-node drill did not run")
+    assert len(keys) == 1, keys
     before = get_json(store, keys[0])
     incident_run = f"incident__{before['incident_id']}"
-    client = make_client(backend="cli", slurm_conf=os.environ["SLURM_CONF"])
     node = before["attribution"]["node"]
     # The node as the incident left it (drained with its diagnosis's reason), as after a scheduler crash:
     # the tests in between return their nodes to service, so this test sets the state it starts from.

@@ -25,7 +25,7 @@ import pytest
 from helpers.clean_reference import CleanRun, launch_clean
 from helpers.cleanup import restore_cluster
 from helpers.marks import END_TO_END
-from longrun.drill import Rest, prepare, run_drill
+from longrun.drill import Rest, run_drill
 from longrun.entrypoint import ENTRYPOINT_DIR_ENV
 from longrun.monitor import lifecycle
 from longrun.slurm.factory import make_client
@@ -67,17 +67,6 @@ CASES = [
     ("hf", {"kind": "sick-node", "step": 9, "target": "n2"}, ("recompute",), "fail"),
     ("adopted", {"kind": "nan", "step": 7, "target": "n2"}, ("finite",), "pass"),
 ]
-
-
-@pytest.fixture(scope="module")
-def rest(airflow_stack):
-    mp = pytest.MonkeyPatch()
-    for k, v in airflow_stack.env.items():
-        mp.setenv(k, v)
-    r = Rest.login(airflow_stack.url, airflow_stack.user, airflow_stack.password)
-    prepare(r)
-    yield r
-    mp.undo()
 
 
 def conf(loop: str, what: str, **more: Any) -> dict[str, Any]:

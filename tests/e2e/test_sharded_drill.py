@@ -29,7 +29,7 @@ import time
 import pytest
 from helpers.clean_reference import CleanRun, launch_clean
 from helpers.marks import END_TO_END
-from longrun.drill import Rest, prepare, return_to_service, run_drill
+from longrun.drill import return_to_service, run_drill
 from longrun.slurm.factory import make_client
 
 from training.records import schema
@@ -56,22 +56,6 @@ DRILLS = {
 ALWAYS = ("sick-node",)
 FSDP_CONF = {**HSDP_CONF, "parallelism": "fsdp"}
 STAMP = time.strftime("%H%M%S")
-
-
-@pytest.fixture(scope="module")
-def env(airflow_stack):
-    mp = pytest.MonkeyPatch()
-    for k, v in airflow_stack.env.items():
-        mp.setenv(k, v)
-    yield airflow_stack
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def rest(env):
-    r = Rest.login(env.url, env.user, env.password)
-    prepare(r)
-    return r
 
 
 @pytest.fixture(scope="module")

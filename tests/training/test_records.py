@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from helpers.check_batches import put_check_batches
 
 from training import records
 from training.records import schema
@@ -402,8 +403,7 @@ def test_a_pick_as_pick_pre_incident_writes_it_reads_back(tmp_path: Any) -> None
         for c, s, r in passes
         if not (c == "weight_vote" and r == 1)  # the vote never passed on every rank
     ]
-    batch = "".join(json.dumps(x, sort_keys=True) + "\n" for x in lines)
-    store.put_bytes(schema.store_key("r1", schema.check_batch_path(1, 20, 0)), batch.encode())
+    put_check_batches(store, "r1", lines)
     step, _why = pick_pre_incident(store, "r1", {"check": "recompute", "step": 25, "suspect_nodes": ["n2"]})
     assert step is None
     [info] = store.list(schema.store_key("r1", "picks/"))

@@ -91,8 +91,44 @@ def alert_path(step: int, check: str, ident: str) -> str:
     return f"alerts/{step:08d}-{check}-{ident}.json"
 
 
+#: A check batch covers at most this many consecutive steps (last - first + 1). The writer splits what it
+#: has pending into batches no longer than this, and a reader takes a batch whose key says more, or a
+#: record outside the steps its key names, for no evidence. The bound is what lets the pick list and read
+#: only the batches near an alert (longrun.checkpoints.pick), however old the run is.
+CHECK_BATCH_MAX_SPAN = 100
+#: Batch keys are listed in windows of this many steps of their first step (a power of ten: the window is
+#: a key prefix, `checks/<the first 6 of the first step's 8 digits>`).
+CHECK_BATCH_WINDOW = 100
+#: Steps from here on no longer fit the key's 8 digits, and the key windows no longer sort; a reader then
+#: lists every batch.
+CHECK_BATCH_STEP_LIMIT = 10**8
+_CHECK_BATCH = re.compile(r"checks/(\d{8})-(\d{8})-r(\d{3,})\.jsonl$")
+
+
 def check_batch_path(first_step: int, last_step: int, rank: int) -> str:
     return f"checks/{first_step:08d}-{last_step:08d}-r{rank:03d}.jsonl"
+
+
+def parse_check_batch_path(relative: str) -> tuple[int, int, int] | None:
+    """(first step, last step, rank) of a check batch's relative key (the key may carry the run's prefix);
+    None when it is not one, or when it names more than CHECK_BATCH_MAX_SPAN steps (no evidence)."""
+    m = _CHECK_BATCH.search(relative)
+    if m is None or not (relative == m.group(0) or relative.endswith("/" + m.group(0))):
+        return None
+    first, last, rank = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    if last < first or last - first + 1 > CHECK_BATCH_MAX_SPAN:
+        return None
+    return first, last, rank
+
+
+def check_batch_window_prefix(step: int) -> str:
+    """The relative key prefix of every batch whose first step lies in `step`'s window of
+    CHECK_BATCH_WINDOW steps (steps below CHECK_BATCH_STEP_LIMIT)."""
+    if not 0 <= step < CHECK_BATCH_STEP_LIMIT:
+        raise ValueError(f"step {step}: check batch windows cover steps 0 to {CHECK_BATCH_STEP_LIMIT - 1}")
+    # A window of 10^k steps is the batches whose 8-digit first step shares its leading 8 - k digits.
+    kept_digits = 8 - (len(str(CHECK_BATCH_WINDOW)) - 1)
+    return f"checks/{step:08d}"[: len("checks/") + kept_digits]
 
 
 PROGRESS_PATH = "progress/latest.json"

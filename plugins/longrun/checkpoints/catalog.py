@@ -235,23 +235,64 @@ def saved_at(store: ObjectStore, run: str, step: int) -> float | None:
         return None
 
 
-def check_records(store: ObjectStore, run: str) -> Iterator[CheckRecord]:
-    """Every check record under the run's checks/*.jsonl that reads (a bad line is no evidence, so it is
-    skipped: a pass it might have held is then missing, which can only lower the pick's bound)."""
-    for info in store.list(schema.store_key(run, "checks/")):
-        if not info.key.endswith(".jsonl"):
+@dataclass(frozen=True, slots=True)
+class CheckBatch:
+    """A check batch's key, and what the key says it holds (schema.parse_check_batch_path)."""
+
+    key: str
+    first: int
+    last: int
+    rank: int
+
+
+def _batches(store: ObjectStore, prefix: str) -> list[CheckBatch]:
+    out = []
+    for info in store.list(prefix):
+        parsed = schema.parse_check_batch_path(info.key)
+        if parsed is not None:  # another name, or a span past the bound: no evidence
+            out.append(CheckBatch(info.key, *parsed))
+    return out
+
+
+def check_batches(store: ObjectStore, run: str) -> list[CheckBatch]:
+    """Every check batch of the run, in key order (one listing of the whole checks/ prefix)."""
+    return _batches(store, schema.store_key(run, "checks/"))
+
+
+def check_batches_in_window(store: ObjectStore, run: str, window_start: int) -> list[CheckBatch]:
+    """The batches whose first step lies in [window_start, window_start + schema.CHECK_BATCH_WINDOW):
+    one listing of their key prefix, whatever the age of the run."""
+    if window_start % schema.CHECK_BATCH_WINDOW:
+        raise ValueError(f"window start {window_start} is not a multiple of {schema.CHECK_BATCH_WINDOW}")
+    return _batches(store, schema.store_key(run, schema.check_batch_window_prefix(window_start)))
+
+
+def read_check_batch(store: ObjectStore, batch: CheckBatch) -> list[CheckRecord]:
+    """The batch's records that read and are its key's rank's, within the steps its key names. A bad line,
+    or a record of another rank or outside its key's steps, is no evidence: skipped (a pass it might have held is then missing, which can
+    only lower the pick's bound). A batch gone since the listing holds nothing."""
+    try:
+        text = store.get_bytes(batch.key).decode("utf-8", "replace")
+    except NotFound:
+        return []
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
             continue
         try:
-            text = store.get_bytes(info.key).decode("utf-8", "replace")
-        except NotFound:
+            rec = CheckRecord.from_json(json.loads(line))
+        except ValueError:
             continue
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            try:
-                yield CheckRecord.from_json(json.loads(line))
-            except ValueError:
-                continue
+        if rec.rank == batch.rank and batch.first <= rec.step <= batch.last:
+            out.append(rec)
+    return out
+
+
+def check_records(store: ObjectStore, run: str) -> Iterator[CheckRecord]:
+    """Every check record of the run that is evidence (`read_check_batch`), batch by batch in key order.
+    Reads every batch: the pick reads only those near its alert (longrun.checkpoints.pick)."""
+    for batch in check_batches(store, run):
+        yield from read_check_batch(store, batch)
 
 
 def alerts(store: ObjectStore, run: str) -> list[tuple[str, Alert]]:

@@ -5,7 +5,8 @@ that fired and by every check able to see a finite wrong value (`schema.CHECKS_F
 a node may produce finite wrong numbers before its first NaN, so a finite alert is bounded by the
 recompute audit and the weight vote too). A check's last known-good step is the newest step before the
 alert's at which EVERY rank of that step's world recorded a pass and none a failure, from the run's check
-records (checks/*.jsonl, one batch file per rank). A rank with no record is not a pass; neither is a
+records (checks/*.jsonl, batch files per rank; only the batches near the alert are read, so the pick's
+cost does not grow with the age of the run: `scan_last_known_good`). A rank with no record is not a pass; neither is a
 record that does not say its world size (when the alert does not say it either), nor the coverage a
 manifest claims (one rank's view). A suspect checkpoint (after a demotion mark) and one whose newest
 validation did not pass are never picked. When a check in the class has no all-rank pass before the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from longrun.checkpoints import catalog
@@ -62,6 +64,55 @@ def _check_records(records: Iterable[CheckRecord | Mapping[str, Any]]) -> Iterat
             continue
 
 
+class _Evidence:
+    """Check records gathered so far, and whether a (check, step) is an all-rank pass: every rank of the
+    step's world passed and none failed. The world is the `world_size` the step's records state (they
+    must agree), else the one given (the alert's)."""
+
+    def __init__(self, checks: tuple[str, ...], world_size: int | None) -> None:
+        self.checks, self.world_size = checks, world_size
+        self.passed: dict[tuple[str, int], set[int]] = {}
+        self.failed: set[tuple[str, int]] = set()
+        self.worlds: dict[tuple[str, int], set[int | None]] = {}
+        self.steps: dict[str, set[int]] = {c: set() for c in checks}
+
+    def add(self, records: Iterable[CheckRecord | Mapping[str, Any]]) -> None:
+        for r in _check_records(records):
+            if r.check not in self.checks or not _is_index(r.step) or not _is_index(r.rank):
+                continue  # negative
+            k = (r.check, r.step)
+            self.steps[r.check].add(r.step)
+            self.worlds.setdefault(k, set()).add(_world(r.world_size))
+            if r.verdict == "pass":
+                self.passed.setdefault(k, set()).add(r.rank)
+            elif r.verdict == "fail":
+                self.failed.add(k)
+
+    def all_passed(self, check: str, step: int) -> bool:
+        k = (check, step)
+        if k in self.failed or k not in self.passed:
+            return False
+        stated = {w for w in self.worlds[k] if w is not None}
+        if len(stated) > 1:
+            return False  # ranks disagree on the world: not provable
+        world = next(iter(stated)) if stated else self.world_size
+        return world is not None and self.passed[k] >= set(range(world))
+
+
+def good_steps(
+    checks: tuple[str, ...],
+    alert_step: int,
+    records: Iterable[CheckRecord | Mapping[str, Any]],
+    *,
+    world_size: int | None = None,
+) -> dict[str, set[int]]:
+    """For each check: the steps < alert_step of `records` that are all-rank passes (`_Evidence`). Pure:
+    the inputs are check records (typed, or JSON objects read as such)."""
+    ev = _Evidence(checks, world_size)
+    ev.add(records)
+    return {c: {s for s in ev.steps[c] if s < alert_step and ev.all_passed(c, s)} for c in checks}
+
+
 def last_known_good(
     checks: tuple[str, ...],
     alert_step: int,
@@ -71,41 +122,99 @@ def last_known_good(
     world_size: int | None = None,
 ) -> dict[str, tuple[int | None, str]]:
     """For each check: (newest step < alert_step at which every rank passed and none failed, where that
-    came from). A step's world is the `world_size` its records state (they must agree), else the
-    `world_size` given (the alert's). `manifests` are not evidence (kept for callers; see the module
-    docstring). Pure: the inputs are check records (typed, or JSON objects read as such)."""
+    came from), from every record given (`good_steps`). `manifests` are not evidence (kept for callers;
+    see the module docstring)."""
     del manifests  # a manifest's coverage is one rank's claim, not every rank's record
-    passed: dict[tuple[str, int], set[int]] = {}
-    failed: set[tuple[str, int]] = set()
-    worlds: dict[tuple[str, int], set[int | None]] = {}
-    for r in _check_records(records):
-        if r.check not in checks or not _is_index(r.step) or not _is_index(r.rank):
-            continue  # negative
-        k = (r.check, r.step)
-        worlds.setdefault(k, set()).add(_world(r.world_size))
-        if r.verdict == "pass":
-            passed.setdefault(k, set()).add(r.rank)
-        elif r.verdict == "fail":
-            failed.add(k)
-    out: dict[str, tuple[int | None, str]] = {}
-    for c in checks:
-        good: list[int] = []
-        for (check, step), ranks in passed.items():
-            if check != c or step >= alert_step or (check, step) in failed:
-                continue
-            stated = {w for w in worlds[(check, step)] if w is not None}
-            if len(stated) > 1:
-                continue  # ranks disagree on the world: not provable
-            world = next(iter(stated)) if stated else world_size
-            if world is not None and ranks >= set(range(world)):
-                good.append(step)
-        best = max(good, default=None)
-        out[c] = (
-            (best, "check records of every rank")
-            if best is not None
-            else (None, "no all-rank pass before the alert")
-        )
-    return out
+    good = good_steps(checks, alert_step, records, world_size=world_size)
+    return {c: _lkg(max(good[c], default=None)) for c in checks}
+
+
+def _lkg(step: int | None) -> tuple[int | None, str]:
+    return (step, "check records of every rank") if step is not None else (None, NO_PASS)
+
+
+NO_PASS = "no all-rank pass before the alert"
+
+
+@dataclass(slots=True)
+class Scan:
+    """What `scan_last_known_good` found and what it read, for the pick's record and for the bench."""
+
+    last_known_good: dict[str, tuple[int | None, str]]
+    windows_listed: int = 0
+    batches_read: int = 0
+
+
+def scan_last_known_good(
+    store: ObjectStore,
+    run: str,
+    checks: tuple[str, ...],
+    alert_step: int,
+    *,
+    world_size: int | None = None,
+    floor: int,
+) -> Scan:
+    """`last_known_good` over the run's check batches, reading only those near the alert: the same
+    answer, at a cost that does not grow with the age of the run.
+
+    Batch keys are listed a window of schema.CHECK_BATCH_WINDOW steps at a time, newest first, and the
+    batches are read newest last step first. A step is decided once every batch that can hold it has been
+    read: no batch spans more than schema.CHECK_BATCH_MAX_SPAN steps (a longer one is no evidence, for
+    every reader), so after listing down to window start `lo`, every batch holding a step at or past
+    lo + MAX_SPAN - 1 is listed; and after reading every listed batch whose last step is at or past t,
+    every step at or past t is whole. A check's last known good step is final as soon as one decided step
+    is good: every newer step was decided too, and was not.
+
+    `floor`: the oldest step the caller needs decided (the pick: its oldest promoted checkpoint). Once
+    every step at or past it is decided and a check still has no good step, no checkpoint can be picked
+    whatever older records say, so the scan stops and that check reads (None, why).
+
+    Why one function: its three moves (list a window, read the newest batches, decide steps) share one
+    invariant, what is listed, read and decided so far; split, each part would have to carry all of it."""
+    window, span = schema.CHECK_BATCH_WINDOW, schema.CHECK_BATCH_MAX_SPAN
+    top = alert_step - 1  # the newest step that can count
+    if top >= schema.CHECK_BATCH_STEP_LIMIT:  # keys past 8 digits do not sort into windows
+        batches = catalog.check_batches(store, run)
+        records = [r for b in batches for r in catalog.read_check_batch(store, b)]
+        return Scan(last_known_good(checks, alert_step, records, world_size=world_size), 1, len(batches))
+    scan = Scan({})
+    ev = _Evidence(checks, world_size)
+    found: dict[str, int] = {}
+    lo = max(top, 0) // window * window + window  # the lowest window listed so far (none yet)
+    unread: list[catalog.CheckBatch] = []  # listed, not read; sorted by last step, newest at the end
+    undecided_below = alert_step  # every step from here to the alert is decided
+    while True:
+        # Only batches listed so far can hold a step at or past `listed_from`.
+        listed_from = 0 if lo == 0 else lo + span - 1
+        decided_from = max(listed_from, unread[-1].last + 1 if unread else 0)
+        if decided_from < undecided_below:
+            for c in checks:
+                if c not in found:
+                    newly = [
+                        s for s in ev.steps[c] if decided_from <= s < undecided_below and ev.all_passed(c, s)
+                    ]
+                    if newly:
+                        found[c] = max(newly)
+            undecided_below = decided_from
+        everything_read = top < 0 or (lo == 0 and not unread)
+        if len(found) == len(checks) or everything_read:
+            scan.last_known_good = {c: _lkg(found.get(c)) for c in checks}
+            return scan
+        if decided_from <= floor:
+            why = f"no all-rank pass from step {decided_from} to the alert, and nothing older is needed"
+            scan.last_known_good = {c: _lkg(found[c]) if c in found else (None, why) for c in checks}
+            return scan
+        if lo > 0 and (not unread or unread[-1].last < listed_from):
+            lo -= window
+            scan.windows_listed += 1
+            unread += [b for b in catalog.check_batches_in_window(store, run, lo) if b.first <= top]
+            unread.sort(key=lambda b: b.last)
+            continue
+        # Read every unread batch with the newest last step (one per rank: the ranks flush together).
+        newest = unread[-1].last
+        while unread and unread[-1].last == newest:
+            ev.add(catalog.read_check_batch(store, unread.pop()))
+            scan.batches_read += 1
 
 
 def _newest_usable(
@@ -164,14 +273,19 @@ def plan_pick(
     check, alert_step = _alert_fields(alert)
     checks, not_run = checks_bounding(check, checks_run)
     cat = catalog.checkpoints(store, run)
-    lkg = last_known_good(
-        checks,
-        alert_step,
-        list(catalog.check_records(store, run)),
-        world_size=AlertRef.from_json(alert).world_size,  # the alert's world, when it names one
-    )
     after = catalog.suspect_after(store, run)
     promoted = catalog.promoted_steps(store, run)
+    scan = scan_last_known_good(
+        store,
+        run,
+        checks,
+        alert_step,
+        world_size=AlertRef.from_json(alert).world_size,  # the alert's world, when it names one
+        # Nothing older than the oldest promoted checkpoint can change the pick; with none promoted,
+        # nothing can, and the last window of steps is read for the record's sake.
+        floor=min(promoted, default=max(0, alert_step - schema.CHECK_BATCH_WINDOW)),
+    )
+    lkg = scan.last_known_good
     have = cat.by_step()
     unknown = [c for c, (s, _src) in lkg.items() if s is None]
     bound = None if unknown else min(s for s, _src in lkg.values() if s is not None)
@@ -188,6 +302,8 @@ def plan_pick(
         step = _newest_usable(store, run, promoted, bound, have, rejected)
     if bound is None:
         why = f"{head}; no checkpoint is provably from before the fault: {', '.join(unknown)} never passed on every rank before it"
+        if any(src != NO_PASS for c, (_s, src) in lkg.items() if c in unknown):
+            why += " (as far back as any checkpoint could be picked)"
     elif step is None:
         why = (
             f"{head}; bound: step {bound}; promoted {promoted}; no promoted checkpoint at or before step {bound}"
@@ -205,6 +321,8 @@ def plan_pick(
         "promoted": promoted,
         "suspect_after": after,
         "rejected": rejected,
+        "check_windows_listed": scan.windows_listed,
+        "check_batches_read": scan.batches_read,
         "key": schema.store_key(run, schema.checkpoint_dir(step)) if step is not None else None,
     }
 
