@@ -63,9 +63,10 @@ test-chaos: setup
 test-bench: setup
 	LONGRUN_BENCH_TESTS=1 $(PY) -m pytest tests/e2e/test_bench_recovery.py -p no:cacheprovider $(PYTEST_ARGS)
 
-# Every sharded (HSDP) drill through Airflow: sick-node (also in `make test`), weight-flip and scale.
+# The drills through Airflow that `make test` leaves out, with those it runs: every sharded drill (HSDP
+# weight-flip and scale, FSDP2 sick-node) and the transformers example's weight flip and NaN.
 test-drills: setup
-	LONGRUN_SHARDED_DRILLS=all $(PY) -m pytest tests/e2e/test_sharded_drill.py -p no:cacheprovider $(PYTEST_ARGS)
+	LONGRUN_ALL_DRILLS=1 $(PY) -m pytest tests/e2e/test_sharded_drill.py tests/e2e/test_entrypoints.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # The fast suite: everything not marked slow.
 test-fast: setup

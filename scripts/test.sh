@@ -7,10 +7,13 @@
 # for the stack to start, at a lower priority than the suite (nice 10) but above the build (nice 19). Its
 # output is printed once the suite is done, and the exit status fails if it failed.
 #
-# The suite runs in two parts side by side (tests/helpers/suite_parts.py): the Slurm layer's tests that need
-# no Airflow (tests/slurm; they mostly wait on Slurm, with little CPU) in a background pytest session with a
-# cluster of its own, and everything else in the foreground. Their output goes to a log printed at the end.
-# When PYTEST_ARGS names test paths (a word starting with "tests"), the suite runs as one part, as given.
+# The suite runs in three parts side by side (tests/helpers/suite_parts.py), each a pytest session with a
+# stack of its own: the tests that need Airflow (the drills; they wait on Airflow, Slurm and the trainers
+# for much of their time) in the foreground; in the background, the Slurm layer's tests that need no
+# Airflow (tests/slurm; mostly waiting on Slurm), and everything else (units and the job side, which keep
+# one core busy). One session alone left a core idle for much of the suite. The background parts' output
+# goes to logs printed at the end. When PYTEST_ARGS names test paths (a word starting with "tests"), the
+# suite runs as one part, as given.
 #
 # The tier needs Slurm 25.11 and pyslurm compiled from source, which takes most of an hour of CPU on a
 # 2-core machine. The suite spends much of its time waiting (for Airflow, Slurm and the trainers), so the
@@ -30,6 +33,7 @@ build_log=.state/slurm-25.11-build.log
 tier_log=.state/slurm-25.11-tier.log
 typecheck_log=.state/typecheck.log
 slurm_part_log=.state/suite-slurm-part.log
+other_part_log=.state/suite-other-part.log
 # One line per tier, "name|seconds|result", written by whoever ran it (the background jobs included).
 times_file=.state/test-tiers.txt
 : >"$times_file"
@@ -86,15 +90,16 @@ typecheck() {
   return "$rc"
 }
 
-# The suite's Slurm part (see the top): its exit status, and its duration in the table.
-slurm_part() {
+# A background part of the suite (see the top): its exit status, and its duration in the table.
+#   $1: the part (LONGRUN_SUITE_PART), $2: its name in the table, $3: its log
+background_part() {
   local start rc
   start=$(date +%s)
   # shellcheck disable=SC2086
-  LONGRUN_SUITE_PART=slurm .venv/bin/python -m pytest -p no:cacheprovider ${PYTEST_ARGS:-} >"$slurm_part_log" 2>&1 </dev/null
+  LONGRUN_SUITE_PART=$1 .venv/bin/python -m pytest -p no:cacheprovider ${PYTEST_ARGS:-} >"$3" 2>&1 </dev/null
   rc=$?
-  echo "test: the suite's Slurm part exit $rc after $(($(date +%s) - start)) s" >>"$slurm_part_log"
-  record "suite: tests/slurm" $(($(date +%s) - start)) "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
+  echo "test: the suite's part $1 exit $rc after $(($(date +%s) - start)) s" >>"$3"
+  record "$2" $(($(date +%s) - start)) "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")"
   return "$rc"
 }
 split=1
@@ -107,15 +112,18 @@ build_then_tier &
 tier_pid=$!
 typecheck &
 typecheck_pid=$!
-part_pid=""
+part_pids=""
 if [ "$split" = 1 ]; then
-  slurm_part &
-  part_pid=$!
+  background_part slurm "suite: tests/slurm" "$slurm_part_log" &
+  slurm_part_pid=$!
+  background_part other "suite: other" "$other_part_log" &
+  other_part_pid=$!
+  part_pids="$slurm_part_pid $other_part_pid"
 fi
 set +m
 stop_background() {
   local pid
-  for pid in "$tier_pid" "$typecheck_pid" $part_pid; do
+  for pid in "$tier_pid" "$typecheck_pid" $part_pids; do
     if kill -0 "$pid" 2>/dev/null; then
       kill -TERM -- "-$pid" 2>/dev/null || true
     fi
@@ -127,9 +135,10 @@ echo "test: the type check started beside the suite (pid $typecheck_pid; log $ty
 echo "test: the Slurm 25.11 build, then its tier, started beside the suite (pid $tier_pid; logs $build_log, $tier_log)"
 
 if [ "$split" = 1 ]; then
-  echo "test: the suite's Slurm part (tests/slurm without Airflow) started beside the rest (pid $part_pid; log $slurm_part_log)"
-  suite_part=rest
-  suite_name="suite: the rest"
+  echo "test: the suite's Slurm part (tests/slurm without Airflow) started beside (pid $slurm_part_pid; log $slurm_part_log)"
+  echo "test: the suite's other part (no Airflow) started beside (pid $other_part_pid; log $other_part_log)"
+  suite_part=airflow
+  suite_name="suite: airflow"
 else
   suite_part=""
   suite_name="suite (pytest)"
@@ -141,13 +150,16 @@ suite_rc=$?
 echo "test: pytest suite exit $suite_rc after $(($(date +%s) - suite_start)) s"
 record "$suite_name" $(($(date +%s) - suite_start)) "$([ "$suite_rc" = 0 ] && echo ok || echo "FAILED (exit $suite_rc)")"
 if [ "$split" = 1 ]; then
-  wait "$part_pid"
-  part_rc=$?
-  echo "test: the suite's Slurm part's log:"
-  cat "$slurm_part_log"
-  if [ "$part_rc" != 0 ] && [ "$suite_rc" = 0 ]; then
-    suite_rc=$part_rc
-  fi
+  for part in slurm other; do
+    if [ "$part" = slurm ]; then pid=$slurm_part_pid log=$slurm_part_log; else pid=$other_part_pid log=$other_part_log; fi
+    wait "$pid"
+    part_rc=$?
+    echo "test: the suite's $part part's log:"
+    cat "$log"
+    if [ "$part_rc" != 0 ] && [ "$suite_rc" = 0 ]; then
+      suite_rc=$part_rc
+    fi
+  done
 fi
 
 wait "$typecheck_pid"

@@ -1,5 +1,5 @@
-"""scripts/test.sh runs the suite in two parts side by side (helpers.suite_parts): every test must land in
-exactly one of them, and the Slurm tests that need Airflow must stay with the session that has one."""
+"""scripts/test.sh runs the suite in parts side by side (helpers.suite_parts): every test must land in
+exactly one of them, and every test that needs Airflow must be in the one session that has one."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ TESTS = Path(__file__).resolve().parent
 
 @dataclass
 class FakeItem:
-    """What select_part reads of a pytest item: its path and its markers."""
+    """What select_part reads of a pytest item: its path, its markers and its fixtures."""
 
     path: Path
     markers: set[str] = field(default_factory=set)
+    fixturenames: tuple[str, ...] = ()
 
     def get_closest_marker(self, name: str) -> object | None:
         return name if name in self.markers else None
@@ -41,6 +42,9 @@ ITEMS = [
     FakeItem(TESTS / "e2e" / "test_drill.py", {"slurm", "airflow", "slow"}),
     FakeItem(TESTS / "nvrx" / "test_cluster.py", {"slurm"}),
     FakeItem(TESTS / "test_contracts.py"),
+    FakeItem(
+        TESTS / "ui" / "test_browser.py", set(), ("local_stack", "airflow_stack")
+    ),  # no mark: its fixture
 ]
 
 
@@ -54,12 +58,15 @@ def run_part(monkeypatch: pytest.MonkeyPatch, part: str | None) -> tuple[list[Fa
     return items, config.deselected
 
 
-def test_the_two_parts_split_the_suite_without_gap_or_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
-    slurm, slurm_dropped = run_part(monkeypatch, "slurm")
+def test_the_parts_split_the_suite_without_gap_or_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    parts = {p: run_part(monkeypatch, p)[0] for p in ("slurm", "airflow", "other")}
+    assert parts["slurm"] == [ITEMS[0]]  # the Slurm layer's test without Airflow, nothing else
+    # every test that needs Airflow, by mark or by fixture, tests/slurm's included
+    assert parts["airflow"] == [ITEMS[1], ITEMS[2], ITEMS[5]]
+    assert parts["other"] == [ITEMS[3], ITEMS[4]]
+    assert sorted(map(ITEMS.index, sum(parts.values(), []))) == list(range(len(ITEMS)))
     rest, rest_dropped = run_part(monkeypatch, "rest")
-    assert slurm == [ITEMS[0]]  # the Slurm layer's test without Airflow, nothing else
-    assert rest == ITEMS[1:]  # tests/slurm's Airflow test stays with the session that has an Airflow
-    assert slurm_dropped == rest and rest_dropped == slurm
+    assert rest == [i for i in ITEMS if i not in parts["slurm"]] and rest_dropped == parts["slurm"]
 
 
 def test_unset_runs_everything_and_a_typo_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ every rank's shards, bit for bit (the report's fingerprint is taken over all of 
   Always run.
 - `weight-flip` (one bit of one shard of n3's replica) and `scale` (n3's first rank's gradient shard after
   the reduction): the recompute or the vote at step 15, naming n3; the diagnosis passes. Run with
-  `make test-drills` (LONGRUN_SHARDED_DRILLS=all): each drill is some five minutes here, and CI's budget
+  `make test-drills` (LONGRUN_ALL_DRILLS=1): each drill is some five minutes here, and CI's budget
   keeps one.
 
 FSDP2 (`parallelism: fsdp`, the 6 ranks one shard group, nothing replicated, no vote): the sick-node drill,
@@ -28,7 +28,7 @@ import time
 
 import pytest
 from helpers.clean_reference import CleanRun, launch_clean
-from helpers.marks import END_TO_END
+from helpers.marks import END_TO_END, only_in_test_drills
 from longrun.drill import return_to_service, run_drill
 from longrun.slurm.factory import make_client
 
@@ -65,10 +65,7 @@ def hsdp_reference(env, tmp_path_factory: pytest.TempPathFactory) -> CleanRun:
 
 
 def all_drills() -> None:
-    if os.environ.get("LONGRUN_SHARDED_DRILLS") != "all":
-        pytest.skip(
-            "runs with `make test-drills` (LONGRUN_SHARDED_DRILLS=all); `make test` runs the HSDP sick-node drill"
-        )
+    only_in_test_drills("`make test` runs the HSDP sick-node drill")
 
 
 def drilled(rest, conf: dict, run: str, kind: str, reference: CleanRun) -> None:

@@ -1,11 +1,15 @@
-"""The suite in two parts that run side by side (scripts/test.sh): `LONGRUN_SUITE_PART=slurm` keeps the
-Slurm layer's tests that need no Airflow (tests/slurm, minus those marked `airflow`), `rest` keeps every
-other test. Unset: the whole suite.
+"""The suite in parts that run side by side (scripts/test.sh), chosen by `LONGRUN_SUITE_PART`:
 
-Why: the Slurm layer's tests mostly wait (on Slurm's time limits, node states and requeues) and use little
-CPU; run beside the rest, on a cluster of their own (each pytest session starts its own stack on its own
-port range), their minutes leave the suite's critical path, as the Slurm 25.11 tier's already do. The ones
-that need Airflow stay in the main part, so that only one session pays for an Airflow.
+- `slurm`: the Slurm layer's tests that need no Airflow (tests/slurm, minus those that need one);
+- `airflow`: every other test that needs the session's Airflow (the `airflow_stack` fixture, or the
+  `airflow` mark): the end-to-end drills, the UI in a browser, the DAGs run through the REST API;
+- `other`: everything else (units, the job side on gloo ranks, Slurm and S3 without Airflow);
+- `rest`: `airflow` and `other` together (one session); unset: the whole suite.
+
+Why: on two cores one pytest session keeps one core busy while it runs CPU-bound tests, and waits on
+Airflow, Slurm and the trainers for much of the rest. Each part is its own pytest session with a stack of
+its own (its own state dir and port range), so their waits and their CPU interleave. Only the `airflow`
+part starts an Airflow, so the suite pays for one.
 """
 
 from __future__ import annotations
@@ -16,13 +20,28 @@ from pathlib import Path
 import pytest
 
 PART_ENV = "LONGRUN_SUITE_PART"
-PARTS = ("slurm", "rest")
+PARTS = ("slurm", "airflow", "other", "rest")
 SLURM_TESTS = Path(__file__).resolve().parents[1] / "slurm"
 
 
-def in_slurm_part(item: pytest.Item) -> bool:
-    """A test of the Slurm layer that needs no Airflow."""
-    return SLURM_TESTS in Path(item.path).resolve().parents and item.get_closest_marker("airflow") is None
+def needs_airflow(item: pytest.Item) -> bool:
+    """The test uses the session's Airflow: through its fixtures, or by its mark."""
+    return (
+        "airflow_stack" in getattr(item, "fixturenames", ()) or item.get_closest_marker("airflow") is not None
+    )
+
+
+def part_of(item: pytest.Item) -> str:
+    """The one part (`slurm`, `airflow` or `other`) that runs `item`."""
+    if needs_airflow(item):
+        return "airflow"
+    if SLURM_TESTS in Path(item.path).resolve().parents:
+        return "slurm"
+    return "other"
+
+
+def in_part(item: pytest.Item, part: str) -> bool:
+    return part_of(item) in (("airflow", "other") if part == "rest" else (part,))
 
 
 def select_part(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -32,9 +51,8 @@ def select_part(config: pytest.Config, items: list[pytest.Item]) -> None:
         return
     if part not in PARTS:
         raise pytest.UsageError(f"{PART_ENV}={part!r}: must be one of {', '.join(PARTS)} (or unset)")
-    want_slurm = part == "slurm"
-    keep = [item for item in items if in_slurm_part(item) == want_slurm]
-    dropped = [item for item in items if in_slurm_part(item) != want_slurm]
+    keep = [item for item in items if in_part(item, part)]
+    dropped = [item for item in items if not in_part(item, part)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep

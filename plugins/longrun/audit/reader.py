@@ -20,6 +20,9 @@ _KINDS = (
 )
 
 _RUN_KEY = re.compile(r"^runs/([^/]+)/(.+)$")
+#: The folders under a run that hold what _KINDS matches, in key order. A named run is listed folder by
+#: folder, so the audit never pages through the check batches (which grow with ranks x steps).
+_FOLDERS = ("checkpoints/", "incidents/", "promoted/", "suspect/", "validations/")
 
 
 def classify(key: str) -> tuple[str, str] | None:
@@ -39,7 +42,9 @@ def read_records(
 ) -> Iterable[tuple[str, str, ObjectInfo, dict[str, Any] | None, str | None]]:
     """(kind, run, object info, record or None, parse error or None) for every record the audit reads: of
     the named `runs` (names checked by the caller: longrun.audit.config), else of every run."""
-    prefixes = [f"runs/{run}/" for run in runs] or ["runs/"]
+    # Every run: one listing of runs/, which does page through every run's check batches (the store
+    # interface has no delimiter listing to find the runs first).
+    prefixes = [f"runs/{run}/{folder}" for run in runs for folder in _FOLDERS] or ["runs/"]
     for info in (info for prefix in prefixes for info in store.list(prefix)):
         found = classify(info.key)
         if found is None:
