@@ -59,9 +59,10 @@ test-chaos: setup
 	LONGRUN_CHAOS=1 $(PY) -m pytest tests/chaos tests/monitor/test_monitor_retry_budget.py -m chaos -p no:cacheprovider $(PYTEST_ARGS); \
 	rc=$$?; $(PY) scripts/reliability_table.py; exit $$rc
 
-# The recovery bench as a test (both paths, idle and busy; about 11 minutes): not part of `make test`.
+# The benches run as tests, not part of `make test`: the recovery bench (both paths, idle and busy; about
+# 11 minutes) and bench_nvrx's Slurm mode (about 2 minutes).
 test-bench: setup
-	LONGRUN_BENCH_TESTS=1 $(PY) -m pytest tests/e2e/test_bench_recovery.py -p no:cacheprovider $(PYTEST_ARGS)
+	LONGRUN_BENCH_TESTS=1 $(PY) -m pytest tests/e2e/test_bench_recovery.py tests/nvrx/test_cluster.py::test_bench_slurm_mode_measures_a_recovery -p no:cacheprovider $(PYTEST_ARGS)
 
 # The drills through Airflow that `make test` leaves out, with those it runs: every sharded drill (HSDP
 # weight-flip and scale, FSDP2 sick-node) and the transformers example's weight flip and NaN.

@@ -14,13 +14,16 @@ micro-batches (`--cadence` of them per rank, used in turn):
                          mean-loss all-reduce, the records and the heartbeat)
     guard:finite@1       the sharded finite check at every step (one int64 all-gather)
     guard:vote@1         the weight vote at every step (xxh3 of the local shards, one int64 all-gather)
-    guard:default        what a sharded run gets by default: CheckConfig's checks less the recompute (refused
-                         on sharded models): finite at every step, the vote every CheckConfig().vote_every
+    guard:recompute@1    the recompute by replica groups at every step (every rank recomputes, forward only,
+                         the loss of a rank on another node; its all-gathers; one all-gather of loss bits)
+    guard:default        what an HSDP run gets by default (training.config.checks_for_parallelism): finite
+                         at every step, the recompute every CheckConfig().recompute_every and the vote every
+                         CheckConfig().vote_every
     guard:default+ckpt   the same, and a synchronous sharded checkpoint (training.checkpoint.sharded, DCP)
                          every `--cadence` steps (the launch's default checkpoint_every is 10: RunSpec)
     fsdp2                with --fsdp2: the user's loop on a ("shard",) mesh over every rank
-    fsdp2 guard:finite@1 with --fsdp2: the guard on it with the finite check (the vote has no replica to
-                         compare there)
+    fsdp2 guard:default  with --fsdp2: the guard on it with what an FSDP2 run gets by default: the finite
+                         check and the recompute (the vote has no replica to compare there)
 
 The variants take turns step by step: in each round every variant takes one step (after a barrier), in an
 order rotated round by round, so a burst of other load on the host hits all of them alike. `--steps` (a
@@ -56,28 +59,29 @@ UNGUARDED = {"hsdp": "hsdp", "fsdp2": "fsdp2"}
 
 
 def variants(cadence: int, fsdp2: bool) -> dict[str, dict[str, Any]]:
-    """Every variant's mesh and, for a guarded one, its checks, vote cadence and checkpoint cadence."""
-    from training.config import CheckConfig
+    """Every variant's mesh and, for a guarded one, its checks and the cadences of its recompute, vote
+    and checkpoints."""
+    from training.config import CheckConfig, checks_for_parallelism
 
-    default = CheckConfig()
-    sharded_default = tuple(c for c in default.checks if c != "recompute")
+    d = CheckConfig()
+    off = {"recompute_every": 0, "vote_every": 0, "checkpoint_every": 0}
+    default = {
+        "checks": checks_for_parallelism("hsdp", d.checks),
+        "recompute_every": d.recompute_every, "vote_every": d.vote_every, "checkpoint_every": 0,
+    }  # fmt: skip
     out: dict[str, dict[str, Any]] = {
         "hsdp": {"mesh": "hsdp"},
-        "guard:none": {"mesh": "hsdp", "checks": (), "vote_every": 0, "checkpoint_every": 0},
-        "guard:finite@1": {"mesh": "hsdp", "checks": ("finite",), "vote_every": 0, "checkpoint_every": 0},
-        "guard:vote@1": {"mesh": "hsdp", "checks": ("weight_vote",), "vote_every": 1, "checkpoint_every": 0},
-        "guard:default": {
-            "mesh": "hsdp", "checks": sharded_default, "vote_every": default.vote_every, "checkpoint_every": 0,
-        },
-        "guard:default+ckpt": {
-            "mesh": "hsdp", "checks": sharded_default, "vote_every": default.vote_every,
-            "checkpoint_every": cadence,
-        },
-    }  # fmt: skip
+        "guard:none": {"mesh": "hsdp", "checks": (), **off},
+        "guard:finite@1": {"mesh": "hsdp", "checks": ("finite",), **off},
+        "guard:vote@1": {"mesh": "hsdp", "checks": ("weight_vote",), **off, "vote_every": 1},
+        "guard:recompute@1": {"mesh": "hsdp", "checks": ("recompute",), **off, "recompute_every": 1},
+        "guard:default": {"mesh": "hsdp", **default},
+        "guard:default+ckpt": {"mesh": "hsdp", **default, "checkpoint_every": cadence},
+    }
     if fsdp2:
         out["fsdp2"] = {"mesh": "fsdp2"}
-        out["fsdp2 guard:finite@1"] = {
-            "mesh": "fsdp2", "checks": ("finite",), "vote_every": 0, "checkpoint_every": 0,
+        out["fsdp2 guard:default"] = {
+            "mesh": "fsdp2", **default, "checks": checks_for_parallelism("fsdp", d.checks), "vote_every": 0,
         }  # fmt: skip
     return out
 
@@ -126,7 +130,8 @@ def worker(args: argparse.Namespace) -> None:
         run = name.replace(":", "-").replace("@", "-").replace("+", "-").replace(" ", "-")
         cfg = GuardConfig(
             run=run, run_dir=Path(args.run_dir, run), steps=10**9, use_store=False,
-            checkpoint_every=v["checkpoint_every"], checks=CheckConfig(checks=v["checks"], vote_every=v["vote_every"]),
+            checkpoint_every=v["checkpoint_every"],
+            checks=CheckConfig(checks=v["checks"], recompute_every=v["recompute_every"], vote_every=v["vote_every"]),
         )  # fmt: skip
         guard = Guard(cfg, faults=())
         guard.prepare_sharded(model, mesh=meshes[v["mesh"]], make_optimizer=adamw, loss_fn=lm_loss)

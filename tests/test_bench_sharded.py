@@ -16,10 +16,11 @@ VARIANTS = [
     "guard:none",
     "guard:finite@1",
     "guard:vote@1",
+    "guard:recompute@1",
     "guard:default",
     "guard:default+ckpt",
     "fsdp2",
-    "fsdp2 guard:finite@1",
+    "fsdp2 guard:default",
 ]
 
 
