@@ -37,6 +37,7 @@ from pathlib import Path
 import pytest
 from helpers.clean_reference import CleanRun, launch_clean
 from helpers.cluster_state import restore_snapshot, snapshot
+from helpers.cpu_profile import register as register_cpu_profile
 from helpers.fleet_records import fleet_records_set_aside
 from helpers.stack_fixtures import AirflowStack, SlurmCluster, claim_port_base
 from helpers.suite_parts import select_part
@@ -201,6 +202,11 @@ def fleet_records_isolated(request: pytest.FixtureRequest) -> Iterator[None]:
     ]
     with fleet_records_set_aside(stores):
         yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """LONGRUN_TEST_CPU=<file>: the busy CPU of each test (helpers.cpu_profile)."""
+    register_cpu_profile(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
