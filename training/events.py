@@ -3,9 +3,9 @@
 Everything goes to the run dir (same relative paths as in the store) and, when one is configured, to the
 store under runs/<run>/. Costs, per step: one JSONL line appended locally for each check that ran, one
 small atomic file for progress. The store sees check records in batches (every `flush_every` steps, at
-checkpoints, on an alert, at exit; no batch spans more than `schema.CHECK_BATCH_MAX_SPAN` steps) and progress at most every `progress_interval_s`. A batch that cannot
-reach the store stays pending for the next flush; the last one, at exit, is retried through an outage
-for up to `CHECKS_CLOSE_DEADLINE_S`.
+checkpoints, on an alert, at exit; no batch spans more than `schema.CHECK_BATCH_MAX_SPAN` steps) and
+progress at most every `progress_interval_s`. A batch that cannot reach the store stays pending for the
+next flush; the last one, at exit, is retried through an outage for up to `CHECKS_CLOSE_DEADLINE_S`.
 
 An alert is different: it is written and fsynced locally, then put in the store (retried), before the
 caller does anything else, because the orchestrator acts on it after this process is gone. It carries

@@ -1,8 +1,8 @@
 """Where the suite's CPU goes, test by test: the machine's busy CPU-seconds (every process: the test's own,
 its trainers, the stack's daemons) and the wall seconds from each test's setup to its teardown.
 
-`make test` on two cores is CPU-bound (the README's paragraph on test time), so the test that costs the suite the most is the one that burns the most CPU, not the one that waits the
-longest. Wall-time durations (`--durations`) cannot tell those apart; this can, when the session runs alone
+`make test` on two cores is CPU-bound (the README's paragraph on test time), so the test that costs the
+suite the most is the one that burns the most CPU, not the one that waits the longest. Wall-time durations (`--durations`) cannot tell those apart; this can, when the session runs alone
 on the machine (busy CPU is system-wide, so anything running beside the session is counted too).
 
 Opt-in: `LONGRUN_TEST_CPU=<file>` appends one JSON line per test (`nodeid`, `wall_s`, `busy_cpu_s`) and

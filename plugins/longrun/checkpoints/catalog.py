@@ -269,8 +269,9 @@ def check_batches_in_window(store: ObjectStore, run: str, window_start: int) -> 
 
 def read_check_batch(store: ObjectStore, batch: CheckBatch) -> list[CheckRecord]:
     """The batch's records that read and are its key's rank's, within the steps its key names. A bad line,
-    or a record of another rank or outside its key's steps, is no evidence: skipped (a pass it might have held is then missing, which can
-    only lower the pick's bound). A batch gone since the listing holds nothing."""
+    or a record of another rank or outside its key's steps, is no evidence: skipped (a pass it might have
+    held is then missing, which can only lower the pick's bound). A batch gone since the listing holds
+    nothing."""
     try:
         text = store.get_bytes(batch.key).decode("utf-8", "replace")
     except NotFound:

@@ -1,19 +1,19 @@
 """The pre-incident pick: which checkpoint to restart from after an alert, and why.
 
-Rule: the newest promoted checkpoint whose step is at or before the last step known good by the check
-that fired and by every check able to see a finite wrong value (`schema.CHECKS_FOR_ALERT[alert check]`:
-a node may produce finite wrong numbers before its first NaN, so a finite alert is bounded by the
-recompute audit and the weight vote too). A check's last known-good step is the newest step before the
-alert's at which EVERY rank of that step's world recorded a pass and none a failure, from the run's check
-records (checks/*.jsonl, batch files per rank; only the batches near the alert are read, so the pick's
-cost does not grow with the age of the run: `scan_last_known_good`). A rank with no record is not a pass; neither is a
-record that does not say its world size (when the alert does not say it either), nor the coverage a
-manifest claims (one rank's view). A suspect checkpoint (after a demotion mark) and one whose newest
-validation did not pass are never picked. When a check in the class has no all-rank pass before the
-alert, nothing is provably from before the fault and the pick is None.
+Rule: the newest promoted checkpoint whose step is at or before the last step known good by the check that
+fired and by every check able to see a finite wrong value (`schema.CHECKS_FOR_ALERT[alert check]`: a node may
+produce finite wrong numbers before its first NaN, so a finite alert is bounded by the recompute audit and the
+weight vote too). A check's last known-good step is the newest step before the alert's at which EVERY rank of
+that step's world recorded a pass and none a failure, from the run's check records (checks/*.jsonl, batch
+files per rank; only the batches near the alert are read, so the pick's cost does not grow with the age of the
+run: `scan_last_known_good`). A rank with no record is not a pass; neither is a record that does not say its
+world size (when the alert does not say it either), nor the coverage a manifest claims (one rank's view). A
+suspect checkpoint (after a demotion mark) and one whose newest validation did not pass are never picked. When
+a check in the class has no all-rank pass before the alert, nothing is provably from before the fault and the
+pick is None.
 
-A check the run does not run (the orchestrator's own launch record says so: a recompute cadence of 0, or a
-sharded run, whose recompute and, under FSDP2, vote do not exist) bounds nothing: it leaves the class,
+A check the run does not run (the orchestrator's own launch record says so: a recompute cadence of 0, or an
+FSDP2 run, which has no vote) bounds nothing: it leaves the class,
 and the pick rests on the checks that ran. Without that record every check of the class counts, and a run
 that never ran one of them restarts from step 0. The pick is then as strong as the checks the run chose
 (docs/checkpoints.md, docs/sharding.md).
