@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from longrun.checkpoints import catalog
 from longrun.votes import Vote, vote
 from training import segment
 from training.records import schema
@@ -45,6 +46,9 @@ FAMILIES: Mapping[str, str] = {
     "progress": schema.PROGRESS_PATH,
     "report": schema.REPORT_PATH,
 }
+
+#: How many of the newest steps `recent_checks` covers: what the run-health page shows.
+RECENT_CHECK_STEPS = 200
 
 #: A checkpoint's states, in the order a later one overrides an earlier one.
 STATES = ("saved", "validated", "invalid", "promoted", "suspect")
@@ -150,6 +154,53 @@ class RunView:
         for key in self.keys("checks/"):
             for rec in self.lines(CheckRecord, key):
                 seen[(rec.step, rec.check, rec.rank)] = rec
+        return tuple(sorted(seen.values(), key=lambda c: (c.step, c.check)))
+
+    @functools.cached_property
+    def newest_step(self) -> int | None:
+        """The newest step the run has told of: its heartbeat, its report or its newest checkpoint."""
+        steps = [p.step for p in [self.progress] if p] + [r.final_step for r in [self.report] if r]
+        return max(steps + list(self.manifests), default=None)
+
+    def recent_checks(self, steps: int = RECENT_CHECK_STEPS) -> tuple[CheckRecord, ...]:
+        """The check records of the run's newest `steps` steps (up to `newest_step`; the first `steps`
+        when it is unknown), by (step, check), each (step, check, rank) once.
+
+        Why not `checks`: that lists and reads every batch the run ever wrote, which grows with its age.
+        This lists only the key windows that can hold those steps (a batch spans at most
+        schema.CHECK_BATCH_MAX_SPAN steps, so a batch starting up to that far back may reach in), and reads
+        only the batches in them that do: a bounded read at any age. A record counts under the pick's rule
+        (`catalog.read_check_batch`): it must be of the rank and within the steps its key names; one that is
+        not, or does not read, is a problem. Past the keys' step limit the windows no longer sort, and
+        every batch is read."""
+        if steps < 1:
+            raise ValueError(f"steps={steps}: must be at least 1")
+        newest = self.newest_step if self.newest_step is not None else steps - 1
+        lowest = max(0, newest - steps + 1)
+        try:
+            if newest >= schema.CHECK_BATCH_STEP_LIMIT:
+                batches = catalog.check_batches(self.store, self.run)
+            else:
+                window = schema.CHECK_BATCH_WINDOW
+                first_window = max(0, lowest - schema.CHECK_BATCH_MAX_SPAN + 1) // window * window
+                batches = [
+                    b
+                    for start in range(first_window, newest // window * window + 1, window)
+                    for b in catalog.check_batches_in_window(self.store, self.run, start)
+                ]
+        except StoreError as e:
+            self.problems.append(f"checks/: cannot list ({e})")
+            return ()
+        seen: dict[tuple[int, str, int], CheckRecord] = {}
+        for batch in batches:
+            if batch.last < lowest or batch.first > newest:
+                continue
+            relative = batch.key[len(self.prefix) :]
+            for rec in self.lines(CheckRecord, relative):
+                if rec.rank != batch.rank or not batch.first <= rec.step <= batch.last:
+                    self.problems.append(f"{relative}: holds rank {rec.rank} step {rec.step}, not its key's")
+                elif lowest <= rec.step <= newest:
+                    seen[(rec.step, rec.check, rec.rank)] = rec
         return tuple(sorted(seen.values(), key=lambda c: (c.step, c.check)))
 
     @functools.cached_property
@@ -264,10 +315,11 @@ class RunView:
             )
         return tuple(out)
 
-    def votes(self) -> tuple[Vote, ...]:
-        """Agreement at each weight vote the check records show."""
+    def votes(self, checks: tuple[CheckRecord, ...] | None = None) -> tuple[Vote, ...]:
+        """Agreement at each weight vote in `checks` (default: every check record of the run)."""
         world = self.world_size
-        return tuple(v for c in self.checks if c.check == "weight_vote" for v in [vote(c, world)] if v)
+        records = self.checks if checks is None else checks
+        return tuple(v for c in records if c.check == "weight_vote" for v in [vote(c, world)] if v)
 
 
 def list_runs(store: ObjectStore) -> list[str]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from helpers.check_batches import put_check_batches
 from longrun import runview
 from longrun.runview import list_runs
 from longrun.slurm.models import NodeState
@@ -170,11 +173,19 @@ def test_slurm_errors_are_shown_not_raised(store):
 def test_bad_records_are_listed_and_skipped(store):
     fill_drill(store, finished=False)
     store.put_bytes(
-        schema.store_key("drill-1", "checks/99999999-99999999-r000.jsonl"), b'{"kind": "check"}\nnot json\n'
+        schema.store_key("drill-1", "checks/00000030-00000031-r000.jsonl"), b'{"kind": "check"}\nnot json\n'
+    )
+    rank_1 = schema.record(
+        "check", run="drill-1", step=31, check="finite", verdict="pass", rank=1, duration_s=0.1
+    )
+    store.put_bytes(  # a record of another rank than its key's: no evidence, and a problem
+        schema.store_key("drill-1", "checks/00000031-00000031-r000.jsonl"),
+        (json.dumps(rank_1) + "\n").encode(),
     )
     store.put_bytes(schema.store_key("drill-1", "alerts/00000099-finite-x.json"), b"[]")
     h = data.load_run_health(store, "drill-1")
-    assert len(h.problems) == 3, h.problems
+    assert len(h.problems) == 4, h.problems
+    assert not [c for c in h.checks if c.step == 31 and c.check == "finite" and c.verdict == "pass"][1:]
     assert len(h.alerts) == 1 and not h.finished and h.step == 33
 
 
@@ -222,3 +233,112 @@ def test_an_old_incident_with_a_top_level_verdict_and_runbook_still_shows_them(s
     )
     (inc,) = data.load_run_health(store, "old-1").incidents
     assert inc.verdict is None and inc.runbooks == ("recompute-mismatch", "nonfinite-loss")
+
+
+class _CountingStore:
+    """Delegates to a store and counts the check batches it is asked for (gets under checks/)."""
+
+    def __init__(self, inner: LocalDirStore) -> None:
+        self.inner, self.batch_gets, self.lists = inner, 0, 0
+
+    def get_bytes(self, key: str) -> bytes:
+        self.batch_gets += "/checks/" in key
+        return self.inner.get_bytes(key)
+
+    def list(self, prefix: str):  # type: ignore[no-untyped-def]
+        self.lists += 1
+        return self.inner.list(prefix)
+
+
+def _long_run(store: LocalDirStore, run: str, age: int) -> None:
+    """`age` steps of passes on 2 ranks (a vote every 10 steps), a failed recompute and its alert at step
+    50, and a heartbeat at `age`."""
+    recs = [
+        schema.record(
+            "check",
+            run=run,
+            step=s,
+            check=c,
+            verdict="pass",
+            rank=r,
+            duration_s=0.001,
+            time=T0 + s,
+            **({"evidence": {"fingerprint": "ab"}} if c == "weight_vote" else {}),
+        )
+        for s in range(1, age + 1)
+        for r in (0, 1)
+        for c in ("finite", "weight_vote")
+        if c == "finite" or s % 10 == 0
+    ]
+    recs.append(
+        schema.record(
+            "check",
+            run=run,
+            step=50,
+            check="recompute",
+            verdict="fail",
+            rank=0,
+            duration_s=0.001,
+            time=T0 + 50,
+            suspect_ranks=[1],
+            suspect_nodes=["n2"],
+        )
+    )
+    put_check_batches(store, run, recs, every=20)
+    alert = schema.record(
+        "alert",
+        run=run,
+        step=50,
+        check="recompute",
+        suspect_ranks=[1],
+        suspect_nodes=["n2"],
+        evidence={},
+        time=T0 + 50,
+    )
+    put_json(store, schema.store_key(run, schema.alert_path(50, "recompute", "r000-1")), alert)
+    progress = schema.record(
+        "progress", run=run, step=age, loss=1.0, step_time_s=0.05, time=T0 + age, total_steps=10 * age
+    )
+    put_json(store, schema.store_key(run, schema.PROGRESS_PATH), progress)
+
+
+def test_the_page_reads_the_same_at_any_age_and_shows_the_newest_steps_and_every_alert(tmp_path):
+    """Issue 31: what the page reads does not grow with the run's age. The same run at 300 and at 3,000
+    steps: the same listings and batch reads. It shows the check records of the newest
+    RECENT_CHECK_STEPS steps, and the alert raised long before them."""
+    window = runview.RECENT_CHECK_STEPS
+    reads = {}
+    for age in (300, 3000):
+        store = LocalDirStore(tmp_path / str(age))
+        _long_run(store, "long", age)
+        counting = _CountingStore(store)
+        h = data.load_run_health(counting, "long", now=T0 + age)  # type: ignore[arg-type]
+        reads[age] = (counting.lists, counting.batch_gets)
+        assert h.checks_window == window
+        passes = [c for c in h.checks if c.verdict == "pass"]
+        assert {c.step for c in passes} == set(range(age - window + 1, age + 1))
+        assert [(a.step, a.check) for a in h.alerts] == [(50, "recompute")]  # older than the window
+        assert [c for c in h.checks if c.verdict == "fail"] == []  # its failed record is not read
+        assert sorted({v.step for v in h.votes}) == list(range(age - window + 10, age + 1, 10))
+        assert h.problems == ()
+    assert reads[300] == reads[3000], reads
+    # the newest 200 steps are 10 batches of 20 on each rank; reading every batch would be 150 per rank
+    assert reads[3000][1] == 2 * window // 20, reads
+
+
+def test_recent_checks_of_a_run_without_a_step_yet_reads_the_first_steps(store):
+    put_check_batches(
+        store,
+        "young",
+        [
+            schema.record(
+                "check", run="young", step=s, check="finite", verdict="pass", rank=0, duration_s=0.1
+            )
+            for s in range(1, 5)
+        ],
+    )
+    view = runview.RunView(store, "young")
+    assert view.newest_step is None
+    assert [c.step for c in view.recent_checks(3)] == [1, 2]
+    with pytest.raises(ValueError, match="steps=0"):
+        view.recent_checks(0)

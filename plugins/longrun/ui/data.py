@@ -1,8 +1,11 @@
 """One run's read model (`longrun.runview`) flattened into a `RunHealth`, the run-health page's only data.
 
 Reads only: the page never writes. A record that does not parse is listed in `problems` and skipped (the
-read model does that), so one bad object never hides the rest of a run. Node states come from a callable (the Slurm client's
-`nodes`), so this module needs neither Slurm nor Airflow.
+read model does that), so one bad object never hides the rest of a run. Node states come from a callable
+(the Slurm client's `nodes`), so this module needs neither Slurm nor Airflow.
+
+What it reads does not grow with the run's age (beyond the checkpoint list and the incidents): check
+records only for the newest RECENT_CHECK_STEPS steps (`RunView.recent_checks`), every alert.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from longrun.runview import RunView
+from longrun.runview import RECENT_CHECK_STEPS, RunView
 from longrun.ui.model import CheckEvent, CheckpointView, IncidentView, NodeView, RunHealth
 from training.records import schema
 from training.records.alert import Alert
@@ -33,7 +36,7 @@ def load_run_health(
     """Everything the page shows about `run`. `nodes`: the Slurm node source (None: not shown)."""
     now = time.time() if now is None else now
     view = RunView(store, run)
-    latest, report, checks = view.progress, view.report, view.checks
+    latest, report, checks = view.progress, view.report, view.recent_checks(RECENT_CHECK_STEPS)
 
     events = [_check_event(c) for c in checks] + [_alert_event(a) for _key, a in view.alerts]
     events.sort(key=lambda e: (e.step, e.verdict == "alert", e.check))
@@ -65,7 +68,8 @@ def load_run_health(
         loss_series=tuple(sorted(loss.items())),
         step_time_series=tuple(sorted(step_time.items())),
         checks=tuple(events),
-        votes=view.votes(),
+        checks_window=RECENT_CHECK_STEPS,
+        votes=view.votes(checks),
         checkpoints=tuple(
             CheckpointView(
                 step=c.step,

@@ -136,9 +136,11 @@ class RunHealth:
     step_time_series: tuple[tuple[int, float], ...] = ()
     """(step, step time) pairs where records carry one."""
     checks: tuple[CheckEvent, ...] = ()
-    """Check results and alerts, sorted by step."""
+    """Check results of the newest `checks_window` steps, and every alert, sorted by step."""
+    checks_window: int | None = None
+    """How many of the newest steps `checks` and `votes` cover (None: the whole run)."""
     votes: tuple[VotePoint, ...] = ()
-    """Weight-vote agreement over time."""
+    """Weight-vote agreement over the steps `checks` covers."""
     checkpoints: tuple[CheckpointView, ...] = ()
     """Checkpoints, sorted by step."""
     incidents: tuple[IncidentView, ...] = ()

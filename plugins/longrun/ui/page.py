@@ -74,6 +74,7 @@ def run_html(h: RunHealth, *, base: str, store: str, stale_after_s: float = 120.
         f"<a href='{run_url}/health.json'>JSON</a> &middot; <a href='{escape(base)}/'>all runs</a></p>",
         _tiles(h, stale_after_s),
         "<h2>Loss and checks</h2>",
+        _window_note(h),
         f'<img alt="loss over steps" src="{run_url}/loss.png">',
         f'<img alt="replica fingerprint agreement" src="{run_url}/fingerprints.png">',
         _alerts(h),
@@ -119,7 +120,12 @@ def _tiles(h: RunHealth, stale_after_s: float) -> str:
         (
             "checks",
             f"<span class='ok'>{passes} pass</span> / <span class='{'bad' if fails else 'muted'}'>"
-            f"{fails} fail</span>",
+            f"{fails} fail</span>"
+            + (
+                ""
+                if h.checks_window is None
+                else f" <span class='muted'>(last {h.checks_window} steps)</span>"
+            ),
         ),
         ("alerts", f"<span class='{'bad' if h.alerts else 'ok'}'>{len(h.alerts)}</span>"),
         ("incidents", str(len(h.incidents))),
@@ -240,6 +246,15 @@ def _timeline_row(e: TimelineEvent, t0: float | None) -> str:
     when = _fmt_time(t) if t is not None else "-"
     details = escape(json.dumps(dict(e.details), sort_keys=True)) if e.details else ""
     return f"<tr><td>{when}</td><td>{rel}</td><td>{escape(e.event)}</td><td><code>{details}</code></td></tr>"
+
+
+def _window_note(h: RunHealth) -> str:
+    if h.checks_window is None:
+        return ""
+    return (
+        f"<p class='muted' id='checks-window'>Checks and votes: the newest {h.checks_window} steps "
+        "(every alert, whenever it was raised). Older ones: <code>longrun records list --run RUN --kind checks</code>.</p>"
+    )
 
 
 def _checks(h: RunHealth) -> str:
