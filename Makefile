@@ -64,10 +64,11 @@ test-chaos: setup
 test-bench: setup
 	LONGRUN_BENCH_TESTS=1 $(PY) -m pytest tests/e2e/test_bench_recovery.py tests/nvrx/test_cluster.py::test_bench_slurm_mode_measures_a_recovery -p no:cacheprovider $(PYTEST_ARGS)
 
-# The drills through Airflow that `make test` leaves out, with those it runs: every sharded drill (HSDP
-# weight-flip and scale, FSDP2 sick-node) and the transformers example's weight flip and NaN.
+# The drills that `make test` leaves out, with those it runs: every sharded drill through Airflow (HSDP
+# weight-flip and scale, FSDP2 sick-node), every drill of the transformers example through Airflow, and
+# the in-job hot-spare recovery directed by the test (tests/nvrx/test_hot_spare.py).
 test-drills: setup
-	LONGRUN_ALL_DRILLS=1 $(PY) -m pytest tests/e2e/test_sharded_drill.py tests/e2e/test_entrypoints.py -p no:cacheprovider $(PYTEST_ARGS)
+	LONGRUN_ALL_DRILLS=1 $(PY) -m pytest tests/e2e/test_sharded_drill.py tests/e2e/test_entrypoints.py tests/nvrx/test_hot_spare.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # The fast suite: everything not marked slow.
 test-fast: setup

@@ -34,8 +34,9 @@ def spawn_ranks(worker: Callable[..., None], world: int, out: Path, *args: Any) 
     """Run `worker(rank, world, port, str(out), *args)` on `world` spawned ranks; every rank's JSON result."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     port = free_port()
+    mp.set_forkserver_preload(["torch", "torch.distributed", "helpers.gloo_ranks"])
     mp.start_processes(
-        worker, args=(world, port, str(out), *args), nprocs=world, join=True, start_method="spawn"
+        worker, args=(world, port, str(out), *args), nprocs=world, join=True, start_method="forkserver"
     )
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from helpers.clean_reference import CleanRun
+from helpers.marks import only_in_test_drills
 from longrun.drill import DRILL_CONF
 from longrun.incident import hot_spare
 from longrun.launch import job_spec_for_run, run_dir_for
@@ -106,6 +107,13 @@ def clean_fp(drill_reference: CleanRun) -> str:
 
 
 def test_a_verdict_recovers_on_the_spare_inside_the_same_job(launcher, clean_fp, slurm_cluster):
+    """`make test-drills` only: in `make test` the test below proves a directed attempt trains on to the
+    clean run's weights inside the same job, and the hot-spare drill through Airflow
+    (tests/e2e/test_drill.py) proves the whole path with the orchestrator's own drain, release and
+    directive. About 106 busy CPU-seconds on two cores."""
+    only_in_test_drills(
+        "the directed attempt is proven by the next test and by the hot-spare drill in tests/e2e"
+    )
     run = tiny("hs-spare", spare_nodes=1, drill=Drill(kind="nan", step=ALERT_STEP, target="1"))
     store = LocalDirStore(launcher.env["LONGRUN_STORE_DIR"])
     job_id = _submit(launcher, run, wait_s=180)
