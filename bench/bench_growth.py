@@ -156,6 +156,16 @@ class CountingStore:
         finally:
             self.counts.pages[prefix_of(prefix)] += max(1, math.ceil(n / LIST_PAGE))
 
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        self._count("list", prefix)
+        n = 0
+        try:
+            for d in self.inner.list_dirs(prefix):
+                n += 1
+                yield d
+        finally:
+            self.counts.pages[prefix_of(prefix)] += max(1, math.ceil(n / LIST_PAGE))
+
     def delete(self, key: str) -> None:
         self._count("delete", key)
         self.inner.delete(key)

@@ -323,5 +323,6 @@ class RunView:
 
 
 def list_runs(store: ObjectStore) -> list[str]:
-    """Run names that have at least one object in the store, sorted."""
-    return sorted({parts[1] for i in store.list("runs/") if len(parts := i.key.split("/")) > 2 and parts[1]})
+    """Run names that have at least one object in the store, sorted: one folder listing of `runs/`, not
+    a listing of every object of every run."""
+    return sorted(d[len("runs/") : -1] for d in store.list_dirs("runs/"))

@@ -99,6 +99,24 @@ def test_list_is_by_prefix_in_key_order(store: ObjectStore, run: str) -> None:
     assert sizes[f"runs/{run}/c"] == 1
 
 
+def test_list_dirs_names_the_folders_that_hold_objects(store: ObjectStore, run: str) -> None:
+    """S3's common prefixes for the delimiter "/": each folder that holds an object once, in key order; a
+    file beside the folders is no folder, nor is a prefix that never held an object."""
+    for k in ("b/deep/1", "a/1", "b/2", "c", "d/x/y/z"):
+        store.put_bytes(f"runs/{run}/{k}", k.encode())
+    store.put_bytes(f"runs/{run}x/other", b"-")
+    assert list(store.list_dirs(f"runs/{run}/")) == [f"runs/{run}/{d}/" for d in ("a", "b", "d")]
+    assert list(store.list_dirs(f"runs/{run}/b/")) == [f"runs/{run}/b/deep/"]
+    assert f"runs/{run}/" in list(store.list_dirs("runs/")) and f"runs/{run}x/" in list(
+        store.list_dirs("runs/")
+    )
+    store.delete(f"runs/{run}/a/1")  # an emptied folder may stay (SeaweedFS keeps its directory entry)
+    assert list(store.list_dirs(f"runs/{run}/"))[-2:] == [f"runs/{run}/{d}/" for d in ("b", "d")]
+    assert list(store.list_dirs(f"runs/{run}/nothing/")) == []
+    with pytest.raises(ValueError, match="ends with '/'"):
+        list(store.list_dirs(f"runs/{run}"))
+
+
 def test_delete_is_idempotent(store: ObjectStore, run: str) -> None:
     key = f"runs/{run}/gone"
     store.put_bytes(key, b"x")

@@ -224,6 +224,12 @@ def test_local_sided_store_routes_and_merges(tmp_path) -> None:
     # a stray orchestrator key in the job directory is not listed
     LocalDirStore(tmp_path / "j").put_bytes("runs/r/promoted/current.json", b"forged")
     assert "runs/r/promoted/current.json" not in [i.key for i in store.list("runs/r/")]
+    # folders: each side's where its keys can lie, merged once each; the stray folder is not one
+    store.put_bytes("runs/s/checks/00000001-00000001-r000.jsonl", b"4")
+    store.put_bytes("runs/r/checks/00000001-00000001-r000.jsonl", b"5")
+    assert list(store.list_dirs("runs/")) == ["runs/r/", "runs/s/"]
+    assert list(store.list_dirs("runs/r/")) == ["runs/r/alerts/", "runs/r/checks/", "runs/r/incidents/"]
+    assert list(store.list_dirs("")) == [LEDGER_KEY.split("/")[0] + "/", "runs/"]
 
 
 def test_job_store_env_never_hands_out_the_orchestrator_keys() -> None:

@@ -89,6 +89,14 @@ class ObjectStore(Protocol):
         """Every object whose key starts with `prefix`, in key order."""
         ...
 
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        """The folders directly under `prefix` (which is "" or ends with "/") that hold at least one
+        object, each as its full key prefix ending with "/", in key order: S3's common prefixes for the
+        delimiter "/". Finds the runs under `runs/` without paging through every object of every run. A
+        folder emptied by deletes may still be named (SeaweedFS keeps its directory entry): a caller
+        finds nothing in it."""
+        ...
+
     def delete(self, key: str) -> None: ...
 
     def describe(self) -> str:
@@ -116,6 +124,13 @@ def put_json(store: ObjectStore, key: str, obj: Any, **conditions: Any) -> Objec
 
 def get_json(store: ObjectStore, key: str) -> Any:
     return json.loads(store.get_bytes(key))
+
+
+def check_dir_prefix(prefix: str) -> str:
+    """`prefix` if it names a folder ("" or ending with "/"), else a ValueError."""
+    if prefix and not prefix.endswith("/"):
+        raise ValueError(f"list_dirs({prefix!r}): a folder prefix is empty or ends with '/'")
+    return prefix
 
 
 def _check_key(key: str) -> str:

@@ -19,6 +19,7 @@ from training.store.interface import (
     PreconditionFailed,
     StoreConfigError,
     _check_key,
+    check_dir_prefix,
     sha256_file,
 )
 
@@ -157,6 +158,25 @@ class LocalDirStore:
             info = self.head(key)
             if info is not None:
                 yield info
+
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        base = self.root / check_dir_prefix(prefix)
+        try:
+            entries = sorted(e.name for e in os.scandir(base) if e.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for name in entries:
+            if not (prefix == "" and name == self._META) and self._holds_an_object(base / name):
+                yield f"{prefix}{name}/"
+
+    @staticmethod
+    def _holds_an_object(folder: Path) -> bool:
+        """Whether a finished object lies anywhere below `folder` (a folder left empty by deletes, or
+        holding only an unfinished write, is no folder to S3 either)."""
+        for _dirpath, _dirnames, filenames in os.walk(folder):
+            if any(not name.startswith(".tmp-") for name in filenames):
+                return True
+        return False
 
     def delete(self, key: str) -> None:
         for p in (self._path(key), self._sidecar(key)):

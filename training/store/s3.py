@@ -27,6 +27,7 @@ from training.store.interface import (
     StoreError,
     StoreUnavailable,
     _check_key,
+    check_dir_prefix,
     sha256_file,
 )
 
@@ -182,6 +183,16 @@ class S3Store:
                     yield ObjectInfo(key=obj["Key"], size=int(obj["Size"]), etag=obj["ETag"])
         except Exception as e:
             raise self._error(e, f"list {prefix}") from None
+
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        check_dir_prefix(prefix)
+        paginator = self._s3.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+                for common in page.get("CommonPrefixes", []):
+                    yield str(common["Prefix"])
+        except Exception as e:
+            raise self._error(e, f"list folders {prefix}") from None
 
     def delete(self, key: str) -> None:
         try:

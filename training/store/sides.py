@@ -106,5 +106,20 @@ class SidedStore:
         orch = (i for i in self.orchestrator.list(prefix) if side_of(i.key) == ORCHESTRATOR)
         yield from heapq.merge(job, orch, key=lambda i: i.key)
 
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        if not _spans_both(prefix):
+            yield from self.side(prefix).list_dirs(prefix)
+            return
+        # A folder counts on a side only where that side's keys can lie, as in `list`.
+        job = (d for d in self.job.list_dirs(prefix) if _spans_both(d) or side_of(d) == JOB)
+        orch = (
+            d for d in self.orchestrator.list_dirs(prefix) if _spans_both(d) or side_of(d) == ORCHESTRATOR
+        )
+        last = None
+        for d in heapq.merge(job, orch):
+            if d != last:
+                yield d
+            last = d
+
     def delete(self, key: str) -> None:
         self.side(key).delete(key)

@@ -42,9 +42,10 @@ def read_records(
 ) -> Iterable[tuple[str, str, ObjectInfo, dict[str, Any] | None, str | None]]:
     """(kind, run, object info, record or None, parse error or None) for every record the audit reads: of
     the named `runs` (names checked by the caller: longrun.audit.config), else of every run."""
-    # Every run: one listing of runs/, which does page through every run's check batches (the store
-    # interface has no delimiter listing to find the runs first).
-    prefixes = [f"runs/{run}/{folder}" for run in runs for folder in _FOLDERS] or ["runs/"]
+    # Every run: its folders found with one folder listing of runs/, so the check batches (ranks x steps)
+    # are never paged through.
+    runs = list(runs) or [d[len("runs/") : -1] for d in store.list_dirs("runs/")]
+    prefixes = [f"runs/{run}/{folder}" for run in runs for folder in _FOLDERS]
     for info in (info for prefix in prefixes for info in store.list(prefix)):
         found = classify(info.key)
         if found is None:

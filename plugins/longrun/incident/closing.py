@@ -139,10 +139,13 @@ def close_healthy(store: ObjectStore, run: str, *, healthy_steps: int = HEALTHY_
 
 
 def close_all_healthy(store: ObjectStore, *, healthy_steps: int = HEALTHY_STEPS) -> list[str]:
-    """close_healthy over every run with incidents; `run/incident` of each closed now."""
-    runs = {i.key.split("/")[1] for i in store.list("runs/") if "/incidents/" in i.key}
+    """close_healthy over every run (one with no incidents closes nothing); `run/incident` of each closed
+    now."""
+    # One folder listing of runs/ and one listing of each run's incidents/ (close_healthy), never a
+    # listing of every run's check batches (ranks x steps).
+    runs = [d[len("runs/") : -1] for d in store.list_dirs("runs/")]
     out = []
-    for run in sorted(runs):
+    for run in runs:
         try:
             schema.check_run_name(run)
         except schema.SchemaError:
