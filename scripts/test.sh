@@ -9,9 +9,9 @@
 #
 # The suite runs in three parts side by side (tests/helpers/suite_parts.py), each a pytest session with a
 # stack of its own: the tests that need Airflow (the drills; they wait on Airflow, Slurm and the trainers
-# for much of their time) in the foreground; in the background, the Slurm layer's tests that need no
-# Airflow (tests/slurm; mostly waiting on Slurm), and everything else (units and the job side, which keep
-# one core busy). One session alone left a core idle for much of the suite. The background parts' output
+# for much of their time) in the foreground; in the background, the tests that drive the cluster without
+# Airflow (tests/slurm, mostly waiting on Slurm, and tests/nvrx's jobs), and everything else (units and the
+# job side, which keep one core busy). One session alone left a core idle for much of the suite. The background parts' output
 # goes to logs printed at the end. When PYTEST_ARGS names test paths (a word starting with "tests"), the
 # suite runs as one part, as given.
 #
@@ -114,7 +114,7 @@ typecheck &
 typecheck_pid=$!
 part_pids=""
 if [ "$split" = 1 ]; then
-  background_part slurm "suite: tests/slurm" "$slurm_part_log" &
+  background_part slurm "suite: slurm, nvrx" "$slurm_part_log" &
   slurm_part_pid=$!
   background_part other "suite: other" "$other_part_log" &
   other_part_pid=$!
@@ -135,7 +135,7 @@ echo "test: the type check started beside the suite (pid $typecheck_pid; log $ty
 echo "test: the Slurm 25.11 build, then its tier, started beside the suite (pid $tier_pid; logs $build_log, $tier_log)"
 
 if [ "$split" = 1 ]; then
-  echo "test: the suite's Slurm part (tests/slurm without Airflow) started beside (pid $slurm_part_pid; log $slurm_part_log)"
+  echo "test: the suite's Slurm part (tests/slurm and tests/nvrx without Airflow) started beside (pid $slurm_part_pid; log $slurm_part_log)"
   echo "test: the suite's other part (no Airflow) started beside (pid $other_part_pid; log $other_part_log)"
   suite_part=airflow
   suite_name="suite: airflow"

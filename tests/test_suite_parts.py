@@ -60,10 +60,10 @@ def run_part(monkeypatch: pytest.MonkeyPatch, part: str | None) -> tuple[list[Fa
 
 def test_the_parts_split_the_suite_without_gap_or_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
     parts = {p: run_part(monkeypatch, p)[0] for p in ("slurm", "airflow", "other")}
-    assert parts["slurm"] == [ITEMS[0]]  # the Slurm layer's test without Airflow, nothing else
+    assert parts["slurm"] == [ITEMS[0], ITEMS[3]]  # tests/slurm and tests/nvrx without Airflow
     # every test that needs Airflow, by mark or by fixture, tests/slurm's included
     assert parts["airflow"] == [ITEMS[1], ITEMS[2], ITEMS[5]]
-    assert parts["other"] == [ITEMS[3], ITEMS[4]]
+    assert parts["other"] == [ITEMS[4]]
     assert sorted(map(ITEMS.index, sum(parts.values(), []))) == list(range(len(ITEMS)))
     rest, rest_dropped = run_part(monkeypatch, "rest")
     assert rest == [i for i in ITEMS if i not in parts["slurm"]] and rest_dropped == parts["slurm"]
