@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from longrun.runview import list_runs
 from training.records import schema
 from training.store.interface import ObjectInfo, ObjectStore
 
@@ -44,7 +45,7 @@ def read_records(
     the named `runs` (names checked by the caller: longrun.audit.config), else of every run."""
     # Every run: its folders found with one folder listing of runs/, so the check batches (ranks x steps)
     # are never paged through.
-    runs = list(runs) or [d[len("runs/") : -1] for d in store.list_dirs("runs/")]
+    runs = list(runs) or list_runs(store)
     prefixes = [f"runs/{run}/{folder}" for run in runs for folder in _FOLDERS]
     for info in (info for prefix in prefixes for info in store.list(prefix)):
         found = classify(info.key)

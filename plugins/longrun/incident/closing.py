@@ -22,6 +22,7 @@ from typing import Any
 
 from longrun.incident import drill_state, record
 from longrun.incident.events import Event
+from longrun.runview import list_runs
 from training.records import schema
 from training.records.alert import AlertRef
 from training.records.job import Progress
@@ -143,7 +144,7 @@ def close_all_healthy(store: ObjectStore, *, healthy_steps: int = HEALTHY_STEPS)
     now."""
     # One folder listing of runs/ and one listing of each run's incidents/ (close_healthy), never a
     # listing of every run's check batches (ranks x steps).
-    runs = [d[len("runs/") : -1] for d in store.list_dirs("runs/")]
+    runs = list_runs(store)
     out = []
     for run in runs:
         try:
