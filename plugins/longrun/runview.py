@@ -169,9 +169,9 @@ class RunView:
         Why not `checks`: that lists and reads every batch the run ever wrote, which grows with its age.
         This lists only the key windows that can hold those steps (a batch spans at most
         schema.CHECK_BATCH_MAX_SPAN steps, so a batch starting up to that far back may reach in), and reads
-        only the batches in them that do: a bounded read at any age. A record counts under the pick's rule
-        (`catalog.read_check_batch`): it must be of the rank and within the steps its key names; one that is
-        not, or does not read, is a problem. Past the keys' step limit the windows no longer sort, and
+        only the batches in them that do: a bounded read at any age. A record counts under the pick's rule,
+        read by the pick's reader (`catalog.read_check_batch`): it must be of the rank and within the steps
+        its key names; one that is not, or does not read, is a problem. Past the keys' step limit the windows no longer sort, and
         every batch is read."""
         if steps < 1:
             raise ValueError(f"steps={steps}: must be at least 1")
@@ -195,11 +195,13 @@ class RunView:
         for batch in batches:
             if batch.last < lowest or batch.first > newest:
                 continue
-            relative = batch.key[len(self.prefix) :]
-            for rec in self.lines(CheckRecord, relative):
-                if rec.rank != batch.rank or not batch.first <= rec.step <= batch.last:
-                    self.problems.append(f"{relative}: holds rank {rec.rank} step {rec.step}, not its key's")
-                elif lowest <= rec.step <= newest:
+            try:
+                records = catalog.read_check_batch(self.store, batch, problems=self.problems)
+            except StoreError as e:
+                self.problems.append(f"{batch.key}: cannot read ({e})")
+                continue
+            for rec in records:
+                if lowest <= rec.step <= newest:
                     seen[(rec.step, rec.check, rec.rank)] = rec
         return tuple(sorted(seen.values(), key=lambda c: (c.step, c.check)))
 

@@ -267,25 +267,31 @@ def check_batches_in_window(store: ObjectStore, run: str, window_start: int) -> 
     return _batches(store, schema.store_key(run, schema.check_batch_window_prefix(window_start)))
 
 
-def read_check_batch(store: ObjectStore, batch: CheckBatch) -> list[CheckRecord]:
+def read_check_batch(
+    store: ObjectStore, batch: CheckBatch, *, problems: list[str] | None = None
+) -> list[CheckRecord]:
     """The batch's records that read and are its key's rank's, within the steps its key names. A bad line,
     or a record of another rank or outside its key's steps, is no evidence: skipped (a pass it might have
-    held is then missing, which can only lower the pick's bound). A batch gone since the listing holds
-    nothing."""
+    held is then missing, which can only lower the pick's bound), and named in `problems` when given (the
+    run-health page shows them). A batch gone since the listing holds nothing."""
     try:
         text = store.get_bytes(batch.key).decode("utf-8", "replace")
     except NotFound:
         return []
     out = []
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             rec = CheckRecord.from_json(json.loads(line))
-        except ValueError:
+        except ValueError as e:
+            if problems is not None:
+                problems.append(f"{batch.key}:{n}: not a check record ({e})")
             continue
         if rec.rank == batch.rank and batch.first <= rec.step <= batch.last:
             out.append(rec)
+        elif problems is not None:
+            problems.append(f"{batch.key}:{n}: holds rank {rec.rank} step {rec.step}, not its key's")
     return out
 
 
