@@ -71,14 +71,8 @@ class MemStore:
         return iter([self._info(k) for k in sorted(self.objects) if k.startswith(prefix)])
 
     def list_dirs(self, prefix: str) -> Iterator[str]:
-        below = {k[len(prefix) :].split("/", 1)[0] for k in self.objects if k.startswith(prefix)}
-        return iter(
-            sorted(
-                f"{prefix}{d}/"
-                for d in below
-                if f"{prefix}{d}/" != prefix and any(k.startswith(f"{prefix}{d}/") for k in self.objects)
-            )
-        )
+        rests = (k[len(prefix) :] for k in self.objects if k.startswith(prefix))
+        return iter(sorted({f"{prefix}{rest.split('/', 1)[0]}/" for rest in rests if "/" in rest}))
 
     def delete(self, key: str) -> None:
         self.objects.pop(key, None)

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import json
 import random
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.check_batches import put_check_batches
+from helpers.counting_store import CountingStore
 from longrun.checkpoints import catalog
 from longrun.checkpoints.pick import last_known_good, scan_last_known_good
 
 from training.records import schema
-from training.store.interface import ObjectInfo, ObjectStore
+from training.store.interface import ObjectStore
 from training.store.local import LocalDirStore
 
 CHECKS = ("finite", "recompute", "weight_vote")
@@ -94,21 +93,6 @@ def test_the_scan_finds_what_reading_every_batch_finds(tmp_path: Path, seed: int
                 got,
                 want,
             )
-
-
-class CountingStore:
-    """Delegates to a store and counts its requests by kind (get, list), as S3 would bill them."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        self.inner, self.count = inner, Counter[str]()
-
-    def get_bytes(self, key: str) -> bytes:
-        self.count["get"] += 1
-        return self.inner.get_bytes(key)
-
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        self.count["list"] += 1
-        return self.inner.list(prefix)
 
 
 def _clean_history(first: int, last: int, ranks: int = 4) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from helpers.check_batches import put_check_batches
+from helpers.counting_store import CountingStore
 from longrun import runview
 from longrun.runview import list_runs
 from longrun.slurm.models import NodeState
@@ -235,21 +236,6 @@ def test_an_old_incident_with_a_top_level_verdict_and_runbook_still_shows_them(s
     assert inc.verdict is None and inc.runbooks == ("recompute-mismatch", "nonfinite-loss")
 
 
-class _CountingStore:
-    """Delegates to a store and counts the check batches it is asked for (gets under checks/)."""
-
-    def __init__(self, inner: LocalDirStore) -> None:
-        self.inner, self.batch_gets, self.lists = inner, 0, 0
-
-    def get_bytes(self, key: str) -> bytes:
-        self.batch_gets += "/checks/" in key
-        return self.inner.get_bytes(key)
-
-    def list(self, prefix: str):  # type: ignore[no-untyped-def]
-        self.lists += 1
-        return self.inner.list(prefix)
-
-
 def _long_run(store: LocalDirStore, run: str, age: int) -> None:
     """`age` steps of passes on 2 ranks (a vote every 10 steps), a failed recompute and its alert at step
     50, and a heartbeat at `age`."""
@@ -311,9 +297,9 @@ def test_the_page_reads_the_same_at_any_age_and_shows_the_newest_steps_and_every
     for age in (300, 3000):
         store = LocalDirStore(tmp_path / str(age))
         _long_run(store, "long", age)
-        counting = _CountingStore(store)
+        counting = CountingStore(store)
         h = data.load_run_health(counting, "long", now=T0 + age)  # type: ignore[arg-type]
-        reads[age] = (counting.lists, counting.batch_gets)
+        reads[age] = (counting.count["list"], sum("/checks/" in key for key in counting.got))
         assert h.checks_window == window
         passes = [c for c in h.checks if c.verdict == "pass"]
         assert {c.step for c in passes} == set(range(age - window + 1, age + 1))
