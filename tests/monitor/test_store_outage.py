@@ -14,15 +14,17 @@ import time
 import uuid
 from typing import Any
 
+import boto3
 import pytest
+from botocore.config import Config
 from longrun.monitor import watch
 from longrun.monitor.trigger import RunMonitorTrigger
 from longrun.slurm.factory import make_client
 from longrun.slurm.spec import JobSpec
 
 from training.records import schema
-from training.store.factory import store_from_env
 from training.store.interface import StoreUnavailable, put_json
+from training.store.s3 import S3Store
 
 pytestmark = [pytest.mark.slurm, pytest.mark.s3, pytest.mark.slow]
 
@@ -37,7 +39,20 @@ def test_the_monitor_watches_through_a_store_outage(
         monkeypatch.setenv(k, v)
     run = f"outage-{uuid.uuid4().hex[:6]}"
     finish = tmp_path / "finish"
-    store = store_from_env()
+    # The stand-in trainer's heartbeat gives up on one failed attempt within seconds and beats again a second
+    # later. With the store's default client (6 attempts with jittered back-off, up to ~30 s in all, and a
+    # 60 s read timeout) a write begun during the outage can still be waiting well after the store is back,
+    # longer than the stale clock here: the monitor then rightly calls the job stale (a CI run saw exactly
+    # that), and the test would measure botocore's back-off instead of the monitor. Progress is on the job's
+    # side of the store, its own bucket.
+    quick = boto3.session.Session().client(
+        "s3",
+        endpoint_url=s3_store_env["AWS_ENDPOINT_URL"],
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=2, read_timeout=3),
+    )
+    heartbeat_store = S3Store(
+        bucket=s3_store_env["LONGRUN_BUCKET"], endpoint_url=s3_store_env["AWS_ENDPOINT_URL"], client=quick
+    )
     client = make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
     job = client.submit(
         JobSpec(
@@ -55,7 +70,9 @@ def test_the_monitor_watches_through_a_store_outage(
     key = schema.store_key(run, schema.PROGRESS_PATH)
 
     def heartbeat(step: int) -> None:
-        put_json(store, key, schema.record("progress", run=run, step=step, loss=1.0, step_time_s=0.1))
+        put_json(
+            heartbeat_store, key, schema.record("progress", run=run, step=step, loss=1.0, step_time_s=0.1)
+        )
 
     heartbeat(1)
     seen = watch.Seen(run=run, job_id=job, stale_after_s=STALE_AFTER_S, since=time.time())
