@@ -20,7 +20,7 @@ from longrun.slurm import ops
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.factory import make_client
 from longrun.slurm.models import JobStatus
-from longrun.slurm.spec import JobSpec
+from longrun.slurm.spec import JobSpec, JobTag
 
 from training.checkpoint.saver import CheckpointSaver
 from training.checkpoint.settings import SaverSettings
@@ -67,10 +67,10 @@ def save(store: ObjectStore, run_dir: Path, steps: list[int]) -> None:
 def job(client: SlurmClient, tmp_path: Path, command: str) -> int:
     return client.submit(
         JobSpec(
-            name="inline-test",
+            name=RUN,
             partition="debug",
             command=(command,),
-            comment="longrun/test/monitor/inline/-1/1",
+            comment=JobTag(dag_id="training_run", run_id=f"test__{RUN}", task_id="submit").render(),
             gpus_per_node=0,
             exclusive=False,
             time_limit_min=5,

@@ -20,7 +20,7 @@ from botocore.config import Config
 from longrun.monitor import watch
 from longrun.monitor.trigger import RunMonitorTrigger
 from longrun.slurm.factory import make_client
-from longrun.slurm.spec import JobSpec
+from longrun.slurm.spec import JobSpec, JobTag
 
 from training.records import schema
 from training.store.interface import StoreUnavailable, put_json
@@ -63,7 +63,7 @@ def test_the_monitor_watches_through_a_store_outage(
             time_limit_min=5,
             workdir=str(tmp_path),
             output=f"{tmp_path}/slurm-%j.out",
-            comment=f"longrun/test_outage/{run}/t/-1/1",
+            comment=JobTag(dag_id="training_run", run_id=f"test__{run}", task_id="submit").render(),
             command=[f"while [ ! -e {finish} ]; do sleep 0.2; done"],  # ends when the test says
         )
     )

@@ -4,6 +4,7 @@ holds after a failed launch (told apart from longrun's own requeue-hold)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
@@ -14,7 +15,7 @@ from longrun.slurm import ops
 from longrun.slurm.factory import make_client
 from longrun.slurm.models import JobStatus
 from longrun.slurm.outcomes import held_after_failed_launch
-from longrun.slurm.spec import JobSpec
+from longrun.slurm.spec import JobSpec, JobTag
 from longrun.stack.slurm_conf import slurm_paths
 
 from training.records import schema
@@ -29,12 +30,13 @@ def client(slurm_cluster):
     return make_client(backend="cli", slurm_conf=slurm_cluster.env["SLURM_CONF"])
 
 
-def _spec(tmp_path, name: str, **kw) -> JobSpec:
+def _spec(tmp_path, run: str, **kw) -> JobSpec:
+    """A job as training_run submits one for `run`: named after the run, tagged by training_run."""
     return JobSpec(
-        name=name,
+        name=run,
         partition="debug",
         command=("sleep 120",),
-        comment="longrun/test/watch/look/-1/1",
+        comment=JobTag(dag_id="training_run", run_id=f"test__{run}", task_id="submit").render(),
         gpus_per_node=0,
         exclusive=False,
         time_limit_min=5,
@@ -46,7 +48,7 @@ def _spec(tmp_path, name: str, **kw) -> JobSpec:
 
 def test_look_orders_events_and_sees_a_stale_heartbeat(tmp_path, client):
     store = LocalDirStore(tmp_path / "store")
-    job_id = client.submit(_spec(tmp_path, "watch-test"))
+    job_id = client.submit(_spec(tmp_path, "w1"))
     try:
         ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60)
         # the watch began 100 s ago (a fresh watch gives a run its grace period)
@@ -78,6 +80,31 @@ def test_look_orders_events_and_sees_a_stale_heartbeat(tmp_path, client):
         client.cancel(job_id)
 
 
+@pytest.mark.parametrize("holder", ["another-name", "another-tag"])
+def test_a_watched_id_that_names_another_job_ends_the_watch_as_lost(tmp_path, client, holder) -> None:
+    """Slurm reuses job ids: a slurmctld that died before saving a job it had accepted gives the id to a
+    later submission (the fault matrix saw the diagnosis probe's allocation take a relaunch's id). Here the
+    watched id is simply another live job's: the look ends the watch as `job_lost` at once, and never
+    reads that job's state as the run's (it would be "stale" here: it runs without the run's progress)."""
+    store = LocalDirStore(tmp_path / "store")
+    spec = _spec(tmp_path, "w5")
+    if holder == "another-name":
+        spec = dataclasses.replace(spec, name="someone-else")
+    else:
+        spec = dataclasses.replace(spec, comment="longrun/test/not/a-run-dag/-1/1")
+    job_id = client.submit(spec)
+    try:
+        ops.wait_status(client, job_id, {JobStatus.RUNNING}, timeout_s=60)
+        seen = watch.Seen(run="w5", job_id=job_id, stale_after_s=30, since=time.time() - 100)
+        event, _ = watch.look(store, client, seen)
+        assert event is not None and event["type"] == watch.JOB_DONE, event
+        assert event["label"] == watch.JOB_LOST and event["outcome"] == "terminal", event
+        assert f"job {job_id}" in event["message"] and "the run's own job is gone" in event["message"]
+        assert client.job(job_id).status is JobStatus.RUNNING  # looked at, never touched
+    finally:
+        client.cancel(job_id)
+
+
 def test_a_job_slurm_holds_after_a_failed_launch_fails_the_watch_and_longruns_own_hold_does_not(
     tmp_path, client, slurm_cluster
 ):
@@ -92,7 +119,7 @@ def test_a_job_slurm_holds_after_a_failed_launch_fails_the_watch_and_longruns_ow
     marker.parent.mkdir(exist_ok=True)
     marker.touch()
     try:
-        held_id = client.submit(_spec(tmp_path, "held-test", nodelist=("n3",)))
+        held_id = client.submit(_spec(tmp_path, "w2", nodelist=("n3",)))
         jobs.append(held_id)
         state = ops.wait_for(client, held_id, lambda s: s.held, timeout_s=120)
         assert state.slurm_state == "PENDING" and held_after_failed_launch(state), state
@@ -103,7 +130,7 @@ def test_a_job_slurm_holds_after_a_failed_launch_fails_the_watch_and_longruns_ow
         marker.unlink()
 
         # longrun's own hold (ops.requeue_excluding holds, then releases) and an operator's hold: waiting
-        own_id = client.submit(_spec(tmp_path, "own-hold-test", nodelist=("n4",)))
+        own_id = client.submit(_spec(tmp_path, "w3", nodelist=("n4",)))
         jobs.append(own_id)
         ops.wait_status(client, own_id, {JobStatus.RUNNING}, timeout_s=60)
         client.requeue_hold(own_id)
@@ -112,7 +139,7 @@ def test_a_job_slurm_holds_after_a_failed_launch_fails_the_watch_and_longruns_ow
         seen = watch.Seen(run="w3", job_id=own_id, since=time.time())
         assert watch.look(LocalDirStore(tmp_path / "store3"), client, seen)[0] is None
         # n3 is drained now (Slurm's "Prolog error"): a job for it pends, and an operator holds it
-        op_id = client.submit(_spec(tmp_path, "operator-hold-test", nodelist=("n3",)))
+        op_id = client.submit(_spec(tmp_path, "w4", nodelist=("n3",)))
         jobs.append(op_id)
         subprocess.run(["scontrol", "hold", str(op_id)], env=env, check=True, capture_output=True)
         operator_hold = ops.wait_for(client, op_id, lambda s: s.held, timeout_s=60)

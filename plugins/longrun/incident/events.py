@@ -51,6 +51,10 @@ class Event(StrEnum):
     # relaunch (full)
     RELAUNCH_SUBMITTED = "relaunch_submitted"
     RELAUNCH_FAILED = "relaunch_failed"
+    RELAUNCH_LOST = "relaunch_lost"
+    """The submitted relaunch job is gone, or its id now names another job (a slurmctld that died before
+    saving it): the step submits again, and never follows the job holding the id. On the timeline once,
+    for the first loss; `relaunched_running` or `relaunch_failed` lists every loss (`lost`)."""
     RELAUNCHED_RUNNING = "relaunched_running"
     WOULD_RELAUNCH = "would_relaunch"
     # relaunch inside the kept job (incident/hot_spare.py)

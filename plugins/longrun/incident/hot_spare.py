@@ -47,6 +47,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from longrun import alert_auth
 from longrun.health import dcgm, diagnose, node_check
 from longrun.health.probe_reference import (
     NoReference,
@@ -88,6 +89,8 @@ def kept_job(client: SlurmClient, inc: Incident) -> JobState | None:
     if inc.job_id is None or inc.mode != "act" or run_spec(inc).spare_nodes < 1:
         return None
     state = client.job(inc.job_id)
+    if alert_auth.job_is_ours(state, inc.run) is not None:
+        return None  # the id names another job now (Slurm reuses ids): never keep, shrink or cancel that one
     return state if state.status is JobStatus.RUNNING else None
 
 
@@ -270,7 +273,8 @@ def end_kept(store: ObjectStore, client: SlurmClient, inc: Incident, *, timeout_
     frozen = inc.rec(store).event(Event.FROZEN)
     if not frozen or not frozen.details.get("kept") or inc.job_id is None:
         return
-    if client.job(inc.job_id).is_active:
+    state = client.job(inc.job_id)
+    if state.is_active and alert_auth.job_is_ours(state, inc.run) is None:  # never another job given its id
         client.cancel(inc.job_id)
         ops.wait_for(client, inc.job_id, lambda s: s.is_terminal, timeout_s=timeout_s)
         inc.event(store, Event.KEPT_JOB_CANCELLED, job_id=inc.job_id)

@@ -25,10 +25,15 @@ from longrun.monitor.lifecycle import conf_of
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
 from longrun.slurm.client import SlurmClient
-from longrun.slurm.models import JobStatus
+from longrun.slurm.errors import JobLostError
+from longrun.slurm.models import JobState, JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
 from training.records.incident import RestartCheckpoint
 from training.store.interface import ObjectStore
+
+#: How many relaunch jobs may be lost in a row (`Event.RELAUNCH_LOST`) before the step fails: each loss is a
+#: controller that forgot a job it had accepted, so a third in a row is no passing restart.
+MAX_SUBMISSIONS = 3
 
 
 def relaunch(
@@ -40,6 +45,7 @@ def relaunch(
     checkpoint: Mapping[str, Any],
     make_job: Callable[[RunSpec, JobTag], JobSpec],
     running_timeout_s: float = 300.0,
+    lost_after_s: float = ops.LOST_AFTER_S,
 ) -> dict[str, Any]:
     """The relaunch step: the runner (incident/runner.py) calls `done`, then `observe` or `act`.
 
@@ -73,7 +79,8 @@ def relaunch(
 
         Why one function: it is one ordered sequence of Slurm calls and store writes (refuse an undrained
         node, the in-job path, end the kept job, authenticate, reattach by the tag or submit and bind,
-        wait for RUNNING, the outcome). Each part uses what the one before found, and a rerun depends on
+        wait for RUNNING while the id still names the job, submitting again when it does not, the outcome).
+        Each part uses what the one before found, and a rerun depends on
         that order (the tag, the bind, `relaunch_submitted` before the wait), so it reads top to bottom."""
         if not record.has_event(rec, Event.DRAINED):
             # Our own check, not only the DAG's wiring: an approval operator skips just its direct
@@ -94,23 +101,53 @@ def relaunch(
         spec, note = plan()
         authenticate(store, client, inc)  # roll back only on an authentic alert
         tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
-        earlier = next(iter(client.find_jobs(tag.prefix())), None)
-        job_id = earlier.job_id if earlier is not None else None
-        if earlier is not None and earlier.comment:
-            # a try that died between the submit and the bind: the key is found through the bind only
-            alert_auth.bind(store, run=spec.run_name, tag=earlier.comment, job_id=earlier.job_id)
-        if job_id is None:
+
+        def reattach_or_submit() -> int:
+            earlier = next(iter(client.find_jobs(tag.prefix())), None)
+            if earlier is not None:
+                if earlier.comment:
+                    # a try that died between the submit and the bind: the key is found through the bind only
+                    alert_auth.bind(store, run=spec.run_name, tag=earlier.comment, job_id=earlier.job_id)
+                return earlier.job_id
             secrets = alert_auth.submit_env(store, run=spec.run_name, tag=tag.render(), env=os.environ)
             job_id = client.submit(make_job(spec, tag), secret_env=secrets)
             alert_auth.bind(store, run=spec.run_name, tag=tag.render(), job_id=job_id)
             # recorded now: a try that dies while waiting leaves the trace (and reattaches by the tag)
             inc.event(store, Event.RELAUNCH_SUBMITTED, job_id=job_id, exclude=list(spec.exclude), note=note)
-        state = ops.wait_for(
-            client,
-            job_id,
-            lambda s: s.status is JobStatus.RUNNING or s.is_terminal,
-            timeout_s=running_timeout_s,
-        )
+            return job_id
+
+        # Follow the job only while its id still names it: a slurmctld killed right after sbatch answered
+        # can forget the job and give its id to the next submission (the fault matrix saw the diagnosis
+        # probe's allocation on the drained node take it). A lost job is submitted again, a bounded number
+        # of times; the job now holding the id is never followed, let alone handed to the monitor.
+        lost: list[str] = []
+        state: JobState | None = None
+        while state is None and len(lost) < MAX_SUBMISSIONS:
+            job_id = reattach_or_submit()
+            try:
+                state = ops.wait_for_own(
+                    client,
+                    job_id,
+                    lambda s: s.status is JobStatus.RUNNING or s.is_terminal,
+                    tag_prefix=tag.prefix(),
+                    name=spec.run_name,
+                    timeout_s=running_timeout_s,
+                    lost_after_s=lost_after_s,
+                )
+            except JobLostError as e:
+                lost.append(str(e))
+                # on the timeline once (events appear at most once); every loss is in the final event
+                inc.event(store, Event.RELAUNCH_LOST, job_id=job_id, why=str(e))
+        if state is None:
+            return Outcome(
+                event=Event.RELAUNCH_FAILED,
+                data={"state": f"{len(lost)} submissions lost", "lost": lost},
+                status=record.FAILED,
+                stop=(
+                    f"relaunch lost {len(lost)} submitted jobs in a row (last: {lost[-1]}); is slurmctld"
+                    f" restarting? Runbook: {runbooks.RELAUNCH_FAILED}"
+                ),
+            )
         if state.status is not JobStatus.RUNNING and state.status is not JobStatus.COMPLETED:
             return Outcome(
                 event=Event.RELAUNCH_FAILED,
@@ -131,7 +168,7 @@ def relaunch(
         }
         return Outcome(
             event=Event.RELAUNCHED_RUNNING,
-            data={"job_id": job_id, "nodes": list(state.nodes)},
+            data={"job_id": job_id, "nodes": list(state.nodes), **({"lost": lost} if lost else {})},
             fields={"relaunch": result, "time_to_recover_s": round(now - alert_time, 3)},
             status=record.RELAUNCHED,
             result=result,

@@ -9,7 +9,8 @@ Events, most urgent first:
     bad_alert   a new object under alerts/ that is not JSON or not an alert: the trigger records a
                 security event and keeps watching (a job can write there; it must not end the watch)
     checkpoint  a new manifest under checkpoints/ (smallest step first; validate + promote it)
-    job_done    the job is final and nothing new is in the store
+    job_done    the job is final and nothing new is in the store; or (label job_lost) the watched id now
+                names another job: Slurm lost the run's job and gave its id away, so it is never followed
     launch_held Slurm holds the pending job after its launch failed (it never starts by itself)
     stale       the job runs but progress/latest.json has not moved for `stale_after_s`
     no_records  an entrypoint other than the reference trainer (`Seen.entrypoint`) left no longrun record
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from longrun import security_events
+from longrun import alert_auth, security_events
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import JobNotFoundError
 from longrun.slurm.models import JobState, JobStatus
@@ -39,6 +40,8 @@ from training.store.interface import NotFound, ObjectStore, StoreError, StoreTer
 ALERT, CHECKPOINT, JOB_DONE, STALE, ERROR = "alert", "checkpoint", "job_done", "stale", "error"
 LAUNCH_HELD = "launch_held"
 NO_RECORDS = "no_records"
+#: A job_done's label when the watched id names another job now: the run's own job was lost.
+JOB_LOST = "job_lost"
 #: An object under alerts/ that does not read as an alert: the trigger records a security event
 #: (`record_bad_alert`) and goes on watching; never fired.
 BAD_ALERT = "bad_alert"
@@ -149,6 +152,17 @@ def _job_event(
     """The event the job's state calls for (no_records, job_done, launch_held, stale), or None."""
     if state is None:
         return None
+    if why := alert_auth.job_is_ours(state, seen.run):
+        # Slurm reuses job ids (a slurmctld that died before saving a job it had accepted gives the id to a
+        # later submission): the run's job is gone, and the job now holding the id is never followed.
+        return {
+            "type": JOB_DONE,
+            "outcome": Kind.TERMINAL.value,
+            "label": JOB_LOST,
+            "message": f"lost: {why}; the run's own job is gone (a slurmctld restarted without its state?)."
+            " Its promoted checkpoints stand: trigger training_run again to resume from the newest",
+            "state": state.to_dict(),
+        }
     outcome = classify(state)
     if outcome.kind is Kind.SUCCESS and seen.entrypoint and not wrote_records(store, seen):
         return {

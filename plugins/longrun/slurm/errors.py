@@ -3,7 +3,8 @@
     SlurmError
     ├── RetryableSlurmError            another try may succeed (Airflow retries the task)
     │   ├── SlurmUnavailableError      a Slurm command timed out or the controller did not answer
-    │   └── JobRetryableError          the job ended for reasons outside it: node failure, preemption
+    │   ├── JobRetryableError          the job ended for reasons outside it: node failure, preemption
+    │   └── JobLostError               the job a caller submitted is gone, or its id now names another job
     └── TerminalSlurmError             retrying cannot help (Airflow fails the task without retry)
         ├── InvalidSpecError           a value would be unsafe or absurd on a Slurm command line
         ├── SubmitRejectedError        sbatch refused the job (bad partition, impossible request)
@@ -39,6 +40,12 @@ class SlurmUnavailableError(RetryableSlurmError):
 
 class JobRetryableError(RetryableSlurmError):
     """The job ended for a reason outside it (node failure, preemption): submit it again."""
+
+
+class JobLostError(RetryableSlurmError):
+    """The job a caller submitted is no longer the job behind its id: Slurm forgot it (a slurmctld that died
+    before saving its state purges the job on restart) or gave its id to another job. Submit it again;
+    never act on the job now holding the id."""
 
 
 class InvalidSpecError(TerminalSlurmError, ValueError):

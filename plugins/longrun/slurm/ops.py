@@ -16,13 +16,23 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
-from longrun.slurm.errors import ForeignDrainError, JobNotFoundError, SlurmError, SlurmUnavailableError
+from longrun.slurm.errors import (
+    ForeignDrainError,
+    JobLostError,
+    JobNotFoundError,
+    SlurmError,
+    SlurmUnavailableError,
+)
 from longrun.slurm.models import CommandResult, JobState, JobStatus
 from longrun.slurm.spec import JobSpec
 
 log = logging.getLogger("longrun.slurm.ops")
 # Measured here: releasing sooner than ~2 s after requeuehold failed 1 run in 4 with "Job credential revoked".
 REQUEUE_SETTLE_S = 2.0
+#: How long a job this caller submitted may be unknown to Slurm (controller and durable record alike) before
+#: it counts as lost. sbatch answers only once the controller holds the job, so an unknown id is not a
+#: job "not visible yet"; the margin covers a controller restarting under the caller.
+LOST_AFTER_S = 30.0
 
 
 def wait_for(
@@ -44,6 +54,65 @@ def wait_for(
         except JobNotFoundError:
             pass  # just submitted and not visible yet, or between controller and jobcomp
         if time.monotonic() >= deadline:
+            seen = last.describe() if last else "never seen"
+            raise SlurmUnavailableError(f"job {job_id}: condition not reached within {timeout_s} s ({seen})")
+        time.sleep(poll_s)
+
+
+def not_the_job(state: JobState, *, tag_prefix: str, name: str) -> str | None:
+    """None when `state` can be the job submitted with a comment starting `tag_prefix` and job name `name`;
+    else why it is another job holding the same id.
+
+    Slurm reuses job ids: a slurmctld killed before it saved a job it had just accepted purges that job on
+    restart and hands its id to the next submission (seen in the fault matrix: the relaunch's id went to
+    the diagnosis probe's allocation on the drained node). Every source but the durable record (jobcomp)
+    reports the comment, and longrun's jobs always carry one, so a missing comment there is another job's."""
+    if state.comment:
+        if not state.comment.startswith(tag_prefix):
+            return f"job {state.job_id} now carries the comment {state.comment[:80]!r}, not {tag_prefix!r}"
+    elif state.source != "jobcomp":
+        return (
+            f"job {state.job_id} carries no comment ({state.source or 'unknown source'}), not {tag_prefix!r}"
+        )
+    if state.name and state.name != name:
+        return f"job {state.job_id} is named {state.name!r}, not {name!r}"
+    return None
+
+
+def wait_for_own(
+    client: SlurmClient,
+    job_id: int,
+    until: Callable[[JobState], bool],
+    *,
+    tag_prefix: str,
+    name: str,
+    timeout_s: float,
+    lost_after_s: float = LOST_AFTER_S,
+    poll_s: float = 0.2,
+) -> JobState:
+    """`wait_for` on a job the caller submitted itself, tagged `tag_prefix` and named `name`: JobLostError
+    as soon as the id names another job (`not_the_job`), or once Slurm has not known the id at all for
+    `lost_after_s`. Then the caller submits again; it never follows or acts on the job holding the id."""
+    deadline = time.monotonic() + timeout_s
+    unknown_since: float | None = None
+    last: JobState | None = None
+    while True:
+        now = time.monotonic()
+        try:
+            last = client.job(job_id)
+            unknown_since = None
+            if why := not_the_job(last, tag_prefix=tag_prefix, name=name):
+                raise JobLostError(f"the job submitted as {job_id} is lost: {why}")
+            if until(last):
+                return last
+        except JobNotFoundError:
+            unknown_since = now if unknown_since is None else unknown_since
+            if now - unknown_since >= lost_after_s:
+                raise JobLostError(
+                    f"the job submitted as {job_id} is lost: Slurm has not known the id for"
+                    f" {now - unknown_since:.0f} s"
+                ) from None
+        if now >= deadline:
             seen = last.describe() if last else "never seen"
             raise SlurmUnavailableError(f"job {job_id}: condition not reached within {timeout_s} s ({seen})")
         time.sleep(poll_s)
