@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from ckpt_helpers import Saver
+from helpers.counting_store import CountingStore
 from longrun.checkpoints import catalog
 from longrun.checkpoints.promote import (
     PromotionConflict,
@@ -248,3 +249,57 @@ def test_a_suspect_mark_that_is_not_json_refuses_the_promotion(
         promote(store, run, 10)
     store.delete(key)
     assert promote(store, run, 10)["step"] == 10
+
+
+def _promote_all(store: ObjectStore, run: str, save: Saver, steps: list[int]) -> None:
+    _ready(store, run, save, steps)
+    for s in steps:
+        promote(store, run, s)
+
+
+def test_promoted_steps_are_one_listing_whatever_the_number_of_promotions(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    """The pick, the monitor, the demotion and the run report ask for the promoted steps; they used to read
+    one history entry per promotion (growing with the age of the run, on the incident's critical path).
+    Now: the pointer and one listing of the step index, at 2 promotions as at 6."""
+    counted = []
+    for steps in ([10, 20], [30, 40, 50, 60]):
+        _promote_all(store, run, save_checkpoints, steps)
+        counting = CountingStore(store)
+        assert catalog.promoted_steps(counting, run) == sorted({10, 20, *steps})
+        assert not [k for k in counting.got if "/promoted/history/" in k], counting.got
+        counted.append(dict(counting.count))
+    assert counted[0] == counted[1] and counted[0]["list"] == 1, counted
+
+
+def test_a_lost_step_index_entry_is_backfilled(store: ObjectStore, run: str, save_checkpoints: Saver) -> None:
+    _promote_all(store, run, save_checkpoints, [10])
+    store.delete(schema.store_key(run, schema.promoted_step_path(10)))  # its writer died after the pointer
+    assert catalog.promoted_steps(store, run) == [10]  # the pointer still names it
+    _promote_all(store, run, save_checkpoints, [20])
+    assert catalog.promoted_steps(store, run) == [10, 20]
+    assert store.head(schema.store_key(run, schema.promoted_step_path(10))) is not None
+
+
+def test_a_run_promoted_before_the_step_index_reads_its_history_until_its_next_promotion_indexes_it(
+    store: ObjectStore, run: str, save_checkpoints: Saver
+) -> None:
+    """A pointer without `steps_indexed` (written before the index existed) is read through the history;
+    the next promotion writes the index for every step of the history once and marks the pointer."""
+    _promote_all(store, run, save_checkpoints, [10, 20, 30])
+    for s in (10, 20, 30):  # as an older longrun left the run: no index, a pointer that does not mention it
+        store.delete(schema.store_key(run, schema.promoted_step_path(s)))
+    pointer = schema.store_key(run, schema.PROMOTED_POINTER_PATH)
+    old = json.loads(store.get_bytes(pointer))
+    del old["steps_indexed"]
+    store.put_bytes(pointer, json.dumps(old).encode())
+    counting = CountingStore(store)
+    assert catalog.promoted_steps(counting, run) == [10, 20, 30]
+    assert len([k for k in counting.got if "/promoted/history/" in k]) == 3  # one get per promotion
+    _promote_all(store, run, save_checkpoints, [40])
+    cur = catalog.current_pointer(store, run)
+    assert cur is not None and cur[0].steps_indexed and cur[0].step == 40
+    counting = CountingStore(store)
+    assert catalog.promoted_steps(counting, run) == [10, 20, 30, 40]
+    assert not [k for k in counting.got if "/promoted/history/" in k], counting.got

@@ -11,7 +11,8 @@ from training.store.interface import ObjectInfo, ObjectStore
 
 
 class CountingStore:
-    """Delegates `get_bytes`, `list` and `list_dirs` to `inner`; `count` by kind, `got` every key read."""
+    """Delegates `get_bytes`, `head`, `list` and `list_dirs` to `inner`; `count` by kind, `got` every key
+    read."""
 
     def __init__(self, inner: ObjectStore) -> None:
         self.inner, self.count, self.got = inner, Counter[str](), list[str]()
@@ -28,3 +29,7 @@ class CountingStore:
     def list_dirs(self, prefix: str) -> Iterator[str]:
         self.count["list"] += 1
         return self.inner.list_dirs(prefix)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self.count["head"] += 1
+        return self.inner.head(key)

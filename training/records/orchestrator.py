@@ -11,7 +11,7 @@ from typing import Any, Self
 from training.records.alert import AlertRef
 from training.records.base import Record
 from training.records.diagnosis import Diagnosis, ProbeResult
-from training.records.fields import opt_float, opt_int, opt_ints, opt_str, schema_fields, strs_of
+from training.records.fields import opt_bool, opt_float, opt_int, opt_ints, opt_str, schema_fields, strs_of
 from training.records.incident import Attribution, Closing, Drain, Recovery, Relaunch, RestartCheckpoint
 from training.records.schema import SchemaError
 
@@ -50,7 +50,11 @@ class Promotion(Record):
     previous_step: int | None = None
     by: str | None = None
     """Who promoted (`longrun`, a monitor's `training_run.monitor:<run id>`, `mark_suspect`)."""
-    FIELDS = schema_fields(KIND, previous_step=opt_int, by=opt_str)
+    steps_indexed: bool | None = None
+    """On the pointer: every step this run ever promoted has its `promoted/steps/<step>.json` (written
+    since the run's first promotion, or backfilled once from the history), so readers list that folder
+    instead of reading the history. Absent on a pointer older than the index: read the history."""
+    FIELDS = schema_fields(KIND, previous_step=opt_int, by=opt_str, steps_indexed=opt_bool)
 
 
 def _steps_by_check(kind: str, obj: Mapping[str, Any], field: str) -> dict[str, int | None] | None:

@@ -160,6 +160,22 @@ def promotion_history_path(seq: int) -> str:
     return f"promoted/history/{seq:06d}.json"
 
 
+#: One object per step ever promoted, named by the step, so a reader lists the promoted steps instead of
+#: reading every history entry (`promoted_step_path`; the pointer says whether the run keeps them).
+PROMOTED_STEPS_DIR = "promoted/steps/"
+_PROMOTED_STEP = re.compile(r"promoted/steps/(\d{8})\.json$")
+
+
+def promoted_step_path(step: int) -> str:
+    return f"{PROMOTED_STEPS_DIR}{step:08d}.json"
+
+
+def step_of_promoted_key(key: str) -> int | None:
+    """The step a `promoted_step_path` key (relative or full) names, or None for any other key."""
+    m = _PROMOTED_STEP.search(key)
+    return int(m.group(1)) if m else None
+
+
 def suspect_path(ident: str) -> str:
     return f"suspect/{ident}.json"
 

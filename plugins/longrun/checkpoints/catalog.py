@@ -185,10 +185,17 @@ def current_pointer(store: ObjectStore, run: str) -> tuple[Promotion, str] | Non
 
 
 def promoted_steps(store: ObjectStore, run: str) -> list[int]:
-    """Steps ever promoted (history plus the current pointer), ascending, without repeats. A history
-    entry that does not read is left out (a pick or a demotion then has one candidate fewer)."""
-    steps = {r.step for r in promotion_history(store, run, problems=[])}
+    """Steps ever promoted (the step index or the history, plus the current pointer), ascending, without
+    repeats. Where the pointer says the step index is complete (`steps_indexed`), one listing of
+    `promoted/steps/` (keys only, as the checkpoint list is read) instead of one get per promotion;
+    else the history, where an entry that does not read is left out (a pick or a demotion then has one
+    candidate fewer). The index lives on the orchestrator's side of the store, beside the pointer."""
     cur = current_pointer(store, run)
+    if cur is not None and cur[0].steps_indexed:
+        listed = store.list(schema.store_key(run, schema.PROMOTED_STEPS_DIR))
+        steps = {s for o in listed if (s := schema.step_of_promoted_key(o.key)) is not None}
+    else:
+        steps = {r.step for r in promotion_history(store, run, problems=[])}
     if cur is not None:
         steps.add(cur[0].step)
     return sorted(steps)

@@ -4,8 +4,12 @@ The pointer is only ever written with a conditional write: `If-None-Match: *` fo
 `If-Match: <ETag read>` after (training.store.update), so of two writers racing from the same state
 exactly one wins and the other gets `PromotionConflict` (or, where it retries, decides again on the
 winner's pointer); a reader sees the old or the new pointer, never a mix. Every promotion is
-also kept under `promoted/history/<seq>.json` (written after the pointer; a missing entry is filled in
-by the next promotion from the pointer it replaces).
+also kept under `promoted/history/<seq>.json`, and each promoted step under `promoted/steps/<step>.json`
+(both written after the pointer; a missing one is filled in by the next promotion from the pointer it
+replaces). The step index lets a reader list the promoted steps (`catalog.promoted_steps`) instead of
+reading one history entry per promotion, which grew with the age of the run; the pointer's
+`steps_indexed` says the index is complete (a run promoted before the index gets it backfilled once, at
+its next promotion).
 
 Promotion is refused for a checkpoint that is not validated (its newest validation record must pass and
 be of the manifest as it is now) or that is suspect.
@@ -46,8 +50,10 @@ def _pointer_key(run: str) -> str:
 
 
 def _put_history(store: ObjectStore, run: str, rec: dict[str, Any]) -> None:
-    # once: else already recorded (a retry, or a backfill by the next promotion)
+    # once each: else already recorded (a retry, or a backfill by the next promotion); the step's entry
+    # keeps its first promotion
     create_once(store, _history_key(run, rec["seq"]), dump_json(rec))
+    create_once(store, schema.store_key(run, schema.promoted_step_path(rec["step"])), dump_json(rec))
 
 
 def check_promotable(store: ObjectStore, run: str, step: int) -> tuple[str, tuple[str, Validation]]:
@@ -157,9 +163,14 @@ def _pointer_record(
     store: ObjectStore, run: str, step: int, manifest_key: str, cur: Promotion | None, **fields: Any
 ) -> dict[str, Any]:
     """The promotion record of `step` that replaces pointer `cur` (None: the first). Backfills `cur`'s
-    history entry first, in case its writer died before recording it."""
+    history entry and step index first, in case its writer died before recording them, and the whole
+    step index when `cur` predates it (an unreadable history entry is left out, as `promoted_steps`
+    always left it out)."""
     if cur is not None:
         _put_history(store, run, cur.to_json())
+        if not cur.steps_indexed:  # promoted before the step index: index the history once
+            for entry in catalog.promotion_history(store, run, problems=[]):
+                _put_history(store, run, entry.to_json())
     return schema.record(
         "promotion",
         run=run,
@@ -167,6 +178,7 @@ def _pointer_record(
         manifest_key=manifest_key,
         seq=cur.seq + 1 if cur else 1,
         previous_step=cur.step if cur else None,
+        steps_indexed=True,
         **fields,
     )
 
