@@ -272,6 +272,19 @@ class RunView:
         )
 
     @functools.cached_property
+    def promoted_steps(self) -> frozenset[int]:
+        """Every step ever promoted: the pointer's, and the step index (`promoted/steps/`, keys only) where
+        the pointer says it is complete, else the history (one get per promotion, for a run promoted before
+        the index existed); as `longrun.checkpoints.catalog.promoted_steps` reads them."""
+        pointer = self.pointer
+        if pointer is not None and pointer.steps_indexed:
+            found = {schema.step_of_promoted_key(k) for k in self.keys(schema.PROMOTED_STEPS_DIR)}
+            steps = {s for s in found if s is not None}
+        else:
+            steps = {p.step for p in self.promotions}
+        return frozenset(steps | ({pointer.step} if pointer is not None else set()))
+
+    @functools.cached_property
     def pointer(self) -> Promotion | None:
         """The promoted pointer (`promoted/current.json`), or None before the first promotion."""
         return self.record(Promotion, schema.PROMOTED_POINTER_PATH)
@@ -296,10 +309,8 @@ class RunView:
 
     def checkpoints(self) -> tuple[CheckpointState, ...]:
         """Every checkpoint with its state: promoted beats validated; suspect beats everything."""
-        promoted = {p.step for p in self.promotions}
+        promoted = self.promoted_steps
         current = self.pointer.step if self.pointer else None
-        if current is not None:
-            promoted.add(current)
         out = []
         for step, m in sorted(self.manifests.items()):
             state, errors = "saved", tuple[str, ...]()

@@ -17,6 +17,7 @@ from longrun.checkpoints.promote import (
     write_pointer,
 )
 from longrun.checkpoints.validate import validate
+from longrun.runview import RunView
 
 from training.records import schema
 from training.store.interface import ObjectStore
@@ -270,6 +271,11 @@ def test_promoted_steps_are_one_listing_whatever_the_number_of_promotions(
         assert catalog.promoted_steps(counting, run) == sorted({10, 20, *steps})
         assert not [k for k in counting.got if "/promoted/history/" in k], counting.got
         counted.append(dict(counting.count))
+        # the run-health page's read model, the same way
+        view = RunView(CountingStore(store), run)
+        assert view.promoted_steps == {10, 20, *steps}
+        assert {c.step for c in view.checkpoints() if c.state == "promoted"} == {10, 20, *steps}
+        assert not [k for k in view.store.got if "/promoted/history/" in k], view.store.got
     assert counted[0] == counted[1] and counted[0]["list"] == 1, counted
 
 
