@@ -11,7 +11,9 @@ import time
 
 import pytest
 from longrun.monitor import watch
+from longrun.monitor.event import MonitorEvent
 from longrun.slurm import ops
+from longrun.slurm.errors import JobNotFoundError
 from longrun.slurm.factory import make_client
 from longrun.slurm.models import JobStatus
 from longrun.slurm.outcomes import held_after_failed_launch
@@ -103,6 +105,26 @@ def test_a_watched_id_that_names_another_job_ends_the_watch_as_lost(tmp_path, cl
         assert client.job(job_id).status is JobStatus.RUNNING  # looked at, never touched
     finally:
         client.cancel(job_id)
+
+
+def test_a_watched_id_slurm_does_not_know_is_lost_after_the_grace_not_waited_on_forever(
+    tmp_path, client
+) -> None:
+    """A job Slurm lost without giving its id away (a slurmctld that died before saving it), or one purged
+    with no completion record: the look used to return nothing for it, look after look, so the watch
+    waited until the task's timeout. Now: nothing during the grace (a slurmctld restarting under the
+    look), then `job_lost`."""
+    store = LocalDirStore(tmp_path / "store")
+    never = 9_000_000  # far above any id the test cluster hands out
+    with pytest.raises(JobNotFoundError):
+        client.job(never)
+    young = watch.Seen(run="w6", job_id=never, since=time.time())
+    assert watch.look(store, client, young)[0] is None
+    old = watch.Seen(run="w6", job_id=never, since=time.time() - watch.LOST_AFTER_S - 1)
+    event, _ = watch.look(store, client, old)
+    assert event is not None and event["type"] == watch.JOB_DONE and event["label"] == watch.JOB_LOST, event
+    assert f"Slurm does not know job {never}" in event["message"] and event["state"] is None
+    assert MonitorEvent.from_json({**event, "seen": watch.seen_to_dict(old)}).label == watch.JOB_LOST
 
 
 def test_a_job_slurm_holds_after_a_failed_launch_fails_the_watch_and_longruns_own_hold_does_not(

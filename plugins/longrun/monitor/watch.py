@@ -10,7 +10,8 @@ Events, most urgent first:
                 security event and keeps watching (a job can write there; it must not end the watch)
     checkpoint  a new manifest under checkpoints/ (smallest step first; validate + promote it)
     job_done    the job is final and nothing new is in the store; or (label job_lost) the watched id now
-                names another job: Slurm lost the run's job and gave its id away, so it is never followed
+                names another job, or none Slurm knows 30 s into the watch: Slurm lost the run's job (and
+                may have given its id away), so it is never followed and never waited on forever
     launch_held Slurm holds the pending job after its launch failed (it never starts by itself)
     stale       the job runs but progress/latest.json has not moved for `stale_after_s`
     no_records  an entrypoint other than the reference trainer (`Seen.entrypoint`) left no longrun record
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from longrun import alert_auth, security_events
+from longrun.slurm import ops
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import JobNotFoundError
 from longrun.slurm.models import JobState, JobStatus
@@ -40,8 +42,11 @@ from training.store.interface import NotFound, ObjectStore, StoreError, StoreTer
 ALERT, CHECKPOINT, JOB_DONE, STALE, ERROR = "alert", "checkpoint", "job_done", "stale", "error"
 LAUNCH_HELD = "launch_held"
 NO_RECORDS = "no_records"
-#: A job_done's label when the watched id names another job now: the run's own job was lost.
+#: A job_done's label when the watched id names another job now, or no job Slurm knows: the run's own
+#: job was lost.
 JOB_LOST = "job_lost"
+#: How long the watched id may be unknown to Slurm, counted from the watch's start, before it is lost.
+LOST_AFTER_S = ops.LOST_AFTER_S
 #: An object under alerts/ that does not read as an alert: the trigger records a security event
 #: (`record_bad_alert`) and goes on watching; never fired.
 BAD_ALERT = "bad_alert"
@@ -151,7 +156,22 @@ def _job_event(
 ) -> dict[str, Any] | None:
     """The event the job's state calls for (no_records, job_done, launch_held, stale), or None."""
     if state is None:
-        return None
+        if now - seen.since <= LOST_AFTER_S:
+            return None  # a slurmctld restarting under the look; the grace of ops.wait_for_own
+        # sbatch answered only once the controller held the job, and a job that ended stays known (the
+        # controller, then the job completion record): an id Slurm does not know is a job it lost, or one
+        # purged without a completion record. Either way the watch would otherwise wait forever.
+        return {
+            "type": JOB_DONE,
+            "outcome": Kind.TERMINAL.value,
+            "label": JOB_LOST,
+            "message": f"lost: Slurm does not know job {seen.job_id} (neither the controller nor the job"
+            " completion record), this watch began "
+            f"{now - seen.since:.0f} s ago: a slurmctld restarted without its state, or the job ended and was"
+            " purged with no completion record. The run's promoted checkpoints stand; its report says"
+            " whether it finished",
+            "state": None,
+        }
     if why := alert_auth.job_is_ours(state, seen.run):
         # Slurm reuses job ids (a slurmctld that died before saving a job it had accepted gives the id to a
         # later submission): the run's job is gone, and the job now holding the id is never followed.
