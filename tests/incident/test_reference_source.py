@@ -30,7 +30,16 @@ from helpers.signed_job import keyed_job, sign_as_job
 from helpers.tracked_client import tracked_client
 from longrun.health import history as h
 from longrun.health.ratelimit import DrainPolicy
-from longrun.incident import reference_source, runbooks, runner, step_diagnose, step_drain, steps
+from longrun.incident import (
+    record,
+    reference_source,
+    runbooks,
+    runner,
+    step_diagnose,
+    step_drain,
+    step_relaunch,
+    steps,
+)
 from longrun.slurm import ops
 from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
@@ -76,10 +85,10 @@ def incident(tmp_path, client, store, *, run: str) -> runner.Incident:
     return inc
 
 
-def hold_others(tmp_path, client, *, tag: str) -> int:
+def hold_others(tmp_path, client, *, tag: str, name: str = "holder") -> int:
     """A running job on every node but the suspect (as the relaunch holds them), tagged `tag`."""
     spec = JobSpec(
-        name="holder", partition="debug", comment=tag, nodes=len(OTHERS), nodelist=OTHERS, gpus_per_node=0,
+        name=name, partition="debug", comment=tag, nodes=len(OTHERS), nodelist=OTHERS, gpus_per_node=0,
         exclusive=False, time_limit_min=10, workdir=str(tmp_path), output=f"{tmp_path}/slurm-%j.out",
         command=("sleep 600",),
     )  # fmt: skip
@@ -115,7 +124,12 @@ def test_a_retry_gets_its_reference_from_the_relaunch_but_neither_caches_nor_con
     state_dir = sick(tmp_path)
     inc = incident(tmp_path, client, store, run="rs1")
     relaunch_tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch").render()
-    job_id = hold_others(tmp_path, client, tag=relaunch_tag)
+    job_id = hold_others(tmp_path, client, tag=relaunch_tag, name="rs1")
+    # as the relaunch step records its job (a job found by its public tag alone is never used)
+    record.update(
+        store, run="rs1", incident_id=inc.incident_id,
+        change=lambda rec: rec.update({step_relaunch.RELAUNCH_JOB_FIELD: job_id}),
+    )  # fmt: skip
     assert not [n for n in client.nodes() if n.state == "idle" and not n.drain_flag]  # nothing idle
     out = diagnose(store, client, inc, state_dir)
     assert out["reference_from"] == "running_job" and out["reference_node"] in OTHERS, out

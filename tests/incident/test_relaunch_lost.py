@@ -14,6 +14,7 @@ is the real thing."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +22,13 @@ from pathlib import Path
 import pytest
 from helpers.signed_job import SignedJob, submit_signed_job
 from longrun.health.ratelimit import DrainPolicy
-from longrun.incident import runner, step_drain, step_relaunch, steps
+from longrun.incident import relaunch_plan, runner, step_drain, step_relaunch, steps
 from longrun.incident.events import Event
 from longrun.run_identity import identities_from_env
 from longrun.runspec import RunSpec
+from longrun.slurm import ops
 from longrun.slurm.cli_backend import CliSlurmClient
+from longrun.slurm.errors import SlurmUnavailableError
 from longrun.slurm.models import JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
 
@@ -192,3 +195,46 @@ def test_a_relaunch_lost_again_and_again_fails_the_incident_without_following_an
     assert Event.RELAUNCHED_RUNNING not in [e.event for e in timeline]
     assert real.job(world["other"]).status is JobStatus.RUNNING
     assert not real.find_jobs(f"longrun/sdc_incident/{inc.dag_run_id}/")  # nothing of ours was submitted
+
+
+def test_a_job_carrying_the_relaunch_tag_before_the_incident_submitted_is_not_followed(world) -> None:
+    """Slurm's `--comment` is public and any job may carry any: a job holding the relaunch's tag and the
+    run's name before the step ran (an impostor; before, the step found it by the tag and followed it as
+    the relaunch, never submitting) is left alone, and the step submits its own."""
+    store, client, inc = world["store"], world["client"], world["inc"]
+    impostor = client.submit(
+        dataclasses.replace(
+            world["make_job"](_spec_of(inc), step_relaunch.relaunch_tag(inc)), nodes=1, exclude=("n2",)
+        )
+    )
+    world["jobs"].append(impostor)
+    ops.wait_status(client, impostor, {JobStatus.RUNNING}, timeout_s=60)
+    out = step_relaunch.relaunch(
+        store, client, inc, node="n2", checkpoint=CHECKPOINT, make_job=world["make_job"]
+    )
+    assert out["job_id"] != impostor
+    assert client.job(impostor).status is JobStatus.RUNNING  # not followed, not touched
+    assert inc.rec(store).extra[step_relaunch.RELAUNCH_JOB_FIELD] == out["job_id"]
+
+
+def test_a_retry_follows_the_job_its_record_names_and_submits_no_second(world) -> None:
+    """A try that dies while its job pends leaves the job's id in the incident record; the retry waits on
+    that job (while its id still names it) instead of submitting another."""
+    store, client, inc = world["store"], world["client"], world["inc"]
+
+    def pending(spec: RunSpec, tag: JobTag) -> JobSpec:  # on the drained suspect: pends, never starts
+        return dataclasses.replace(world["make_job"](spec, tag), nodes=1, exclude=(), nodelist=("n2",))
+
+    for _ in range(2):
+        with pytest.raises(SlurmUnavailableError, match="condition not reached"):
+            step_relaunch.relaunch(
+                store, client, inc, node="n2", checkpoint=CHECKPOINT, make_job=pending, running_timeout_s=3
+            )
+    tagged = client.find_jobs(step_relaunch.relaunch_tag(inc).prefix())
+    assert len(tagged) == 1, tagged
+    assert inc.rec(store).extra[step_relaunch.RELAUNCH_JOB_FIELD] == tagged[0].job_id
+    assert inc.rec(store).extra[step_relaunch.SUBMITTING_FIELD] is None
+
+
+def _spec_of(inc: runner.Incident) -> RunSpec:
+    return relaunch_plan.run_spec(inc).relaunch(resume_from=None, exclude=("n2",))

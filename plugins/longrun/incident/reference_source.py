@@ -7,7 +7,7 @@ this module supplies this path's ways of computing a reference now:
 2. the one this incident recorded, 3. the partition's cached one, each only when computed in isolation
    (a garbled, foreign, self-referential or unmarked object is never used),
 4. in a job (`_job_steps`): the probe as a step (`srun --jobid --overlap`) on a healthy node of a job this
-   incident runs: its relaunch (found by its tag) or the kept job. Never cached.
+   incident runs: its relaunch (the job its record names) or the kept job. Never cached.
 5. none: IncidentStop, the node stays drained (runbooks/diagnostic-failed.md).
 
 Why 4 (and not a wait for a free node, or a reference computed before the relaunch): a scheduler restart
@@ -37,13 +37,12 @@ from longrun.health.probe_reference import (
     remember_reference,
     trusted_reference,
 )
-from longrun.incident import keep_drained, runbooks
+from longrun.incident import keep_drained, runbooks, step_relaunch
 from longrun.incident.hot_spare import healthy_in, kept_job, reference_in_job
 from longrun.incident.runner import Incident, IncidentStop, Rec
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import SlurmCommandError
 from longrun.slurm.models import JobStatus
-from longrun.slurm.spec import JobTag
 from training.records.diagnosis import NodeCheck, ProbeResult
 from training.records.schema import SchemaError
 from training.store.interface import ObjectStore
@@ -56,11 +55,15 @@ REFERENCE_WAIT_S = 180.0
 REFERENCE_POLL_S = 10.0
 
 
-def _job_steps(client: SlurmClient, inc: Incident, node: str, **probe: Any) -> dict[str, Any] | None:
+def _job_steps(
+    store: ObjectStore, client: SlurmClient, inc: Incident, node: str, **probe: Any
+) -> dict[str, Any] | None:
     """The probe as a step on a healthy node of the incident's running relaunch (or kept job): an in-job
     reference (probe_reference.in_job_mark), which decides nothing alone and is never cached."""
-    tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
-    jobs = [s for s in client.find_jobs(tag.prefix()) if s.status is JobStatus.RUNNING]
+    # the relaunch this incident recorded, never a job found by its public tag (step_relaunch.recorded_job)
+    relaunched = step_relaunch.recorded_job(store, client, inc)
+    jobs = [relaunched] if relaunched is not None and relaunched.status is JobStatus.RUNNING else []
+    tag = step_relaunch.relaunch_tag(inc)
     if (kept := kept_job(client, inc)) is not None:
         jobs.append(kept)
     errors = []
@@ -138,7 +141,7 @@ def reference_for(
                     client, inc, node=node, run_nodes=run_nodes, python=python, state_dir=state_dir
                 ),
                 in_job=lambda: _job_steps(
-                    client, inc, node, python=python, state_dir=state_dir, timeout_s=300.0
+                    store, client, inc, node, python=python, state_dir=state_dir, timeout_s=300.0
                 ),
             )
         except UnusableReference as e:

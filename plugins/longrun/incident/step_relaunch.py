@@ -5,8 +5,9 @@ Reject to `approve_drain` (the approval skips only `drain`, and this task's trig
 skipped upstreams), recorded as `drain_rejected`, status rejected.
 
 With hot spares (act mode) the in-job path (incident/hot_spare.py) recovers inside the kept job first.
-The relaunch job is tagged with the incident's DAG run, so a retry reattaches instead of submitting
-twice. The RunSpec comes from relaunch_plan.py. Run by incident/runner.py.
+The relaunch job is tagged with the incident's DAG run, and its id is in the incident record before the
+wait, so a retry reattaches to it instead of submitting twice; a job found by the tag alone is followed
+only after a try that died between sbatch and that record. The RunSpec comes from relaunch_plan.py. Run by incident/runner.py.
 """
 
 from __future__ import annotations
@@ -25,11 +26,40 @@ from longrun.monitor.lifecycle import conf_of
 from longrun.runspec import RunSpec
 from longrun.slurm import ops
 from longrun.slurm.client import SlurmClient
-from longrun.slurm.errors import JobLostError
+from longrun.slurm.errors import JobLostError, JobNotFoundError
 from longrun.slurm.models import JobState, JobStatus
 from longrun.slurm.spec import JobSpec, JobTag
 from training.records.incident import RestartCheckpoint
 from training.store.interface import ObjectStore
+
+#: Incident record fields (kept as written by the typed record): the id of the relaunch job this incident
+#: submitted last, and the tag of a submission begun but not yet recorded (null once recorded).
+RELAUNCH_JOB_FIELD = "relaunch_job_id"
+SUBMITTING_FIELD = "relaunch_submitting"
+
+
+def _record_fields(store: ObjectStore, inc: Incident, fields: Mapping[str, Any]) -> None:
+    record.update(store, run=inc.run, incident_id=inc.incident_id, change=lambda rec: rec.update(fields))
+
+
+def recorded_job(store: ObjectStore, client: SlurmClient, inc: Incident) -> JobState | None:
+    """The relaunch job this incident submitted, from its record, while the id still names that job
+    (`ops.not_the_job`); None before a submission, or once Slurm lost or forgot it."""
+    recorded = inc.rec(store).extra.get(RELAUNCH_JOB_FIELD)
+    if not isinstance(recorded, int) or isinstance(recorded, bool):
+        return None
+    tag = relaunch_tag(inc)
+    try:
+        state = client.job(recorded)
+    except JobNotFoundError:
+        return None
+    return None if ops.not_the_job(state, tag_prefix=tag.prefix(), name=inc.run) else state
+
+
+def relaunch_tag(inc: Incident) -> JobTag:
+    """The tag of the incident's relaunch job (every submission of every try)."""
+    return JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
+
 
 #: How many relaunch jobs may be lost in a row (`Event.RELAUNCH_LOST`) before the step fails: each loss is a
 #: controller that forgot a job it had accepted, so a third in a row is no passing restart.
@@ -100,20 +130,38 @@ def relaunch(
         hot_spare.end_kept(store, client, inc)
         spec, note = plan()
         authenticate(store, client, inc)  # roll back only on an authentic alert
-        tag = JobTag(dag_id="sdc_incident", run_id=inc.dag_run_id, task_id="relaunch")
+        tag = relaunch_tag(inc)
 
-        def reattach_or_submit() -> int:
-            earlier = next(iter(client.find_jobs(tag.prefix())), None)
-            if earlier is not None:
-                if earlier.comment:
-                    # a try that died between the submit and the bind: the key is found through the bind only
+        def reattach_or_submit(given_up: list[int]) -> int:
+            """The job this incident submitted (from its own record), or a new submission. Never a job
+            found by its tag alone: the tag is Slurm's public `--comment`, which any job can carry, so a
+            job holding it before this incident submitted is not this incident's."""
+            raw = inc.rec(store).extra
+            recorded = raw.get(RELAUNCH_JOB_FIELD)
+            if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded not in given_up:
+                return recorded  # an earlier try's submission: wait_for_own checks it is still that job
+            if raw.get(SUBMITTING_FIELD) == tag.render():
+                # An earlier try died after sbatch but before it recorded the id: the job may exist, found
+                # only by its tag. The one window in which the tag is believed (docs/security.md).
+                earlier = next((j for j in client.find_jobs(tag.prefix()) if j.job_id not in given_up), None)
+                if earlier is not None and earlier.comment:
+                    # the key is found through the bind only
                     alert_auth.bind(store, run=spec.run_name, tag=earlier.comment, job_id=earlier.job_id)
-                return earlier.job_id
+                    _record_fields(store, inc, {RELAUNCH_JOB_FIELD: earlier.job_id, SUBMITTING_FIELD: None})
+                    return earlier.job_id
+            _record_fields(store, inc, {SUBMITTING_FIELD: tag.render()})
             secrets = alert_auth.submit_env(store, run=spec.run_name, tag=tag.render(), env=os.environ)
             job_id = client.submit(make_job(spec, tag), secret_env=secrets)
             alert_auth.bind(store, run=spec.run_name, tag=tag.render(), job_id=job_id)
-            # recorded now: a try that dies while waiting leaves the trace (and reattaches by the tag)
-            inc.event(store, Event.RELAUNCH_SUBMITTED, job_id=job_id, exclude=list(spec.exclude), note=note)
+            # recorded now: a try that dies while waiting leaves the trace (and reattaches by the record)
+            inc.event(
+                store,
+                Event.RELAUNCH_SUBMITTED,
+                {RELAUNCH_JOB_FIELD: job_id, SUBMITTING_FIELD: None},
+                job_id=job_id,
+                exclude=list(spec.exclude),
+                note=note,
+            )
             return job_id
 
         # Follow the job only while its id still names it: a slurmctld killed right after sbatch answered
@@ -121,9 +169,10 @@ def relaunch(
         # probe's allocation on the drained node take it). A lost job is submitted again, a bounded number
         # of times; the job now holding the id is never followed, let alone handed to the monitor.
         lost: list[str] = []
+        given_up: list[int] = []
         state: JobState | None = None
         while state is None and len(lost) < MAX_SUBMISSIONS:
-            job_id = reattach_or_submit()
+            job_id = reattach_or_submit(given_up)
             try:
                 state = ops.wait_for_own(
                     client,
@@ -136,6 +185,7 @@ def relaunch(
                 )
             except JobLostError as e:
                 lost.append(str(e))
+                given_up.append(job_id)
                 # on the timeline once (events appear at most once); every loss is in the final event
                 inc.event(store, Event.RELAUNCH_LOST, job_id=job_id, why=str(e))
         if state is None:
