@@ -151,38 +151,45 @@ def _new_alert(store: ObjectStore, seen: Seen) -> tuple[dict[str, Any], str] | N
     return None
 
 
+def _lost(message: str, state: JobState | None) -> dict[str, Any]:
+    return {
+        "type": JOB_DONE,
+        "outcome": Kind.TERMINAL.value,
+        "label": JOB_LOST,
+        "message": f"{message} The run's promoted checkpoints stand: trigger training_run again to resume"
+        " from the newest",
+        "state": None if state is None else state.to_dict(),
+    }
+
+
+def _unknown_job(seen: Seen, now: float) -> dict[str, Any] | None:
+    """Nothing while the watched id may be unknown for a passing reason (a slurmctld restarting under the
+    look: the grace of ops.wait_for_own); after it, job_lost. sbatch answered only once the controller
+    held the job, and a job that ended stays known (the controller, then the job completion record): an
+    id Slurm does not know is a job it lost, or one purged without a completion record. Either way the
+    watch would otherwise wait forever."""
+    if now - seen.since <= LOST_AFTER_S:
+        return None
+    return _lost(
+        f"lost: Slurm does not know job {seen.job_id} (neither the controller nor the job completion record),"
+        f" this watch began {now - seen.since:.0f} s ago: a slurmctld restarted without its state, or the job"
+        " ended and was purged with no completion record; the run's report says whether it finished.",
+        None,
+    )
+
+
 def _job_event(
     store: ObjectStore, seen: Seen, state: JobState | None, prog: dict[str, Any] | None, now: float
 ) -> dict[str, Any] | None:
     """The event the job's state calls for (no_records, job_done, launch_held, stale), or None."""
     if state is None:
-        if now - seen.since <= LOST_AFTER_S:
-            return None  # a slurmctld restarting under the look; the grace of ops.wait_for_own
-        # sbatch answered only once the controller held the job, and a job that ended stays known (the
-        # controller, then the job completion record): an id Slurm does not know is a job it lost, or one
-        # purged without a completion record. Either way the watch would otherwise wait forever.
-        return {
-            "type": JOB_DONE,
-            "outcome": Kind.TERMINAL.value,
-            "label": JOB_LOST,
-            "message": f"lost: Slurm does not know job {seen.job_id} (neither the controller nor the job"
-            " completion record), this watch began "
-            f"{now - seen.since:.0f} s ago: a slurmctld restarted without its state, or the job ended and was"
-            " purged with no completion record. The run's promoted checkpoints stand; its report says"
-            " whether it finished",
-            "state": None,
-        }
+        return _unknown_job(seen, now)
     if why := alert_auth.job_is_ours(state, seen.run):
         # Slurm reuses job ids (a slurmctld that died before saving a job it had accepted gives the id to a
         # later submission): the run's job is gone, and the job now holding the id is never followed.
-        return {
-            "type": JOB_DONE,
-            "outcome": Kind.TERMINAL.value,
-            "label": JOB_LOST,
-            "message": f"lost: {why}; the run's own job is gone (a slurmctld restarted without its state?)."
-            " Its promoted checkpoints stand: trigger training_run again to resume from the newest",
-            "state": state.to_dict(),
-        }
+        return _lost(
+            f"lost: {why}; the run's own job is gone (a slurmctld restarted without its state?).", state
+        )
     outcome = classify(state)
     if outcome.kind is Kind.SUCCESS and seen.entrypoint and not wrote_records(store, seen):
         return {
