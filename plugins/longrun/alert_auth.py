@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,13 +36,16 @@ from training.records import schema, signing
 from training.records.base import EXTRA_HERE, FIELDS_HERE, Declared
 from training.records.fields import SET, Field, opt_float, opt_int, opt_str
 from training.store.interface import NotFound, ObjectStore, StoreError, dump_json
-from training.store.update import create_once, create_or_read
+from training.store.update import create_or_read, update_json
 
 KEY_FOLDER = "ops/alert-keys/"
 #: DAGs whose jobs carry longrun's tag for a run (the first launch and every relaunch).
 RUN_DAGS = ("training_run", "sdc_incident")
 #: Store-credential names a job gets by export from the sbatch process (values never in the script).
 SECRET_STORE_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+log = logging.getLogger("longrun.alert_auth")
 
 
 def _tag_key(tag: str) -> str:
@@ -113,13 +117,36 @@ def issue(store: ObjectStore, *, run: str, tag: str) -> bytes:
 
 
 def bind(store: ObjectStore, *, run: str, tag: str, job_id: int) -> None:
-    """Remember which job got the key of `tag` (Slurm forgets a job's comment when it forgets the job)."""
+    """Remember which job got the key of `tag` (Slurm forgets a job's comment when it forgets the job).
+
+    Bound before for the same tag (a retry): that stands. Bound before for another tag: Slurm gave the id
+    to a new job, which it does only once the earlier one is gone (a slurmctld that died before saving a
+    job it had accepted forgets it and hands its id to the next submission; or the id counter wrapped).
+    The caller just learned from Slurm that `job_id` is the job of `tag`, so the binding follows it; kept,
+    the stale one would have refused every alert of the new job as `no_key`."""
     rec = _load(store, _tag_key(tag))
     if rec is None:
         return
-    bound = dataclasses.replace(rec, job_id=int(job_id))
-    # once: bound before (a retry) is never overwritten
-    create_once(store, _job_key(job_id), dump_json(bound.to_json()))
+    bound = dataclasses.replace(rec, job_id=int(job_id)).to_json()
+
+    def change(raw: bytes | None) -> dict[str, Any] | None:
+        if raw is None:
+            return bound
+        earlier = _parse(raw)
+        if earlier is not None and (earlier.run, earlier.tag) == (rec.run, rec.tag):
+            return None
+        log.warning(
+            "Slurm job %s was bound to %s; Slurm gave the id to a new job (tag %s of run %s): binding that",
+            job_id,
+            f"tag {earlier.tag} of run {earlier.run}" if earlier else "a record that does not read",
+            rec.tag,
+            rec.run,
+        )
+        return bound
+
+    update_json(
+        store, _job_key(job_id), change, dump=dump_json, load=bytes, create=True, what="alert key binding"
+    )
 
 
 def bound_tag(store: ObjectStore, *, run: str, job_id: int) -> str | None:

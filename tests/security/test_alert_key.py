@@ -101,6 +101,24 @@ def test_issue_bind_and_the_gate_read_the_typed_record(tmp_path) -> None:
         alert_auth.issue(store, run="r2", tag=TAG)
 
 
+def test_a_job_id_slurm_gave_to_a_new_job_is_bound_to_the_new_jobs_key(tmp_path) -> None:
+    """Slurm reuses an id once its job is gone (a slurmctld that died before saving a job it had accepted
+    forgets it and hands the id to the next submission). The binding used to be written once: the new
+    job's key was never bound, and every alert it signed was refused as `no_key`."""
+    store = LocalDirStore(tmp_path)
+    other = "longrun/training_run/manual__b/submit/-1/1"
+    alert_auth.issue(store, run="r1", tag=TAG)
+    alert_auth.bind(store, run="r1", tag=TAG, job_id=4711)  # the job Slurm then lost
+    new_key = alert_auth.issue(store, run="r2", tag=other)
+    alert_auth.bind(store, run="r2", tag=other, job_id=4711)  # sbatch answered 4711 for r2's job
+    assert alert_auth.bound_tag(store, run="r2", job_id=4711) == other
+    assert alert_auth.bound_tag(store, run="r1", job_id=4711) is None
+    assert alert_auth.job_key(store, _state(comment=other), "r2") == new_key
+    assert alert_auth.job_key(store, _state(comment=TAG), "r1") is None
+    alert_auth.bind(store, run="r2", tag=other, job_id=4711)  # a retry: the same binding stands
+    assert alert_auth.bound_tag(store, run="r2", job_id=4711) == other
+
+
 def test_the_gate_reads_a_malformed_key_record_as_no_key(tmp_path) -> None:
     store = LocalDirStore(tmp_path)
     put_json(store, alert_auth._job_key(4711), {**json.loads(JOB_RECORD), "job_id": "4711"})

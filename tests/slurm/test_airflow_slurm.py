@@ -183,6 +183,33 @@ def test_retry_reattaches_instead_of_submitting_twice(slurm_env):
 
 
 @pytest.mark.slurm
+def test_a_stored_id_that_names_another_job_is_not_reattached_and_a_kill_cancels_nothing(slurm_env):
+    """Slurm gives a lost job's id to the next submission (a slurmctld that died before saving it). Here
+    the id the task stored names someone else's running job: the retry must submit its own job instead of
+    reconnecting to that one (and binding its key to it), and a kill must leave that job alone."""
+    hook = SlurmHook(None)
+    other = hook.submit(
+        JobSpec.from_dict(
+            {**JOB, **slurm_env, "name": "someone-else", "comment": "longrun/test_af/other/x/-1/1",
+             "command": ["sleep 60"]}
+        )
+    )  # fmt: skip
+    store = Store({"slurm_job_id": other})
+    retry = TI(dag_id="test_af", run_id="reused", task_id="long", try_number=2)
+    op = SlurmSubmitJobOperator(task_id="long", job={**JOB, **slurm_env, "command": ["sleep 60"]})
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context(retry, store))
+    own = deferred.value.trigger.job_id
+    assert own != other and hook.job_state(own).comment.startswith("longrun/test_af/reused/long/")
+    op._job_id = other  # as if the task had reconnected to the id before (the old behaviour)
+    op.on_kill()
+    assert hook.job_state(other).status.value == "running"
+    op._job_id = own
+    op.on_kill()  # its own job: cancelled
+    assert hook.job_state(own).status.value in ("cancelled", "completing")
+
+
+@pytest.mark.slurm
 def test_sensor_defers_until_done_and_on_kill_cancels(slurm_env):
     hook = SlurmHook(None)
     op = SlurmSubmitJobOperator(

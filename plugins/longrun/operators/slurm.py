@@ -30,6 +30,7 @@ from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowFailException
 
 from longrun.hooks.slurm import SlurmHook
+from longrun.slurm import ops
 from longrun.slurm.errors import JobNotFoundError, SlurmUnavailableError, TerminalSlurmError
 from longrun.slurm.models import ACTIVE, JobState, JobStatus
 from longrun.slurm.outcomes import Kind, Outcome, classify
@@ -119,6 +120,8 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
         self.max_poll_interval = max_poll_interval
         self.max_restarts = max_restarts
         self._job_id: int | None = None
+        self._tag_prefix: str | None = None
+        """This task instance's tag (set once it submitted or reattached): what its job carries."""
         if "{{" not in repr(job):
             # Fail at parse time, not at run time, when nothing is templated.
             JobSpec.from_dict({**job, "comment": "longrun/parse/check/t/-1/1"})
@@ -142,13 +145,19 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
         stored = store.get(self.external_id_key) if store is not None else None
         if stored and int(stored) not in seen:
             try:
-                seen[int(stored)] = self.hook.job_state(int(stored))
+                state = self.hook.job_state(int(stored))
             except JobNotFoundError:
-                pass
+                state = None
+            # A stored id may name another job by now: Slurm gives a lost job's id to the next submission
+            # (a slurmctld that died before saving it). That job is never reattached to, or bound to a key.
+            name = str(self.job.get("name") or "")
+            if state is not None and not ops.not_the_job(state, tag_prefix=tag.prefix(), name=name):
+                seen[int(stored)] = state
         return seen[max(seen)] if seen else None
 
     def submit_job(self, context: Any) -> int:
         tag = tag_for(context)
+        self._tag_prefix = tag.prefix()
         spec = JobSpec.from_dict({**self.job, "comment": tag.render()})
         earlier = self._earlier(context, tag)
         if earlier is not None:
@@ -188,10 +197,18 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
         return self._job_id
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
+        """The stored job's status, read by the mixin to decide whether to reconnect; UNKNOWN (submit
+        again) when Slurm does not know the id, or when the id names another job by now (Slurm gives a
+        lost job's id to the next submission)."""
         try:
-            return self.hook.job_state(int(external_id)).status.value
+            state = self.hook.job_state(int(external_id))
         except JobNotFoundError:
             return JobStatus.UNKNOWN.value
+        tag, name = tag_for(context), str(self.job.get("name") or "")
+        if why := ops.not_the_job(state, tag_prefix=tag.prefix(), name=name):
+            self.log.warning("The stored Slurm job id is no longer this task's job: %s", why)
+            return JobStatus.UNKNOWN.value
+        return state.status.value
 
     def is_job_active(self, status: str) -> bool:
         return status in _ACTIVE
@@ -232,9 +249,20 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
         return state.to_dict()
 
     def on_kill(self) -> None:
-        if self._job_id is not None:
-            self.log.info("Cancelling Slurm job %s", self._job_id)
-            self.hook.cancel(self._job_id)
+        if self._job_id is None:
+            return
+        try:
+            state = self.hook.job_state(self._job_id)
+        except JobNotFoundError:
+            return
+        name = str(self.job.get("name") or "")
+        if self._tag_prefix and (why := ops.not_the_job(state, tag_prefix=self._tag_prefix, name=name)):
+            self.log.warning(
+                "Not cancelling Slurm job %s: %s (Slurm lost this task's job)", self._job_id, why
+            )
+            return
+        self.log.info("Cancelling Slurm job %s", self._job_id)
+        self.hook.cancel(self._job_id)
 
 
 __all__ = ["SlurmSubmitJobOperator", "finish", "tag_for"]
