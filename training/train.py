@@ -156,7 +156,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[TrainConfig, tuple[Fault
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
         lr=args.lr,
-        grad_clip=1.0 if args.parallelism == "ddp" else None,  # not supported on shards yet
+        grad_clip=1.0,  # under FSDP2/HSDP by the whole model's norm too (training.api.sharding.clip_gradients)
         threads=args.threads,
         resume_from=args.resume_from,
         use_store=not args.no_store,

@@ -44,8 +44,8 @@ def test_the_trainer_config_refuses_an_unknown_parallelism(tmp_path) -> None:
     ("parallelism", "checks", "grad_clip"),
     [
         ("ddp", ("finite", "recompute", "weight_vote"), 1.0),
-        ("hsdp", ("finite", "recompute", "weight_vote"), None),  # recompute_every 0 leaves it unbuilt
-        ("fsdp", ("finite", "recompute"), None),  # nothing replicated: no vote (logged)
+        ("hsdp", ("finite", "recompute", "weight_vote"), 1.0),  # recompute_every 0 leaves it unbuilt
+        ("fsdp", ("finite", "recompute"), 1.0),  # nothing replicated: no vote (logged)
     ],
 )
 def test_the_reference_trainer_per_parallelism(

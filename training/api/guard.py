@@ -301,8 +301,9 @@ class Guard:
         resume through training.checkpoint.sharded. Returns the sharded module; `loss_fn` gets it.
 
         Refused with SetupError on every rank alike (the configuration is the same on every rank), before
-        any collective: a mesh other than those two, a weight vote where no shard has two holders, and
-        `grad_clip` (not supported on shards yet). Checkpoints go to
+        any collective: a mesh other than those two, and a weight vote where no shard has two holders.
+        `grad_clip` clips by the whole model's gradient norm, as under DDP (`sharding.clip_gradients`).
+        Checkpoints go to
         `<run dir>/sharded-checkpoints/` (a folder every rank must see); the records are the DDP path's.
 
         Why one function: like `prepare`, one ordered set-up sequence (refusals, sharding, the optimizer over
@@ -315,8 +316,6 @@ class Guard:
             checks = sharding.sharded_checks(self.checks, layout)
         except ValueError as e:
             raise SetupError(str(e)) from e
-        if self.cfg.grad_clip is not None:
-            raise SetupError("grad_clip is not supported on a sharded model yet: leave it None")
         self.mesh, self.checks, self.loss_fn = mesh, checks, loss_fn
         self.state = self._checked_state(state)
         self.module = sharding.shard(model.to(self.device), mesh)
@@ -590,6 +589,8 @@ class Guard:
                 results.append(r)
                 if r.failed:
                     return None, results, r  # the update is not applied
+        if self.cfg.grad_clip is not None:
+            sharding.clip_gradients(self.params, self.cfg.grad_clip)
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()

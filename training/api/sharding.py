@@ -137,6 +137,27 @@ def gradient_drills(injector: Injector, step: int, grads: Sequence[torch.Tensor]
         injector.local_gradients(step, largest.view(-1))
 
 
+def clip_gradients(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale every gradient shard by `max_norm / (norm + 1e-6)` when that is below 1, where `norm` is the
+    2-norm of the whole model's reduced gradient: the DDP path's rule (`Guard._train_step`), so a run clips
+    alike under either. The norm is taken on the gradients as DTensors, which reduce each parameter's norm
+    over the ranks holding its shards (a replicated mesh dimension counted once), and `full_tensor()` gives
+    every rank the same value, so every rank scales by the same coefficient. Returns that norm."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    coef = max_norm / (total + 1e-6)
+    if float(coef) < 1.0:
+        for g in local_grads(params):
+            g.mul_(coef.to(g.device, g.dtype))
+    return total
+
+
 def nonfinite(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     """A bool scalar: some element of this rank's gradient shards is NaN or Inf (one sum per shard, as the
     DDP hook does per bucket)."""

@@ -214,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         parallelism = parallelism_from_env()  # LONGRUN_PARALLELISM: ddp, fsdp or hsdp
-        # LONGRUN_RUN_DIR, LONGRUN_STEPS, cadences, resume point; gradient clipping under DDP only (the guard
-        # does not clip shards yet), and no weight vote under fsdp (nothing is replicated to vote with).
-        overrides: dict[str, Any] = {"grad_clip": 1.0 if parallelism == "ddp" else None}
+        # LONGRUN_RUN_DIR, LONGRUN_STEPS, cadences, resume point; gradient clipping (on shards by the whole
+        # model's norm), and no weight vote under fsdp (nothing is replicated to vote with).
+        overrides: dict[str, Any] = {"grad_clip": 1.0}
         base = GuardConfig.from_env().checks
         overrides["checks"] = dataclasses.replace(
             base, checks=checks_for_parallelism(parallelism, base.checks)
