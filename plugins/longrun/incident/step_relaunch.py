@@ -42,11 +42,17 @@ def _record_fields(store: ObjectStore, inc: Incident, fields: Mapping[str, Any])
     record.update(store, run=inc.run, incident_id=inc.incident_id, change=lambda rec: rec.update(fields))
 
 
+def _recorded_id(fields: Mapping[str, Any]) -> int | None:
+    """The relaunch job id the incident record holds (`RELAUNCH_JOB_FIELD`), or None."""
+    recorded = fields.get(RELAUNCH_JOB_FIELD)
+    return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else None
+
+
 def recorded_job(store: ObjectStore, client: SlurmClient, inc: Incident) -> JobState | None:
     """The relaunch job this incident submitted, from its record, while the id still names that job
     (`ops.not_the_job`); None before a submission, or once Slurm lost or forgot it."""
-    recorded = inc.rec(store).extra.get(RELAUNCH_JOB_FIELD)
-    if not isinstance(recorded, int) or isinstance(recorded, bool):
+    recorded = _recorded_id(inc.rec(store).extra)
+    if recorded is None:
         return None
     tag = relaunch_tag(inc)
     try:
@@ -137,8 +143,8 @@ def relaunch(
             found by its tag alone: the tag is Slurm's public `--comment`, which any job can carry, so a
             job holding it before this incident submitted is not this incident's."""
             raw = inc.rec(store).extra
-            recorded = raw.get(RELAUNCH_JOB_FIELD)
-            if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded not in given_up:
+            recorded = _recorded_id(raw)
+            if recorded is not None and recorded not in given_up:
                 return recorded  # an earlier try's submission: wait_for_own checks it is still that job
             if raw.get(SUBMITTING_FIELD) == tag.render():
                 # An earlier try died after sbatch but before it recorded the id: the job may exist, found
