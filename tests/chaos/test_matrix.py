@@ -318,7 +318,13 @@ def _check_spare_recovery(stack: Any, client: Any, inc: Incident, run: str) -> s
         assert TARGET not in (inc.relaunch.nodes or ()), inc.relaunch
         assert _jobs_named(stack, run) == 1, "an in-job recovery must leave the run with its one job"
         return "recovered inside the job"
-    fallbacks = ("directive_not_followed", "earlier_step_running", "no_spare_left", "kept_job_cancelled")
+    fallbacks = (
+        "directive_not_followed",
+        "earlier_step_running",
+        "no_spare_left",
+        "kept_job_cancelled",
+        "kept_job_ended",
+    )
     assert any(e in events for e in fallbacks), events
     _check_relaunch(stack, client, inc, run)
     return "fell back to the full relaunch (" + ", ".join(e for e in fallbacks if e in events) + ")"

@@ -158,6 +158,21 @@ def test_no_spare_left_falls_back_and_the_kept_job_is_cancelled(client, running,
     assert list(store.list(schema.store_key("ij", "directives/"))) == []
 
 
+def test_a_kept_job_that_ended_on_its_own_falls_back_and_says_so(client, running):
+    """Freeze kept the job, and it failed before the relaunch came (a fault-matrix cell saw its supervisor
+    end while the store was down): the full relaunch takes over, and the timeline says why."""
+    job_id, held, store, drained = running
+    inc = _incident(store, job_id, held[1])
+    hot_spare.freeze_kept(store, client, inc)
+    client.cancel(job_id)
+    ops.wait_for(client, job_id, lambda s: s.is_terminal, timeout_s=60)
+    assert hot_spare.direct(store, client, inc, node=held[1], checkpoint={"key": CKPT}) is None
+    ended = inc.rec(store).event(Event.KEPT_JOB_ENDED)
+    assert ended is not None and ended.details["job_id"] == job_id, inc.rec(store).timeline
+    assert f"job {job_id} CANCELLED" in ended.details["state"], ended.details
+    assert list(store.list(schema.store_key("ij", "directives/"))) == []
+
+
 @pytest.mark.parametrize("mode", ["approve", "observe"])
 def test_approve_and_observe_never_keep_the_job(client, running, mode):
     job_id, held, store, _ = running

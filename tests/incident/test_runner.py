@@ -31,7 +31,7 @@ WRITTEN_BEFORE = {
     "released", "directive_written", "directive_not_followed", "kept_job_cancelled",
     "first_healthy_step", "closed", "release_refused", "release_deferred", "diagnosis_in_job_skipped",
     "drain_rejected", "authenticated", "earlier_step_running", "diagnosed_in_job", "drill_ended",
-    "relaunch_lost",
+    "relaunch_lost", "kept_job_ended",
 }  # fmt: skip
 
 

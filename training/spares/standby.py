@@ -36,7 +36,7 @@ from training.records import schema, signing
 from training.records.alert import AlertRef
 from training.spares.directive import directed_nodes, read_directive
 from training.store.factory import store_from_env
-from training.store.interface import ObjectStore, StoreError, get_json
+from training.store.interface import ObjectStore, StoreError, StoreUnavailable, get_json
 
 log = logging.getLogger("training.standby")
 
@@ -133,6 +133,9 @@ def _answer(store: ObjectStore, *, run: str, job_id: str, attempt: int, nodes: l
     """Rank 0's reading of the directive now: _WAIT, _NOT_MINE, or the checkpoint to resume from."""
     try:
         d = read_directive(store, run=run, job_id=job_id, attempt=attempt)
+    except StoreUnavailable as e:  # an outage is not a refusal: look again until the wait runs out
+        log.warning("standby: store unavailable, still waiting for the directive (%s)", e)
+        return _WAIT
     except (StoreError, ValueError) as e:
         log.error("standby: directive unusable (%s): not training", e)
         return _NOT_MINE

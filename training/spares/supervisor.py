@@ -42,7 +42,7 @@ from training.records.schema import EXIT_SDC_VERDICT, store_key
 from training.spares import standby as warm
 from training.spares.directive import Directive, directive_path, read_directive
 from training.store.factory import store_from_env
-from training.store.interface import ObjectStore, StoreError
+from training.store.interface import ObjectStore, StoreError, StoreUnavailable
 
 log = logging.getLogger("training.supervisor")
 
@@ -189,10 +189,22 @@ class Supervisor:
             print(f"longrun-supervisor: the standby (pid {proc.pid}) did not end after SIGKILL", flush=True)
 
     def wait_for_directive(self, attempt: int) -> Directive | None:
+        """The directive of `attempt`, once it is there; None when the wait runs out or the directive is
+        unusable. A store that does not answer (StoreUnavailable) is looked at again until the deadline:
+        an outage is not a refusal (a fault-matrix cell saw the job give its spare up, and end, over one)."""
         deadline = time.monotonic() + self.wait_s
+        said = False
         while True:
             try:
                 found = read_directive(self.store, run=self.run, job_id=self.job_id, attempt=attempt)
+            except StoreUnavailable as e:
+                if not said:
+                    print(
+                        f"longrun-supervisor: store unavailable, still waiting for the directive: {e}",
+                        flush=True,
+                    )
+                    said = True
+                found = None
             except (StoreError, ValueError) as e:  # unreadable or malformed: refused, not retried forever
                 key = store_key(self.run, directive_path(self.job_id, attempt))
                 print(f"longrun-supervisor: directive {key} unusable: {e}", flush=True)

@@ -71,6 +71,9 @@ class Event(StrEnum):
     DIRECTIVE_WRITTEN = "directive_written"
     DIRECTIVE_NOT_FOLLOWED = "directive_not_followed"
     KEPT_JOB_CANCELLED = "kept_job_cancelled"
+    KEPT_JOB_ENDED = "kept_job_ended"
+    """Freeze kept the job for a hot spare, but it no longer ran when the relaunch came (it ended on its own,
+    or Slurm lost it): the full relaunch takes over."""
     # after the relaunch (incident/recovery.py, incident/closing.py)
     FIRST_HEALTHY_STEP = "first_healthy_step"
     CLOSED = "closed"

@@ -65,7 +65,7 @@ from longrun.monitor.lifecycle import conf_of
 from longrun.monitor.segments import job_step, segments
 from longrun.slurm import ops
 from longrun.slurm.client import SlurmClient
-from longrun.slurm.errors import SlurmCommandError, SlurmUnavailableError
+from longrun.slurm.errors import JobNotFoundError, SlurmCommandError, SlurmUnavailableError
 from longrun.slurm.models import JobState, JobStatus
 from training.records import schema
 from training.records.diagnosis import NodeCheck, ProbeResult
@@ -179,7 +179,10 @@ def direct(
     """Relaunch inside the kept job; None when this incident must fall back to the full relaunch."""
     state = kept_job(client, inc)
     resume = RestartCheckpoint.from_json(checkpoint).key  # the pick step's result
-    if state is None or inc.job_id is None or not resume or node is None:
+    if state is None:
+        _kept_job_gone(store, client, inc)
+        return None
+    if inc.job_id is None or not resume or node is None:
         return None
     spec = run_spec(inc)
     held = list(state.nodes)
@@ -266,6 +269,21 @@ def _relaunched_running(
         time=started,
     )
     return result
+
+
+def _kept_job_gone(store: ObjectStore, client: SlurmClient, inc: Incident) -> None:
+    """When freeze kept the job and it no longer runs (it failed on its own, e.g. its supervisor lost the
+    store; or Slurm lost it), say so on the timeline: the full relaunch that follows is then explained."""
+    frozen = inc.rec(store).event(Event.FROZEN)
+    if not frozen or not frozen.details.get("kept") or inc.job_id is None:
+        return
+    try:
+        seen = client.job(inc.job_id)
+        why = alert_auth.job_is_ours(seen, inc.run)
+        state = f"no longer the run's: {why}" if why else seen.describe()
+    except JobNotFoundError:
+        state = "unknown to Slurm"
+    inc.event(store, Event.KEPT_JOB_ENDED, job_id=inc.job_id, state=state)
 
 
 def end_kept(store: ObjectStore, client: SlurmClient, inc: Incident, *, timeout_s: float = 60.0) -> None:
