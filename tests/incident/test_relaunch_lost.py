@@ -90,6 +90,7 @@ def world(slurm_cluster, s3_store_env, tmp_path: Path, monkeypatch) -> Iterator[
             )
         )
         jobs.append(other)
+        ops.wait_status(client, other, {JobStatus.RUNNING}, timeout_s=60)
         job: SignedJob = submit_signed_job(
             client, store, run=run, orch_env=env, workdir=tmp_path, partition=slurm_cluster.partition
         )

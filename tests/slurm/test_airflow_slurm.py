@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from longrun.hooks.slurm import SlurmHook
-from longrun.operators.slurm import SlurmSubmitJobOperator, finish
+from longrun.operators.slurm import SUBMITTING_KEY, SlurmSubmitJobOperator, finish
 from longrun.sensors.slurm import SlurmJobSensor
 from longrun.slurm.errors import InvalidSpecError, SlurmUnavailableError
 from longrun.slurm.spec import JobSpec
@@ -153,8 +153,9 @@ def test_failed_job_fails_the_task_with_slurm_reason_and_exit_code(slurm_env):
     with pytest.raises(AirflowFailException, match=r"FAILED reason=NonZeroExitCode exit_code=3"):
         op.execute_complete(context(ti, store), event)
     # Should Airflow retry the task anyway (its own races can), the retry fails with the same verdict
-    # and submits nothing, whether it finds the job by the stored id or only by its tag.
-    for s in (store, Store()):
+    # and submits nothing, whether it finds the job by the stored id or only by its tag (after a try that
+    # began a submission and died before the id was stored).
+    for s in (store, Store({SUBMITTING_KEY: "longrun/test_af/fail/fail/-1/"})):
         retry = TI(dag_id="test_af", run_id="fail", task_id="fail", try_number=2)
         with pytest.raises(AirflowFailException, match=r"exit_code=3"):
             op.execute(context(retry, s))
@@ -173,13 +174,36 @@ def test_retry_reattaches_instead_of_submitting_twice(slurm_env):
     second = TI(dag_id="test_af", run_id="reattach", task_id="long", try_number=2)
     with pytest.raises(TaskDeferred) as d2:
         SlurmSubmitJobOperator(task_id="long", job=job).execute(context(second, store))
-    # Try 3 after the worker died before storing the id: found by its tag.
+    # Try 3 after the worker died between sbatch and storing the id: found by its tag.
     third = TI(dag_id="test_af", run_id="reattach", task_id="long", try_number=3)
+    began = Store({SUBMITTING_KEY: "longrun/test_af/reattach/long/-1/"})
     with pytest.raises(TaskDeferred) as d3:
-        SlurmSubmitJobOperator(task_id="long", job=job).execute(context(third, Store()))
+        SlurmSubmitJobOperator(task_id="long", job=job).execute(context(third, began))
     ids = {d.value.trigger.job_id for d in (d1, d2, d3)}
     assert len(ids) == 1
     assert [s.job_id for s in hook.find_jobs("longrun/test_af/reattach/long/")] == list(ids)
+
+
+@pytest.mark.slurm
+def test_a_job_planted_with_the_tasks_tag_before_its_first_try_is_not_adopted(slurm_env):
+    """A job tag is Slurm's public `--comment` and a DAG run id can be predicted: a job planted with the
+    task's tag before it ran was adopted as its job (and its alert key bound to that job). Only after a
+    try that began a submission is a job found by the tag alone believed."""
+    hook = SlurmHook(None)
+    planted = hook.submit(
+        JobSpec.from_dict(
+            {**JOB, **slurm_env, "comment": "longrun/test_af/planted/long/-1/1", "command": ["sleep 60"]}
+        )
+    )
+    first = TI(dag_id="test_af", run_id="planted", task_id="long", try_number=1)
+    store = Store()
+    with pytest.raises(TaskDeferred) as deferred:
+        SlurmSubmitJobOperator(task_id="long", job={**JOB, **slurm_env, "command": ["sleep 60"]}).execute(
+            context(first, store)
+        )
+    assert deferred.value.trigger.job_id != planted
+    assert store.data[SUBMITTING_KEY] == "longrun/test_af/planted/long/-1/"
+    assert hook.job_state(planted).is_active  # someone's job: left as it is
 
 
 @pytest.mark.slurm
@@ -203,7 +227,7 @@ def test_a_stored_id_that_names_another_job_is_not_reattached_and_a_kill_cancels
     assert own != other and hook.job_state(own).comment.startswith("longrun/test_af/reused/long/")
     op._job_id = other  # as if the task had reconnected to the id before (the old behaviour)
     op.on_kill()
-    assert hook.job_state(other).status.value == "running"
+    assert hook.job_state(other).is_active
     op._job_id = own
     op.on_kill()  # its own job: cancelled
     assert hook.job_state(own).status.value in ("cancelled", "completing")

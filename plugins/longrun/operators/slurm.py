@@ -38,6 +38,8 @@ from longrun.slurm.spec import JobSpec, JobTag
 from longrun.triggers.slurm import SlurmJobTrigger
 
 _ACTIVE = {s.value for s in ACTIVE}
+#: The task state store's key for "a submission was begun with this tag prefix" (set before sbatch).
+SUBMITTING_KEY = "slurm_submitting"
 
 
 def tag_for(context: Mapping[str, Any]) -> JobTag:
@@ -139,9 +141,13 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
     # -- ResumableJobMixin --------------------------------------------------------------------------
     def _earlier(self, context: Any, tag: JobTag) -> JobState | None:
         """The newest job of an earlier try: the stored id (jobcomp still knows it after slurmctld
-        forgot it) or a job carrying this task instance's tag (the id may never have been stored)."""
-        seen = {s.job_id: s for s in self.hook.find_jobs(tag.prefix())}
+        forgot it), or, only after a try that began a submission (`SUBMITTING_KEY`, stored before sbatch),
+        a job carrying this task instance's tag (that try may have died before the id was stored). The tag
+        alone is never believed otherwise: it is Slurm's public `--comment`, which any job can carry, and
+        a DAG run id can be predicted (a scheduled run's), so a job planted with it would be adopted."""
         store = context.get("task_state_store")
+        began = store is not None and store.get(SUBMITTING_KEY) == tag.prefix()
+        seen = {s.job_id: s for s in self.hook.find_jobs(tag.prefix())} if began else {}
         stored = store.get(self.external_id_key) if store is not None else None
         if stored and int(stored) not in seen:
             try:
@@ -181,6 +187,8 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
                 # reasons of its own, e.g. apache/airflow#71580): fail with the first job's verdict.
                 self.hook.check(outcome)
             self.log.info("Earlier Slurm job ended retryably (%s): submitting again", outcome.message)
+        if (store := context.get("task_state_store")) is not None:
+            store.set(SUBMITTING_KEY, tag.prefix())  # before sbatch: a retry may then look for the tag
         if self.alert_signing_run:
             # A training job: its alert key and store credentials go to sbatch's environment by name,
             # never into the spec (XCom), the script or this log.
