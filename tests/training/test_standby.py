@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from helpers.outage_store import OutageStore
 
 from training.dist import process_group_backend
 from training.launch_records import LAUNCH_T0_ENV, newest_checkpoint_since
@@ -45,6 +46,16 @@ def test_a_directive_for_exactly_its_nodes_gives_the_checkpoint(tmp_path):
     _put(store, _directive(nodes=("n3", "n1")))
     # one entry per rank: two ranks on n1 are still the node n1
     assert _wait(store, nodes=("n1", "n1", "n3", "n3")) == CKPT
+
+
+def test_a_store_outage_is_waited_through_not_read_as_a_refusal(tmp_path):
+    """Rank 0 read a store that did not answer as an unusable directive and never trained (the fault matrix's
+    spare_directive x S3 cell). Now it looks again until its wait runs out."""
+    store = LocalDirStore(tmp_path)
+    _put(store, _directive())
+    down = OutageStore(store, down=3)
+    assert _wait(down, wait_s=30.0) == CKPT
+    assert down.refused == 3
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,12 @@ import threading
 import time
 from pathlib import Path
 
+from helpers.outage_store import OutageStore
+
 from training.records.schema import EXIT_SDC_VERDICT, store_key
 from training.spares.directive import Directive
 from training.spares.supervisor import Supervisor
-from training.store.interface import StoreUnavailable, put_json
+from training.store.interface import put_json
 from training.store.local import LocalDirStore
 
 
@@ -151,22 +153,6 @@ def test_a_standby_at_the_verdict_starts_after_the_alerting_step(tmp_path, monke
     assert "raised an alert while its step ends" not in capsys.readouterr().out
 
 
-class _Outage:
-    """A real local store that does not answer (StoreUnavailable) for its first `down` reads."""
-
-    def __init__(self, inner: LocalDirStore, down: int) -> None:
-        self.inner, self.down, self.refused = inner, down, 0
-
-    def __getattr__(self, name: str):  # noqa: ANN204 - every other call: the real store
-        return getattr(self.inner, name)
-
-    def get_bytes(self, key: str) -> bytes:
-        if self.refused < self.down:
-            self.refused += 1
-            raise StoreUnavailable(f"get {key}: cannot reach the store (test outage)")
-        return self.inner.get_bytes(key)
-
-
 def test_the_wait_for_the_directive_goes_on_through_a_store_outage(tmp_path, capsys):
     """A store outage while the supervisor waits is no refusal (a fault-matrix cell saw the job give its
     spare up and end over one): it looks again until the directive is there, within its wait."""
@@ -174,7 +160,7 @@ def test_the_wait_for_the_directive_goes_on_through_a_store_outage(tmp_path, cap
     d = Directive(run="su", job_id="5", attempt=1, nodes=("n1", "n3", "n4"), resume_from="runs/su/checkpoints/step-00000010/",
                   incident_id="i", exclude=("n2",), issued_at=time.time())  # fmt: skip
     put_json(store, store_key("su", d.relative_path), d.to_json())
-    down = _Outage(store, down=5)
+    down = OutageStore(store, down=5)
     sup = Supervisor(run="su", job_id="5", width=3, spares=1, wait_s=60.0, poll_s=0.01, step="true",
                      store=down, nodes_now=lambda: ["n1", "n3", "n4"])  # fmt: skip
     assert sup.wait_for_directive(1) == d
