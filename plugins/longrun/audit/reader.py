@@ -9,7 +9,7 @@ from typing import Any
 
 from longrun.runview import list_runs
 from training.records import schema
-from training.store.interface import ObjectInfo, ObjectStore
+from training.store.interface import NotFound, ObjectInfo, ObjectStore, StoreError, dump_json
 
 # Relative (to runs/<run>/) key patterns of the records the audit reads; see training.records.schema's layout.
 _KINDS = (
@@ -38,27 +38,86 @@ def classify(key: str) -> tuple[str, str] | None:
     return None
 
 
+#: Where the audit keeps what it read of each run's records (`audit/record-cache/<run>.json`, outside
+#: `runs/`, so on the orchestrator's side and never audited itself): each record's parse, keyed by its key
+#: and the ETag the listing gives. The next audit reads only the records that are new or whose ETag changed
+#: (an ETag is the content's digest on both stores), so a daily audit reads a day's records, not the run's
+#: whole history; a changed record is read again, so a rewrite is still seen.
+CACHE_PREFIX = "audit/record-cache/"
+_CACHE_KIND = "audit_record_cache"
+
+Entry = dict[str, Any]
+"""A cached read: `etag`, `kind`, `obj` (the record, or None) and `error` (why it does not read, or None)."""
+
+
+def cache_key(run: str) -> str:
+    return f"{CACHE_PREFIX}{run}.json"
+
+
 def read_records(
-    store: ObjectStore, runs: Iterable[str] = ()
+    store: ObjectStore, runs: Iterable[str] = (), *, cache: bool = False
 ) -> Iterable[tuple[str, str, ObjectInfo, dict[str, Any] | None, str | None]]:
     """(kind, run, object info, record or None, parse error or None) for every record the audit reads: of
-    the named `runs` (names checked by the caller: longrun.audit.config), else of every run."""
+    the named `runs` (names checked by the caller: longrun.audit.config), else of every run. With `cache`,
+    a record whose key and ETag the run's cache holds is taken from it, and the cache is written back when
+    anything changed (one get and at most one put per run, besides the listings and the new records)."""
     # Every run: its folders found with one folder listing of runs/, so the check batches (ranks x steps)
     # are never paged through.
-    runs = list(runs) or list_runs(store)
-    prefixes = [f"runs/{run}/{folder}" for run in runs for folder in _FOLDERS]
-    for info in (info for prefix in prefixes for info in store.list(prefix)):
-        found = classify(info.key)
-        if found is None:
-            continue
-        kind, run = found
-        try:
-            obj = json.loads(store.get_bytes(info.key))
-            schema.validate(kind, obj)
-        except (ValueError, schema.SchemaError) as e:  # JSONDecodeError is a ValueError
-            yield kind, run, info, None, f"{type(e).__name__}: {e}"
-            continue
-        if obj["run"] != run:  # every kind the audit reads requires `run` (validated above)
-            yield kind, run, info, None, f"record names run {obj['run']!r} but lies under runs/{run}/"
-            continue
-        yield kind, run, info, obj, None
+    for run in list(runs) or list_runs(store):
+        known = _load_cache(store, run) if cache else {}
+        seen: dict[str, Entry] = {}
+        for info in (info for folder in _FOLDERS for info in store.list(f"runs/{run}/{folder}")):
+            found = classify(info.key)
+            if found is None:
+                continue
+            kind, _run = found
+            hit = known.get(info.key)
+            if hit is None or hit.get("etag") != info.etag or hit.get("kind") != kind:
+                hit = _read(store, kind, run, info)
+            seen[info.key] = hit
+            yield kind, run, info, _copy(hit["obj"]), hit["error"]
+        if cache and seen != known:
+            store.put_bytes(cache_key(run), dump_json({"kind": _CACHE_KIND, "run": run, "records": seen}))
+
+
+def _read(store: ObjectStore, kind: str, run: str, info: ObjectInfo) -> Entry:
+    entry: Entry = {"etag": info.etag, "kind": kind, "obj": None, "error": None}
+    try:
+        obj = json.loads(store.get_bytes(info.key))
+        schema.validate(kind, obj)
+    except (ValueError, schema.SchemaError) as e:  # JSONDecodeError is a ValueError
+        return {**entry, "error": f"{type(e).__name__}: {e}"}
+    if obj["run"] != run:  # every kind the audit reads requires `run` (validated above)
+        return {**entry, "error": f"record names run {obj['run']!r} but lies under runs/{run}/"}
+    return {**entry, "obj": obj}
+
+
+def _load_cache(store: ObjectStore, run: str) -> dict[str, Entry]:
+    """The run's cache, or {} (nothing cached) when there is none or it does not read as one: then every
+    record is read, as without a cache."""
+    try:
+        raw = json.loads(store.get_bytes(cache_key(run)))
+    except NotFound:
+        return {}
+    except (StoreError, ValueError):
+        return {}
+    if not isinstance(raw, dict) or raw.get("kind") != _CACHE_KIND or raw.get("run") != run:
+        return {}
+    records = raw.get("records")
+    if not isinstance(records, dict):
+        return {}
+    return {
+        k: e
+        for k, e in records.items()
+        if isinstance(e, dict)
+        and isinstance(e.get("etag"), str)
+        and isinstance(e.get("kind"), str)
+        and (e.get("obj") is None or isinstance(e.get("obj"), dict))
+        and (e.get("error") is None or isinstance(e.get("error"), str))
+        and (e.get("obj") is None) != (e.get("error") is None)
+    }
+
+
+def _copy(obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A caller's own copy: the cached parse stays as read."""
+    return None if obj is None else json.loads(json.dumps(obj))

@@ -65,7 +65,7 @@ def run_audit(store: ObjectStore, cfg: AuditConfig) -> AuditReport:
     """Audit every run in `store` (or `cfg.runs`). Raises AuditFailed (after publishing the report) when a
     property broke."""
     started = time.monotonic()
-    table = build_table(store, cfg.runs)
+    table = build_table(store, cfg.runs, cache=True)
     rehashed = rehash_sample(store, table, sample_size=cfg.sample_size, seed=cfg.seed)
     prefix = f"{cfg.prefix}{cfg.audit_id}/"
     with tempfile.TemporaryDirectory(prefix="longrun-audit-docs-") as docs_dir:

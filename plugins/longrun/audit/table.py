@@ -185,9 +185,10 @@ def _judge_promotions(
         row["in_suspect"] = _promotion_in_suspect(row, obj, manifests, suspects.get(row["run"], []))
 
 
-def build_table(store: ObjectStore, runs: Iterable[str] = ()) -> pd.DataFrame:
+def build_table(store: ObjectStore, runs: Iterable[str] = (), *, cache: bool = False) -> pd.DataFrame:
     """Read every manifest, validation, promotion, suspect and incident record in `store` (of the named
-    `runs`, else of every run) into one table."""
+    `runs`, else of every run) into one table. `cache`: through the audit's record cache (reader.py), so
+    only records new or changed since the last audit are read from the store; the table is the same."""
     rows: list[dict[str, Any]] = []
     manifests: dict[str, dict[str, Any]] = {}  # key -> record
     etags: dict[str, str] = {}  # manifest key -> its ETag now
@@ -195,7 +196,7 @@ def build_table(store: ObjectStore, runs: Iterable[str] = ()) -> pd.DataFrame:
     validations: dict[tuple[str, int], list[tuple[float, bool, str | None]]] = defaultdict(list)
     suspects: dict[str, list[tuple[int, float, float]]] = defaultdict(list)  # run -> (after, until, time)
     promotions: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (row, record)
-    for kind, run, info, obj, error in read_records(store, runs):
+    for kind, run, info, obj, error in read_records(store, runs, cache=cache):
         key = info.key
         if obj is None:
             step = schema.step_of_manifest_key(key) if kind == "manifest" else None
