@@ -11,7 +11,9 @@ wrapped in `CountingStore`, which delegates every call and counts it by kind (pu
 and by record prefix (the key component after `runs/<run>/`). After day 1, 2, 4 ... the real readers run
 directly (no Airflow): the pre-incident pick (`plan_pick`, the read part of `pick_pre_incident`), the
 audit's reads (`build_table` + `rehash_sample`; the Great Expectations pass reads nothing from the store
-and is skipped), and the run-health page's loader (`load_run_health`).
+and is skipped) uncached, as a first audit reads, and `audit/d`, the daily audit through its record cache
+(run at the end of every simulated day, so each reads one day's records), and the run-health page's
+loader (`load_run_health`).
 
 Scaling, explicit: a simulated day has `--steps-per-day` steps (default 120), not the 86,400 of a real day
 at the assumed 1 s/step. Step-driven cadences are the real defaults (training.config: checks flushed every
@@ -310,6 +312,16 @@ def read_audit(store: ObjectStore, run: str, step: int) -> None:
     rehash_sample(store, table, sample_size=16, seed=0)
 
 
+def read_daily_audit(store: ObjectStore, run: str, step: int) -> None:
+    """The audit as `run_audit` runs it every day: through its record cache (longrun.audit.reader), so it
+    reads what is new or changed since the day before. `measure` runs it at the end of every day."""
+    from longrun.audit.rehash import rehash_sample
+    from longrun.audit.table import build_table
+
+    table = build_table(store, (run,), cache=True)
+    rehash_sample(store, table, sample_size=16, seed=0)
+
+
 def read_ui(store: ObjectStore, run: str, step: int) -> None:
     from longrun.ui.data import load_run_health
 
@@ -319,8 +331,12 @@ def read_ui(store: ObjectStore, run: str, step: int) -> None:
 READERS: dict[str, Callable[[ObjectStore, str, int], None]] = {
     "pick": read_pick,
     "audit": read_audit,
+    "audit/d": read_daily_audit,
     "ui page": read_ui,
 }
+#: Readers that run at the end of every simulated day, not only on the days sampled (what they read
+#: depends on what they read the day before).
+DAILY = {"audit/d"}
 
 
 # ---- measurement ------------------------------------------------------------------------------------
@@ -365,10 +381,16 @@ def measure(
         for day in range(1, max(days) + 1):
             store.counts = writes
             sim.one_day(saver)
+            reads = {}
+            for name in DAILY:
+                store.counts = Counts()
+                READERS[name](store, sim.run, sim.step)
+                reads[name] = store.counts
             if day not in days:
                 continue
-            reads = {}
             for name, reader in READERS.items():
+                if name in DAILY:
+                    continue
                 store.counts = Counts()
                 reader(store, sim.run, sim.step)
                 reads[name] = store.counts
