@@ -114,10 +114,10 @@ def relaunch(
         """Act mode: recover inside the kept job, else resubmit without the suspect and wait for RUNNING.
 
         Why one function: it is one ordered sequence of Slurm calls and store writes (refuse an undrained
-        node, the in-job path, end the kept job, authenticate, reattach by the tag or submit and bind,
-        wait for RUNNING while the id still names the job, submitting again when it does not, the outcome).
-        Each part uses what the one before found, and a rerun depends on
-        that order (the tag, the bind, `relaunch_submitted` before the wait), so it reads top to bottom."""
+        node, the in-job path, end the kept job, authenticate, reattach to the recorded job or submit, bind
+        and record it, wait for RUNNING while the id still names the job, submitting again when it does
+        not, the outcome). Each part uses what the one before found, and a rerun depends on that order (the
+        submitting mark, the bind, the recorded id before the wait), so it reads top to bottom."""
         if not record.has_event(rec, Event.DRAINED):
             # Our own check, not only the DAG's wiring: an approval operator skips just its direct
             # downstream on "Reject", and this task's trigger rule runs it past skipped upstreams (with no
