@@ -42,18 +42,33 @@ def wait_for(
     *,
     timeout_s: float,
     poll_s: float = 0.2,
+    own: tuple[str, str] | None = None,
+    lost_after_s: float = math.inf,
 ) -> JobState:
-    """Poll one job until `until(state)` holds; SlurmUnavailableError after `timeout_s`."""
+    """Poll one job until `until(state)` holds; SlurmUnavailableError after `timeout_s`. An id Slurm does
+    not know is waited through (just submitted, or between controller and jobcomp) for up to
+    `lost_after_s`, then JobLostError. `own` = (tag prefix, job name): the job the caller submitted
+    itself, and JobLostError as soon as the id names another job (`not_the_job`)."""
     deadline = time.monotonic() + timeout_s
+    unknown_since: float | None = None
     last: JobState | None = None
     while True:
+        now = time.monotonic()
         try:
             last = client.job(job_id)
+            unknown_since = None
+            if own is not None and (why := not_the_job(last, tag_prefix=own[0], name=own[1])):
+                raise JobLostError(f"the job submitted as {job_id} is lost: {why}")
             if until(last):
                 return last
         except JobNotFoundError:
-            pass  # just submitted and not visible yet, or between controller and jobcomp
-        if time.monotonic() >= deadline:
+            unknown_since = now if unknown_since is None else unknown_since
+            if now - unknown_since >= lost_after_s:
+                raise JobLostError(
+                    f"the job submitted as {job_id} is lost: Slurm has not known the id for"
+                    f" {now - unknown_since:.0f} s"
+                ) from None
+        if now >= deadline:
             seen = last.describe() if last else "never seen"
             raise SlurmUnavailableError(f"job {job_id}: condition not reached within {timeout_s} s ({seen})")
         time.sleep(poll_s)
@@ -93,29 +108,10 @@ def wait_for_own(
     """`wait_for` on a job the caller submitted itself, tagged `tag_prefix` and named `name`: JobLostError
     as soon as the id names another job (`not_the_job`), or once Slurm has not known the id at all for
     `lost_after_s`. Then the caller submits again; it never follows or acts on the job holding the id."""
-    deadline = time.monotonic() + timeout_s
-    unknown_since: float | None = None
-    last: JobState | None = None
-    while True:
-        now = time.monotonic()
-        try:
-            last = client.job(job_id)
-            unknown_since = None
-            if why := not_the_job(last, tag_prefix=tag_prefix, name=name):
-                raise JobLostError(f"the job submitted as {job_id} is lost: {why}")
-            if until(last):
-                return last
-        except JobNotFoundError:
-            unknown_since = now if unknown_since is None else unknown_since
-            if now - unknown_since >= lost_after_s:
-                raise JobLostError(
-                    f"the job submitted as {job_id} is lost: Slurm has not known the id for"
-                    f" {now - unknown_since:.0f} s"
-                ) from None
-        if now >= deadline:
-            seen = last.describe() if last else "never seen"
-            raise SlurmUnavailableError(f"job {job_id}: condition not reached within {timeout_s} s ({seen})")
-        time.sleep(poll_s)
+    return wait_for(
+        client, job_id, until, timeout_s=timeout_s, poll_s=poll_s, own=(tag_prefix, name),
+        lost_after_s=lost_after_s,
+    )  # fmt: skip
 
 
 def wait_status(
