@@ -156,10 +156,13 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
                 state = None
             # A stored id may name another job by now: Slurm gives a lost job's id to the next submission
             # (a slurmctld that died before saving it). That job is never reattached to, or bound to a key.
-            name = str(self.job.get("name") or "")
-            if state is not None and not ops.not_the_job(state, tag_prefix=tag.prefix(), name=name):
+            if state is not None and not self._not_ours(state, tag.prefix()):
                 seen[int(stored)] = state
         return seen[max(seen)] if seen else None
+
+    def _not_ours(self, state: JobState, tag_prefix: str) -> str | None:
+        """Why `state` is not this task's job (another job now holds its id), or None (`ops.not_the_job`)."""
+        return ops.not_the_job(state, tag_prefix=tag_prefix, name=str(self.job.get("name") or ""))
 
     def submit_job(self, context: Any) -> int:
         tag = tag_for(context)
@@ -212,8 +215,7 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
             state = self.hook.job_state(int(external_id))
         except JobNotFoundError:
             return JobStatus.UNKNOWN.value
-        tag, name = tag_for(context), str(self.job.get("name") or "")
-        if why := ops.not_the_job(state, tag_prefix=tag.prefix(), name=name):
+        if why := self._not_ours(state, tag_for(context).prefix()):
             self.log.warning("The stored Slurm job id is no longer this task's job: %s", why)
             return JobStatus.UNKNOWN.value
         return state.status.value
@@ -263,8 +265,7 @@ class SlurmSubmitJobOperator(ResumableJobMixin, BaseOperator):
             state = self.hook.job_state(self._job_id)
         except JobNotFoundError:
             return
-        name = str(self.job.get("name") or "")
-        if self._tag_prefix and (why := ops.not_the_job(state, tag_prefix=self._tag_prefix, name=name)):
+        if self._tag_prefix and (why := self._not_ours(state, self._tag_prefix)):
             self.log.warning(
                 "Not cancelling Slurm job %s: %s (Slurm lost this task's job)", self._job_id, why
             )
