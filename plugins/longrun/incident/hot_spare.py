@@ -84,11 +84,18 @@ EARLIER_STEP_TIMEOUT_S = 60.0
 IN_JOB = "in_job"
 
 
+def _keepable_id(inc: Incident) -> int | None:
+    """The alerting job's id when this incident keeps that job for a hot spare at all (act mode, a spare);
+    None otherwise."""
+    keeps = inc.job_id is not None and inc.mode == "act" and run_spec(inc).spare_nodes >= 1
+    return inc.job_id if keeps else None
+
+
 def kept_job(client: SlurmClient, inc: Incident) -> JobState | None:
     """The alerting job, when this incident recovers inside it; None otherwise."""
-    if inc.job_id is None or inc.mode != "act" or run_spec(inc).spare_nodes < 1:
+    if (job_id := _keepable_id(inc)) is None:
         return None
-    state = client.job(inc.job_id)
+    state = client.job(job_id)
     if alert_auth.job_is_ours(state, inc.run) is not None:
         return None  # the id names another job now (Slurm reuses ids): never keep, shrink or cancel that one
     return state if state.status is JobStatus.RUNNING else None
@@ -274,16 +281,18 @@ def _relaunched_running(
 def _kept_job_gone(store: ObjectStore, client: SlurmClient, inc: Incident) -> None:
     """When freeze kept the job and it no longer runs (it failed on its own, e.g. its supervisor lost the
     store; or Slurm lost it), say so on the timeline: the full relaunch that follows is then explained."""
+    if (job_id := _keepable_id(inc)) is None:
+        return  # no job was kept: nothing to read (the common full relaunch)
     frozen = inc.rec(store).event(Event.FROZEN)
-    if not frozen or not frozen.details.get("kept") or inc.job_id is None:
+    if not frozen or not frozen.details.get("kept"):
         return
     try:
-        seen = client.job(inc.job_id)
+        seen = client.job(job_id)
         why = alert_auth.job_is_ours(seen, inc.run)
         state = f"no longer the run's: {why}" if why else seen.describe()
     except JobNotFoundError:
         state = "unknown to Slurm"
-    inc.event(store, Event.KEPT_JOB_ENDED, job_id=inc.job_id, state=state)
+    inc.event(store, Event.KEPT_JOB_ENDED, job_id=job_id, state=state)
 
 
 def end_kept(store: ObjectStore, client: SlurmClient, inc: Incident, *, timeout_s: float = 60.0) -> None:
