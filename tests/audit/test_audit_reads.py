@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from helpers.counting_store import CountingStore
 from longrun.audit import reader
 
 from training.records import schema
@@ -62,18 +63,6 @@ def test_every_run_is_found_by_its_folder_and_no_check_batch_is_listed(tmp_path:
     ]
 
 
-class GetCountingStore(LocalDirStore):
-    """A local store that remembers every key it was asked to read."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.got: list[str] = []
-
-    def get_bytes(self, key: str) -> bytes:
-        self.got.append(key)
-        return super().get_bytes(key)
-
-
 def _validation(run: str, step: int, ok: bool = True) -> bytes:
     rec = schema.record("validation", run=run, step=step, ok=ok, errors=[] if ok else ["bad"])
     return json.dumps(rec).encode()
@@ -85,11 +74,12 @@ def test_an_audit_through_its_cache_reads_only_new_and_changed_records_and_sees_
     """The daily audit read every record of every run each day (growing with the age of the run). Through
     the record cache (keyed by each record's key and ETag, from the listing) it reads what is new or
     changed since the last audit; a record rewritten in place is read again, so the rewrite is seen."""
-    store = GetCountingStore(tmp_path)
+    disk = LocalDirStore(tmp_path)
+    store = CountingStore(disk)  # counts reads; the audit's own put goes through to `disk`
     run = "r1"
     for step in range(1, 6):
-        store.put_bytes(schema.store_key(run, f"validations/step-{step:08d}-a.json"), _validation(run, step))
-    store.put_bytes(schema.store_key(run, "incidents/i1.json"), b"{not json")
+        disk.put_bytes(schema.store_key(run, f"validations/step-{step:08d}-a.json"), _validation(run, step))
+    disk.put_bytes(schema.store_key(run, "incidents/i1.json"), b"{not json")
 
     def read(cache: bool) -> list[tuple[str, dict | None, str | None]]:
         store.got.clear()
@@ -103,9 +93,9 @@ def test_an_audit_through_its_cache_reads_only_new_and_changed_records_and_sees_
     again = read(cache=True)
     assert again == plain and store.got == [reader.cache_key(run)]  # nothing but the cache
     # a new record and a rewritten one (a failing validation in place of a passing one): both read again
-    store.put_bytes(schema.store_key(run, "validations/step-00000006-a.json"), _validation(run, 6))
+    disk.put_bytes(schema.store_key(run, "validations/step-00000006-a.json"), _validation(run, 6))
     rewritten = schema.store_key(run, "validations/step-00000003-a.json")
-    store.put_bytes(rewritten, _validation(run, 3, ok=False))
+    disk.put_bytes(rewritten, _validation(run, 3, ok=False))
     later = read(cache=True)
     assert later == read(cache=False)
     assert dict((k, o) for k, o, _e in later)[rewritten]["ok"] is False
@@ -116,7 +106,7 @@ def test_an_audit_through_its_cache_reads_only_new_and_changed_records_and_sees_
 def test_a_cache_that_does_not_read_is_ignored(tmp_path: Path) -> None:
     """The cache is the orchestrator's own, but one that does not read (or is another run's) only costs a
     full read, never a record."""
-    store = GetCountingStore(tmp_path)
+    store = LocalDirStore(tmp_path)
     run = "r1"
     store.put_bytes(schema.store_key(run, "validations/step-00000001-a.json"), _validation(run, 1))
     for bad in (

@@ -11,8 +11,8 @@ from training.store.interface import ObjectInfo, ObjectStore
 
 
 class CountingStore:
-    """Delegates `get_bytes`, `head`, `list` and `list_dirs` to `inner`; `count` by kind, `got` every key
-    read."""
+    """Delegates `get_bytes`, `head`, `list`, `list_dirs` and `put_bytes` to `inner`; `count` by kind, `got`
+    every key read."""
 
     def __init__(self, inner: ObjectStore) -> None:
         self.inner, self.count, self.got = inner, Counter[str](), list[str]()
@@ -33,3 +33,9 @@ class CountingStore:
     def head(self, key: str) -> ObjectInfo | None:
         self.count["head"] += 1
         return self.inner.head(key)
+
+    def put_bytes(
+        self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> ObjectInfo:
+        self.count["put"] += 1
+        return self.inner.put_bytes(key, data, if_none_match=if_none_match, if_match=if_match)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Iterable
@@ -9,7 +10,7 @@ from typing import Any
 
 from longrun.runview import list_runs
 from training.records import schema
-from training.store.interface import NotFound, ObjectInfo, ObjectStore, StoreError, dump_json
+from training.store.interface import ObjectInfo, ObjectStore, StoreError, dump_json
 
 # Relative (to runs/<run>/) key patterns of the records the audit reads; see training.records.schema's layout.
 _KINDS = (
@@ -97,9 +98,7 @@ def _load_cache(store: ObjectStore, run: str) -> dict[str, Entry]:
     record is read, as without a cache."""
     try:
         raw = json.loads(store.get_bytes(cache_key(run)))
-    except NotFound:
-        return {}
-    except (StoreError, ValueError):
+    except (StoreError, ValueError):  # NotFound (no cache yet) is a StoreError
         return {}
     if not isinstance(raw, dict) or raw.get("kind") != _CACHE_KIND or raw.get("run") != run:
         return {}
@@ -120,4 +119,4 @@ def _load_cache(store: ObjectStore, run: str) -> dict[str, Entry]:
 
 def _copy(obj: dict[str, Any] | None) -> dict[str, Any] | None:
     """A caller's own copy: the cached parse stays as read."""
-    return None if obj is None else json.loads(json.dumps(obj))
+    return None if obj is None else copy.deepcopy(obj)
