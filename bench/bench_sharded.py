@@ -14,8 +14,9 @@ micro-batches (`--cadence` of them per rank, used in turn):
                          mean-loss all-reduce, the records and the heartbeat)
     guard:finite@1       the sharded finite check at every step (one int64 all-gather)
     guard:vote@1         the weight vote at every step (xxh3 of the local shards, one int64 all-gather)
-    guard:recompute@1    the recompute by replica groups at every step (every rank recomputes, forward only,
-                         the loss of a rank on another node; its all-gathers; one all-gather of loss bits)
+    guard:recompute@1    the recompute by replica groups at every step (every rank recomputes, forward and
+                         backward, the micro-batch of a rank on another node; its collectives; the local
+                         gradient's fingerprint in the real and the recomputed backward; one all-gather)
     guard:default        what an HSDP run gets by default (training.config.checks_for_parallelism): finite
                          at every step, the recompute every CheckConfig().recompute_every and the vote every
                          CheckConfig().vote_every

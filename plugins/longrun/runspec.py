@@ -219,7 +219,7 @@ class RunSpec:
     def checks_run(self) -> tuple[str, ...]:
         """The checks a launch of this run runs, as the pick after an alert must know them (a check that
         does not run bounds nothing): the finite check always; the recompute with a cadence (under FSDP2
-        and HSDP too, forward only: docs/sharding.md); the weight vote except under FSDP2 (nothing
+        and HSDP too, every rank at once: docs/sharding.md); the weight vote except under FSDP2 (nothing
         replicated to vote with)."""
         out = ["finite"]
         if self.recompute_every:

@@ -67,7 +67,7 @@ def test_fsdp_runs_on_one_node_and_both_sharded_parallelisms_take_the_recompute(
         ({"parallelism": "ddp", "recompute_every": 5}, ("finite", "recompute", "weight_vote")),
         ({"parallelism": "ddp", "recompute_every": 0}, ("finite", "weight_vote")),
         ({}, ("finite", "weight_vote")),  # hsdp, recompute_every 0
-        ({"recompute_every": 5}, ("finite", "recompute", "weight_vote")),  # hsdp: forward only
+        ({"recompute_every": 5}, ("finite", "recompute", "weight_vote")),  # hsdp: every rank at once
         ({"parallelism": "fsdp", "nodes": 1}, ("finite",)),
         ({"parallelism": "fsdp", "nodes": 1, "recompute_every": 5}, ("finite", "recompute")),
     ],

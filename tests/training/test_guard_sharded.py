@@ -15,7 +15,7 @@ In one spawn of six processes, one guarded run after another on the same process
 - a NaN in rank 1's input at step 2 (so in its local gradient before the reduce-scatter): the finite check
   fails on every rank without naming anyone (the reduction spread it to every holder of every shard);
 - a `nan` drill on rank 4's gradient shard after the reduction: named, rank 4 alone (its replicas are finite);
-- the recompute check every 2 steps runs (forward only, every rank at once; here each rank is its own node,
+- the recompute check every 2 steps runs (every rank at once; here each rank is its own node,
   so each rank recomputes its neighbour's micro-batch, in the same shard group or the next) and passes;
 - refused at set-up with SetupError: a weight vote on a pure FSDP2 mesh (nothing replicated); FSDP2 with
   the finite check alone runs clean.

@@ -25,7 +25,8 @@ batch and the RNG, with no collectives of its own, and every trainable parameter
 
 A sharded model (FSDP2, HSDP) is prepared with `prepare_sharded(model, mesh=..., make_optimizer=...,
 loss_fn=...)` instead: the same step order, the finite check on each rank's gradient shard after the
-reduce-scatter, the recompute forward only with every rank at once (the loss alone), the weight vote within
+reduce-scatter, the recompute with every rank at once (the loss, and the local gradient where FSDP
+reduce-scatters it: training.api.sharded_gradients), the weight vote within
 the ranks that hold the same shard, and saves and resumes through training.checkpoint.sharded
 (training.api.sharding, docs/adopting.md).
 """
@@ -51,7 +52,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from training.api import sharding
+from training.api import sharded_gradients, sharding
 from training.api.gradients import LocalGradients
 from training.api.peers import LossFn, PeerBatches, to_device
 from training.api.records import RunRecords, code_version
@@ -195,6 +196,8 @@ class Guard:
         self._closed = False
         self.mesh: Any = None
         """The DeviceMesh of a sharded model (`prepare_sharded`); None under DDP."""
+        self.grad_tap: sharded_gradients.ReduceScatterTap | None = None
+        """Where a sharded model's local gradient is seen at audit steps (None: DDP, or not seeable)."""
 
     # ---- set-up ------------------------------------------------------------------------------------
 
@@ -313,12 +316,14 @@ class Guard:
             raise RuntimeError("Guard.prepare() was already called")
         try:
             layout = sharding.mesh_layout(mesh, self.world)
-            checks = sharding.sharded_checks(self.checks, layout)
+            sharding.sharded_checks(self.checks, layout, gradients=False)  # its refusals, before sharding
         except ValueError as e:
             raise SetupError(str(e)) from e
-        self.mesh, self.checks, self.loss_fn = mesh, checks, loss_fn
+        self.mesh, self.loss_fn = mesh, loss_fn
         self.state = self._checked_state(state)
         self.module = sharding.shard(model.to(self.device), mesh)
+        self.grad_tap = sharded_gradients.install(self.module, mesh)
+        self.checks = sharding.sharded_checks(self.checks, layout, gradients=self.grad_tap is not None)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(list(self.module.parameters()))
         self.scheduler = make_scheduler(self.optimizer) if make_scheduler is not None else None
@@ -572,15 +577,21 @@ class Guard:
         audit = self.world > 1 and any(c.name == "recompute" for c in due)
         self.injector.start_of_step(step)
         self.optimizer.zero_grad(set_to_none=True)
+        tap = self.grad_tap if audit else None
+        if tap is not None:
+            tap.arm()
         loss = self.rng(step, self.rank, lambda: self.loss_fn(self.module, batch))
         loss.backward()  # FSDP reduce-scatters (and, HSDP, all-reduces over replicas) before it returns
+        own_grad_fingerprint = tap.fingerprint() if tap is not None else None
+        if tap is not None:
+            tap.disarm()
         grads = sharding.local_grads(self.params)
         sharding.gradient_drills(self.injector, step, grads)
         mean_loss = sharding.mean_loss(loss, self.world)
         ctx = StepContext(
             step=step, rank=self.rank, nodes=self.nodes, device=self.device, model=self.module,
             loss=loss.detach(), local_nonfinite=sharding.nonfinite(grads), saving=saving,
-            peers=self._peers(step, batch) if audit else None,
+            own_grad_fingerprint=own_grad_fingerprint, peers=self._peers(step, batch) if audit else None,
         )  # fmt: skip
         results: list[CheckResult] = []
         for c in due:
@@ -644,7 +655,7 @@ class Guard:
         wire = self.device if self.backend == "nccl" else torch.device("cpu")
         return PeerBatches(
             batch=batch, step=step, rank=self.rank, world=self.world, module=self.module, params=self.params,
-            loss_fn=self.loss_fn, forward=self.rng, device=self.device, wire=wire,
+            loss_fn=self.loss_fn, forward=self.rng, device=self.device, wire=wire, grad_tap=self.grad_tap,
         )  # fmt: skip
 
     def _save(self, step: int, loss: float, results: list[CheckResult]) -> None:

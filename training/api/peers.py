@@ -1,5 +1,7 @@
 """Micro-batches between ranks at an audit step, and their recompute: on the unwrapped module under DDP (loss
-and local gradient), forward only on the sharded module under FSDP2/HSDP (`recompute_loss`, every rank at once).
+and local gradient), on the sharded module under FSDP2/HSDP with every rank at once (`recompute_sharded`:
+loss and local gradient, seen where FSDP reduce-scatters it; `recompute_loss`: forward only, where it cannot
+be seen).
 
 A micro-batch is whatever the user's `loss_fn(model, batch)` takes: a tensor, or dicts, lists and tuples of
 tensors and plain values (a Hugging Face `BatchEncoding` travels as a dict). It travels as the bytes of
@@ -20,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from training.api.sharded_gradients import ReduceScatterTap
 from training.fingerprint.device import fingerprint_where_it_lives
 from training.fingerprint.host import fingerprint_sequence
 
@@ -78,6 +81,7 @@ class PeerBatches:
         forward: Callable[[int, int, Callable[[], torch.Tensor]], torch.Tensor],
         device: torch.device,
         wire: torch.device,
+        grad_tap: ReduceScatterTap | None = None,
     ) -> None:
         self.batch, self.step, self.rank, self.world = batch, step, rank, world
         self.module, self.params, self.loss_fn = module, list(params), loss_fn
@@ -86,6 +90,8 @@ class PeerBatches:
         self.device = device
         self.wire = wire
         """Where tensors travel: CPU for gloo, the rank's GPU for NCCL."""
+        self.grad_tap = grad_tap
+        """A sharded model's reduce-scatter, which sees the local gradient (`recompute_sharded`)."""
         self._encoded: torch.Tensor | None = None
 
     def _own(self) -> torch.Tensor:
@@ -116,6 +122,35 @@ class PeerBatches:
             loss = self.forward(self.step, rank, lambda: self.loss_fn(self.module, batch))
             grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         return loss.detach(), grad_fingerprint(grads, self.params)
+
+    def recompute_sharded(self, batch: Any, rank: int) -> tuple[torch.Tensor, int]:
+        """(loss, local gradient fingerprint) on the sharded module, forward and backward, every rank at
+        once (FSDP's all-gathers and reduce-scatters are collectives of each shard group, HSDP's all-reduce
+        one across replicas). The fingerprint is the tap's (training.api.sharded_gradients), taken where
+        FSDP reduce-scatters, as the owner's was in its real backward. The real gradients are put aside
+        first and back afterwards (the references: nothing is copied), so the recompute's own reduced
+        gradients, which FSDP writes to `p.grad`, are dropped and the optimizer steps with the real ones.
+        Memory: one backward's activations and one more set of gradient shards, while it runs."""
+        tap = self.grad_tap
+        if tap is None:
+            raise RuntimeError(
+                "recompute_sharded without the reduce-scatter tap: see training.api.sharded_gradients"
+            )
+        real = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
+        try:
+            with self._buffers_kept():
+                tap.arm()
+                loss = self.forward(self.step, rank, lambda: self.loss_fn(self.module, batch))
+                loss.backward()
+                fingerprint = tap.fingerprint()
+        finally:
+            tap.disarm()
+            for p, g in zip(self.params, real, strict=True):
+                p.grad = g
+            reshard(self.module)
+        return loss.detach(), fingerprint
 
     def recompute_loss(self, batch: Any, rank: int) -> torch.Tensor:
         """The loss alone, forward only under `torch.no_grad()` (a sharded model: no backward, so no

@@ -7,19 +7,20 @@ every rank: `Guard.prepare_sharded` and its step use these parts.
   layers first, with the same mesh; the root is then sharded last, as FSDP2 asks).
 - The checks (`sharded_checks`): the finite check runs on the gradient shards after the reduce-scatter
   (training.checks.finite.ShardedFiniteCheck), the weight vote within the ranks that hold the same shard
-  (ReplicaLayout.from_mesh), the recompute forward only with every rank at once (RecomputeCheck.sharded:
-  rank r recomputes the loss of rank (r + k)'s micro-batch, k the smallest offset onto another node, so the
-  all-gathers of every shard group line up; one rank recomputing alone would hang its group). It runs on
-  FSDP2 too: it needs no replica, only that every rank gathers the same full weights, which FSDP2's
-  all-gather gives. One configuration is refused, not weakened in silence: a weight vote over a layout
-  that is not votable (FSDP2: no shard is held by two ranks). A vote that compares nothing would pass at
-  every step and look like protection; dropping it with a warning would leave the records of a run that
-  claims a check it never ran. The fix is the user's choice, so the error names both: replicate the shards
-  (an HSDP mesh) or leave `weight_vote` out of `CheckConfig.checks`.
-- The gradient (`local_grads`, `nonfinite`): FSDP2 has no communication hook that shows the local gradient
-  before the reduce-scatter, so the guard looks after backward at what the rank holds: its shard of the
-  reduced gradient. The gradient drills (`nan`, `inf`, `scale`: training.faults) change one element of the
-  largest such shard, on the target rank: a fault after the reduction, on one replica.
+  (ReplicaLayout.from_mesh), the recompute with every rank at once (RecomputeCheck.for_sharded: rank r
+  recomputes rank (r + k)'s micro-batch, forward and backward, k the smallest offset onto another node, so
+  the collectives of every shard group line up; one rank recomputing alone would hang its group). It
+  compares the loss and the local gradient, which the guard sees where FSDP reduce-scatters it
+  (training.api.sharded_gradients), or the loss alone where it cannot. It runs on FSDP2 too: it needs no
+  replica, only that every rank gathers the same full weights, which FSDP2's all-gather gives. One
+  configuration is refused, not weakened in silence: a weight vote over a layout that is not votable
+  (FSDP2: no shard is held by two ranks). A vote that compares nothing would pass at every step and look
+  like protection; dropping it with a warning would leave the records of a run that claims a check it
+  never ran. The fix is the user's choice, so the error names both: replicate the shards (an HSDP mesh) or leave `weight_vote` out of `CheckConfig.checks`.
+- The gradient (`local_grads`, `nonfinite`): the finite check and the drills look after backward at what
+  the rank holds, its shard of the reduced gradient (the tap above only fingerprints, at audit steps). The
+  gradient drills (`nan`, `inf`, `scale`: training.faults) change one element of the largest such shard,
+  on the target rank: a fault after the reduction, on one replica.
 """
 
 from __future__ import annotations
@@ -87,13 +88,14 @@ def mesh_layout(mesh: Any, world: int) -> ReplicaLayout:
     return ReplicaLayout.from_mesh(mesh, replicate=[n for n in names if n == REPLICATE])
 
 
-def sharded_checks(checks: Sequence[Check], layout: ReplicaLayout) -> list[Check]:
+def sharded_checks(checks: Sequence[Check], layout: ReplicaLayout, *, gradients: bool) -> list[Check]:
     """The checks of a sharded run, in the same order: see the module docstring for what is refused
-    (ValueError) and why."""
+    (ValueError) and why. `gradients`: the guard sees the local gradient (training.api.sharded_gradients),
+    so the recompute compares it beside the loss."""
     out: list[Check] = []
     for c in checks:
         if isinstance(c, RecomputeCheck):
-            out.append(c.sharded())
+            out.append(c.for_sharded(gradients=gradients))
         elif c.name == "finite":
             out.append(ShardedFiniteCheck(layout=layout))
         elif isinstance(c, WeightVoteCheck):

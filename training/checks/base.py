@@ -30,6 +30,13 @@ class Peers(Protocol):
         the RNG fork of (step, rank)."""
         ...
 
+    def recompute_sharded(self, batch: Any, rank: int) -> tuple[torch.Tensor, int]:
+        """(loss, local gradient fingerprint) of `batch` as rank `rank` computed it this step, forward and
+        backward on the sharded module (FSDP2/HSDP) under the RNG fork of (step, rank), the fingerprint
+        taken where FSDP reduce-scatters the local gradient; the real `p.grad` are put back afterwards. A
+        collective (all-gathers, reduce-scatters): every rank calls it at the same time."""
+        ...
+
     def recompute_loss(self, batch: Any, rank: int) -> torch.Tensor:
         """The loss of `batch` as rank `rank` computed it this step, forward only under `torch.no_grad()` on
         the sharded module (FSDP2/HSDP), under the RNG fork of (step, rank); `p.grad` is untouched. A
@@ -58,7 +65,8 @@ class StepContext:
     communication hook sets it; read only once the averaged gradient is non-finite)."""
     own_grad_fingerprint: int | None = None
     """At audit steps: the fingerprint of this rank's local, not yet averaged gradient, taken in the DDP
-    communication hook (parameter order, one value per parameter, combined)."""
+    communication hook (parameter order, one value per parameter, combined), or on a sharded model where
+    FSDP reduce-scatters it (one value per FSDP unit, combined; None where the guard cannot see it)."""
     peers: Peers | None = None
     """At audit steps: the micro-batches of other ranks, and their recompute."""
     saving: bool = False

@@ -13,17 +13,19 @@ recomputes each disputed micro-batch, and the opinions are put to a vote: ranks 
 strict majority are the suspects (each disputed micro-batch is broadcast from its owner for that). With fewer than three nodes a majority of ranks can still be one node's
 doing, so the check reports the mismatch without naming anyone.
 
-Sharded models (FSDP2, HSDP: `forward_only`). One rank cannot recompute alone: the forward all-gathers the
+Sharded models (FSDP2, HSDP: `sharded`). One rank cannot recompute alone: the forward all-gathers the
 shards of its group, a collective the group's other ranks must make too. So every rank recomputes at once,
-in one round: rank r the micro-batch of rank (r + k) mod W, forward only under `torch.no_grad()`, and the
-all-gathers of every shard group line up (under HSDP on `Guard.device_mesh`, one row per node, k is the
+in one round: rank r the micro-batch of rank (r + k) mod W, forward and backward on the sharded module, and
+the collectives of every shard group line up (under HSDP on `Guard.device_mesh`, one row per node, k is the
 ranks per node: rank (row i, column c) recomputes rank (row i + 1, column c)). Every rank all-gathers the
-same full weights (HSDP's replicas hold equal shards; FSDP2's one copy is gathered by all), so the loss a
-rank recomputes must equal, bit for bit, the loss the owner computed. Only the loss is compared: there is
-no local gradient to fingerprint (no backward in the recompute, and FSDP offers no hook before its
-reduce-scatter). A dispute round is also every rank at once: each disputed micro-batch is recomputed by
-every rank, its owner included (its value discarded: its own report is its opinion), so no shard group
-waits on a rank that skipped the forward.
+same full weights (HSDP's replicas hold equal shards; FSDP2's one copy is gathered by all), so the loss and
+the local gradient a rank recomputes must equal, bit for bit, what the owner computed. The local gradient is
+seen where FSDP reduce-scatters it (training.api.sharded_gradients: the input of the collective, before any
+reduction), on the owner in its real backward and on the checker in the recompute's, whose gradients the
+guard then puts aside. Where that tap cannot be installed (`gradients=False`) the recompute is forward only
+and compares the loss alone. A dispute round is also every rank at once: each disputed micro-batch is
+recomputed by every rank, its owner included (its value discarded: its own report is its opinion), so no
+shard group waits on a rank that skipped the pass.
 """
 
 from __future__ import annotations
@@ -48,18 +50,25 @@ def derangement_offset(nodes: list[str]) -> tuple[int, bool]:
 
 
 Opinion = tuple[int, ...]
-"""What a rank says one micro-batch gave: (loss bits, gradient fingerprint), or (loss bits,) forward only."""
+"""What a rank says one micro-batch gave: (loss bits, gradient fingerprint), or (loss bits,) loss only."""
 
 
 class RecomputeCheck(CheckBase):
     name = "recompute"
 
-    def __init__(self, *, every: int, loss_rtol: float = 0.0, forward_only: bool = False) -> None:
-        self.every, self.loss_rtol, self.forward_only = every, loss_rtol, forward_only
+    def __init__(
+        self, *, every: int, loss_rtol: float = 0.0, sharded: bool = False, gradients: bool = True
+    ) -> None:
+        self.every, self.loss_rtol = every, loss_rtol
+        self.sharded = sharded
+        """Every rank recomputes at once, on the sharded module (FSDP2/HSDP)."""
+        self.gradients = gradients
+        """The local gradient's fingerprint is compared beside the loss."""
 
-    def sharded(self) -> RecomputeCheck:
-        """This check for a sharded model: the same cadence and tolerance, forward only, every rank at once."""
-        return RecomputeCheck(every=self.every, loss_rtol=self.loss_rtol, forward_only=True)
+    def for_sharded(self, *, gradients: bool) -> RecomputeCheck:
+        """This check for a sharded model: the same cadence and tolerance, every rank at once; with the
+        local gradient where the guard sees it (training.api.sharded_gradients), else the loss only."""
+        return RecomputeCheck(every=self.every, loss_rtol=self.loss_rtol, sharded=True, gradients=gradients)
 
     def due(self, step: int, *, saving: bool) -> bool:
         return self.every > 0 and step % self.every == 0
@@ -71,13 +80,13 @@ class RecomputeCheck(CheckBase):
         return math.isclose(la, lb, rel_tol=self.loss_rtol, abs_tol=0.0)
 
     def _recompute(self, peers: Peers, batch: Any, rank: int) -> Opinion:
-        if self.forward_only:
+        if not self.gradients:
             return (loss_bits(peers.recompute_loss(batch, rank)),)
-        loss, fp = peers.recompute(batch, rank)
+        loss, fp = peers.recompute_sharded(batch, rank) if self.sharded else peers.recompute(batch, rank)
         return loss_bits(loss), fp
 
     def _own(self, ctx: StepContext) -> Opinion:
-        if self.forward_only:
+        if not self.gradients:
             return (loss_bits(ctx.loss),)
         assert ctx.own_grad_fingerprint is not None
         return loss_bits(ctx.loss), ctx.own_grad_fingerprint
@@ -87,7 +96,7 @@ class RecomputeCheck(CheckBase):
         if w < 2:
             return None
         t0 = time.perf_counter()
-        if ctx.peers is None or (ctx.own_grad_fingerprint is None and not self.forward_only):
+        if ctx.peers is None or (ctx.own_grad_fingerprint is None and self.gradients):
             raise RuntimeError(
                 "recompute check at an audit step without the guard's peers and own fingerprint"
             )
@@ -95,15 +104,19 @@ class RecomputeCheck(CheckBase):
         target = (ctx.rank + k) % w
         recomputed_here = self._recompute(ctx.peers, ctx.peers.exchange(k), target)
         table = all_gather_int64(_wire(self._own(ctx)) + _wire(recomputed_here), ctx.device).tolist()
-        n = 1 if self.forward_only else 2
+        n = 2 if self.gradients else 1
         reported = [_opinion(row[:n]) for row in table]
         recomputed = {(r + k) % w: _opinion(table[r][n:]) for r in range(w)}
         checker = {(r + k) % w: r for r in range(w)}
         disputed = [t for t in range(w) if not self._agree(reported[t], recomputed[t])]
         n_nodes = len(set(ctx.nodes))
         evidence: dict[str, Any] = {"offset": k, "cross_node": cross_node, "nodes_in_world": n_nodes}
-        if self.forward_only:
-            evidence["compared"] = "loss (forward only: a sharded model)"
+        if self.sharded:
+            evidence["compared"] = (
+                "loss and local gradient (a sharded model: every rank at once)"
+                if self.gradients
+                else "loss (forward only: a sharded model whose local gradient the guard cannot see)"
+            )
         if not disputed:
             self._add_time(ctx, t0)
             return CheckResult(
@@ -142,8 +155,8 @@ class RecomputeCheck(CheckBase):
     def _vote(
         self, ctx: StepContext, disputed: list[int], reported: list[Opinion]
     ) -> tuple[list[int], dict[str, dict[str, dict[str, str]]], bool]:
-        """Every rank recomputes every disputed micro-batch; a target's own report is its opinion (forward
-        only, the target recomputes too, in step with the others, and keeps its report)."""
+        """Every rank recomputes every disputed micro-batch; a target's own report is its opinion (sharded,
+        the target recomputes too, in step with the others, and keeps its report)."""
         assert ctx.peers is not None
         mine: list[int] = []
         for t in disputed:
@@ -151,11 +164,11 @@ class RecomputeCheck(CheckBase):
             if t != ctx.rank:
                 mine += _wire(self._recompute(ctx.peers, batch, t))
                 continue
-            if self.forward_only:
-                self._recompute(ctx.peers, batch, t)  # FSDP's all-gathers need this rank
+            if self.sharded:
+                self._recompute(ctx.peers, batch, t)  # FSDP's collectives need this rank
             mine += _wire(reported[t])
         table = all_gather_int64(mine, ctx.device).tolist()
-        n = 1 if self.forward_only else 2
+        n = 2 if self.gradients else 1
         suspects: set[int] = set()
         votes: dict[str, dict[str, dict[str, str]]] = {}
         attributable = len(set(ctx.nodes)) >= 3
