@@ -20,8 +20,10 @@ micro-batches (`--cadence` of them per rank, used in turn):
     guard:default        what an HSDP run gets by default (training.config.checks_for_parallelism): finite
                          at every step, the recompute every CheckConfig().recompute_every and the vote every
                          CheckConfig().vote_every
-    guard:default+ckpt   the same, and a synchronous sharded checkpoint (training.checkpoint.sharded, DCP)
-                         every `--cadence` steps (the launch's default checkpoint_every is 10: RunSpec)
+    guard:default+ckpt   the same, and a sharded checkpoint (training.checkpoint.sharded, DCP) every
+                         `--cadence` steps (the launch's default checkpoint_every is 10: RunSpec), written
+                         in the background (`dcp.async_save`, GuardConfig.async_save, the default)
+    guard:default+ckpt-sync  the same with GuardConfig(async_save=False): the step waits for every file
     fsdp2                with --fsdp2: the user's loop on a ("shard",) mesh over every rank
     fsdp2 guard:default  with --fsdp2: the guard on it with what an FSDP2 run gets by default: the finite
                          check and the recompute (the vote has no replica to compare there)
@@ -78,6 +80,12 @@ def variants(cadence: int, fsdp2: bool) -> dict[str, dict[str, Any]]:
         "guard:recompute@1": {"mesh": "hsdp", "checks": ("recompute",), **off, "recompute_every": 1},
         "guard:default": {"mesh": "hsdp", **default},
         "guard:default+ckpt": {"mesh": "hsdp", **default, "checkpoint_every": cadence},
+        "guard:default+ckpt-sync": {
+            "mesh": "hsdp",
+            **default,
+            "checkpoint_every": cadence,
+            "async_save": False,
+        },
     }
     if fsdp2:
         out["fsdp2"] = {"mesh": "fsdp2"}
@@ -131,7 +139,7 @@ def worker(args: argparse.Namespace) -> None:
         run = name.replace(":", "-").replace("@", "-").replace("+", "-").replace(" ", "-")
         cfg = GuardConfig(
             run=run, run_dir=Path(args.run_dir, run), steps=10**9, use_store=False,
-            checkpoint_every=v["checkpoint_every"],
+            checkpoint_every=v["checkpoint_every"], async_save=v.get("async_save", True),
             checks=CheckConfig(checks=v["checks"], recompute_every=v["recompute_every"], vote_every=v["vote_every"]),
         )  # fmt: skip
         guard = Guard(cfg, faults=())
@@ -201,7 +209,7 @@ def table(result: dict[str, Any]) -> list[str]:
         )
 
     rows = [
-        f"{'variant':<22} {'median ms':>9} {'ratio':>6} {'p95 ms':>8} {'ratio':>6} {'mean ms':>8} {'ratio':>6} "
+        f"{'variant':<24} {'median ms':>9} {'ratio':>6} {'p95 ms':>8} {'ratio':>6} {'mean ms':>8} {'ratio':>6} "
         f"{'paired':>7} {'CPU ms':>7} {'ratio':>6}"
     ]
     for n in names:
@@ -209,7 +217,7 @@ def table(result: dict[str, Any]) -> list[str]:
         (med, high, mean, work), (b_med, b_high, b_mean, b_work) = stats(n), stats(base)
         paired = statistics.median(t / b for t, b in zip(times[n], times[base], strict=True))
         rows.append(
-            f"{n:<22} {med * 1e3:>9.1f} {med / b_med:>6.3f} {high * 1e3:>8.1f} {high / b_high:>6.3f} "
+            f"{n:<24} {med * 1e3:>9.1f} {med / b_med:>6.3f} {high * 1e3:>8.1f} {high / b_high:>6.3f} "
             f"{mean * 1e3:>8.1f} {mean / b_mean:>6.3f} {paired:>7.3f} {work * 1e3:>7.0f} {work / b_work:>6.3f}"
         )
     return rows

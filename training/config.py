@@ -178,6 +178,11 @@ class GuardConfig:
     """SDC checks."""
     checkpoint_every: int = 0
     """Checkpoint cadence in steps (0: none)."""
+    async_save: bool = True
+    """A sharded model's checkpoints (`Guard.prepare_sharded`) are written in the background
+    (`torch.distributed.checkpoint.async_save`): the step waits only for the copy of its state to host
+    memory. False: the step waits until every rank's files are written. DDP checkpoints are snapshots
+    uploaded in the background either way."""
     seed: int = 0
     """Seed of the per-step RNG fork (dropout and any other randomness inside `loss_fn`): step s of rank r
     runs under a generator seeded from (seed, s, r), in the real pass and in any recompute of it."""

@@ -3,8 +3,10 @@ real gloo ranks (CPU; nothing mocked), each rank its own node, through `Guard.pr
 `Guard.run`.
 
 In one spawn of six processes, one guarded run after another on the same process group:
-- clean: six steps, a sharded save at steps 3 and 6, the finite check every step and the weight vote at
-  steps 2, 3 (before the save), 4 and 6 all pass; exit 0, a report;
+- clean: six steps, a sharded save at steps 3 and 6 (written in the background: `dcp.async_save`, while
+  the next steps change the weights), the finite check every step and the weight vote at steps 2, 3
+  (before the save), 4 and 6 all pass; exit 0, a report; the same run with synchronous saves ends on the
+  same shards and writes the same shard files, byte for byte;
 - the clean run's saves are uploaded to a local store (every DCP file, then the manifest record, dcp-v1);
 - resume: a fresh model (other initial weights) resumes step 3's save from the store (rank 0 fetches it,
   every rank loads it) on the same mesh and ends with every rank's local shards bit-identical to the
@@ -64,7 +66,7 @@ def _loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
 def _guarded(
     out: str, name: str, rank: int, mesh: Any, *, checks: tuple[str, ...] = ("finite", "weight_vote"),
     seed: int = 0, resume_from: str | None = None, faults: tuple[Any, ...] = (), nan_at: int | None = None,
-    recompute_every: int = 0, use_store: bool = False,
+    recompute_every: int = 0, use_store: bool = False, async_save: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """One guarded run of six steps on `mesh`: its exit code, every rank's local shards' fingerprints at the
     end, its start step, and its alert (if any)."""
@@ -74,7 +76,7 @@ def _guarded(
     run_dir = Path(out, name)
     cfg = GuardConfig(
         run=name, run_dir=run_dir, steps=6, checkpoint_every=3, use_store=use_store, resume_from=resume_from,
-        checks=CheckConfig(checks=checks, recompute_every=recompute_every, vote_every=2),
+        checks=CheckConfig(checks=checks, recompute_every=recompute_every, vote_every=2), async_save=async_save,
     )  # fmt: skip
     guard = Guard(cfg, faults=faults)
     data = Batches(rank, nan_at=nan_at)
@@ -87,6 +89,7 @@ def _guarded(
     alerts = [json.loads(p.read_text()) for p in sorted((run_dir / "alerts").glob("*.json"))]
     return {
         "code": code,
+        "background": guard.saves_in_background,
         "start": guard.start_step,
         "shards": fingerprint_state(local_state(model.state_dict())),
         "alerts": [
@@ -128,6 +131,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         found["clean"] = _guarded(out, "clean", rank, hsdp, use_store=True)
         (incarnation,) = Path(out, "clean", "sharded-checkpoints").iterdir()  # one folder per incarnation
         found["sharded_saves"] = sorted(p.name for p in incarnation.iterdir())
+        found["sync"] = _guarded(out, "sync", rank, hsdp, async_save=False)
         # The relaunch's path: rank 0 fetches the uploaded checkpoint from the store, every rank loads it.
         step3 = "runs/clean/checkpoints/step-00000003/"
         found["resumed"] = _guarded(out, "resumed", rank, hsdp, seed=1, resume_from=step3, use_store=True)
@@ -155,6 +159,8 @@ def test_guard_on_hsdp_passes_clean_resumes_exactly_and_names_faults(tmp_path: P
         clean, resumed = found["clean"], found["resumed"]
         assert (clean["code"], clean["alerts"]) == (0, []), (rank, clean)
         assert found["sharded_saves"] == ["step-00000003", "step-00000006"]
+        assert (clean["background"], found["sync"]["background"]) == (True, False)
+        assert found["sync"]["shards"] == clean["shards"], rank
         assert (resumed["code"], resumed["start"], resumed["alerts"]) == (0, 3, []), (rank, resumed)
         assert resumed["shards"] == clean["shards"], rank  # bit for bit, every local shard
         assert found["resumed_folder"]["start"] == 6 and found["resumed_folder"]["shards"] == clean["shards"]
@@ -189,6 +195,15 @@ def test_guard_on_hsdp_passes_clean_resumes_exactly_and_names_faults(tmp_path: P
         }
         assert {f["name"] for f in record["files"]} >= {".metadata", "sharded-manifest.json", "extra.pt"}
     assert (tmp_path / "resumed" / "resume" / "step-00000003" / "sharded-manifest.json").is_file()
+    for step in ("step-00000003", "step-00000006"):  # the async saves hold what the synchronous ones hold
+        (background,) = (tmp_path / "clean" / "sharded-checkpoints").glob(f"*/{step}/sharded-manifest.json")
+        (synchronous,) = (tmp_path / "sync" / "sharded-checkpoints").glob(f"*/{step}/sharded-manifest.json")
+        a, b = json.loads(background.read_text()), json.loads(synchronous.read_text())
+        assert a["shard_fingerprints"] == b["shard_fingerprints"]
+        assert {f["name"] for f in a["files"]} == {f["name"] for f in b["files"]}
+        shard_files = {f["name"]: f["sha256"] for f in a["files"] if f["name"].endswith(".distcp")}
+        assert len(shard_files) == WORLD
+        assert shard_files == {f["name"]: f["sha256"] for f in b["files"] if f["name"].endswith(".distcp")}
     (nan_input,) = per_rank[0]["nan_input"]["alerts"]
     assert (nan_input["check"], nan_input["step"], nan_input["suspects"]) == ("finite", 2, [])
     assert nan_input["evidence"]["flags_by_rank"] == [1] * WORLD

@@ -198,6 +198,10 @@ class Guard:
         """The DeviceMesh of a sharded model (`prepare_sharded`); None under DDP."""
         self.grad_tap: sharded_gradients.ReduceScatterTap | None = None
         """Where a sharded model's local gradient is seen at audit steps (None: DDP, or not seeable)."""
+        self._save_group: Any = None
+        """The process group of a sharded run's async saves (None: saves are synchronous)."""
+        self._pending_save: Any = None
+        """This rank's latest sharded save (training.checkpoint.sharded.PendingShardedSave)."""
 
     # ---- set-up ------------------------------------------------------------------------------------
 
@@ -352,6 +356,10 @@ class Guard:
         if self.world > 1:
             dist.broadcast_object_list(incarnation, src=0)
         self._sharded_dir = self.run_dir / SHARDED_CHECKPOINTS / str(incarnation[0])
+        if self.cfg.async_save and self.cfg.checkpoint_every and self.world > 1:
+            # DCP's background thread runs collectives of its own: on a group nobody else uses, on the CPU
+            # (gloo), so they can never interleave with the training's.
+            self._save_group = dist.new_group(backend="gloo")
         self._records.write_segment()
         if self.earlier_verdict and self.cfg.checks.on_verdict == "exit":
             log.error("in-job restart after this launch's SDC verdict (%s): exiting 93", self.earlier_verdict)
@@ -617,11 +625,17 @@ class Guard:
         return mean_loss, results, None
 
     def _save_sharded(self, step: int, loss: float, results: list[CheckResult]) -> None:
-        """Every rank writes its shards (training.checkpoint.sharded, synchronously: the step waits) into
+        """Every rank saves its shards (training.checkpoint.sharded) into
         `<run dir>/sharded-checkpoints/<segment id>/step-NNNNNNNN/`; rank 0 adds every rank's state and the
-        scheduler."""
-        from training.checkpoint.sharded import save_sharded
+        scheduler. With `async_save` the step waits only for the copy of the state to host memory; the
+        files are written in the background and rank 0 writes the manifest and uploads once every rank's
+        files are written (ShardedUploads). One save at a time: a rank waits for its previous write first,
+        so the background collectives of two saves never interleave."""
+        from training.checkpoint.sharded import start_sharded_save
 
+        if self._pending_save is not None:
+            self._pending_save.wait()
+            self._pending_save = None
         ranks = gather_rank_states(rank_state(self.state), rank=self.rank, world=self.world)
         extra_state: dict[str, Any] | None = None
         if self.rank == 0:
@@ -632,16 +646,23 @@ class Guard:
         # One folder per incarnation: a relaunch or an in-job restart that trains this step again must not
         # meet the folder an earlier one left (the store keeps the copy that was published first).
         folder = self._sharded_dir / f"step-{step:08d}"
-        save_sharded(
+        pending = start_sharded_save(
             folder, self.module, self.optimizer, step=step, mesh=self.mesh, extra_state=extra_state,
             extra={"run": self.cfg.run, "loss": loss, "seed": self.cfg.seed, "last_pass": passed},
+            async_group=self._save_group,
         )  # fmt: skip
-        log.info("sharded checkpoint of step %d saved in %s", step, folder)
-        if self.rank == 0:  # every rank's files are closed once save_sharded returns
+        self._pending_save = pending
+        log.info(
+            "sharded checkpoint of step %d %s %s",
+            step,
+            "saving to" if self._save_group else "saved in",
+            folder,
+        )
+        if self.rank == 0:
             fields = self.saves.manifest_fields(
                 step=step, loss=loss, results=results, passed=passed, fingerprints={}
             )
-            self.sharded_uploads.submit(step=step, folder=folder, manifest_fields=fields)
+            self.sharded_uploads.submit(step=step, folder=folder, manifest_fields=fields, pending=pending)
 
     def _mean_loss(self, loss: torch.Tensor) -> float:
         total = self.hook.loss_sum
@@ -764,7 +785,12 @@ class Guard:
         self.nvrx.close()
         saves = getattr(self, "saves", None)
         uploads = getattr(self, "sharded_uploads", None)
-        if (saves is not None and saves.saver is not None) or (uploads is not None and uploads.active):
+        writing = self._pending_save is not None
+        if (
+            (saves is not None and saves.saver is not None)
+            or (uploads is not None and uploads.active)
+            or writing
+        ):
             # ft_launcher SIGTERMs the surviving workers when it restarts them (SIGKILL after its
             # workers-stop timeout): finish the pending saves first, else the restart finds no complete
             # checkpoint of this launch and starts over.
@@ -772,6 +798,8 @@ class Guard:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
             if saves is not None:
                 saves.close()
+            if writing:
+                self._wait_for_last_save()
             if uploads is not None:
                 uploads.close()
         self.events.close()
@@ -781,6 +809,21 @@ class Guard:
         if code == schema.EXIT_SDC_VERDICT:
             logging.shutdown()
         return code
+
+    @property
+    def saves_in_background(self) -> bool:
+        """A sharded run's checkpoints are written by `dcp.async_save` (GuardConfig.async_save, with
+        checkpoints on and more than one rank)."""
+        return self._save_group is not None
+
+    def _wait_for_last_save(self) -> None:
+        """This rank's part of the last sharded save written, before the process group goes (its background
+        collectives need it). A write that failed is logged: that save has no manifest and is never used."""
+        try:
+            self._pending_save.wait()
+        except Exception as e:  # DCP's failure, whatever its type
+            log.error("the last sharded save did not complete on rank %d: %r", self.rank, e)
+        self._pending_save = None
 
     def _shutdown(self) -> None:
         if not self._own_group:

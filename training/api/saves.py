@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from training.checks.base import CheckResult
 from training.events import EventWriter
 from training.fingerprint.host import combine, fingerprint_state
 from training.store.interface import ObjectStore
+
+if TYPE_CHECKING:
+    from training.checkpoint.sharded import PendingShardedSave
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +113,12 @@ class Saves:
 
 
 class ShardedUploads:
-    """Rank 0's uploads of sharded checkpoints to the store (training.checkpoint.sharded_store), one at a
-    time, off the training step: once `save_sharded` returned on every rank the folder is whole and never
-    written again, so the step does not wait for the upload. `close()` waits for every upload; each is
-    bounded by the uploader's own retry deadline and never raises (its `save` record says what happened)."""
+    """Rank 0's end of each sharded save, one at a time, off the training step: wait until every rank's
+    files are written (an async save: `PendingShardedSave.finish`, which writes the manifest), then upload
+    the folder to the store (training.checkpoint.sharded_store). Once written the folder is whole and never
+    written again, so the step waits for neither. `close()` waits for all of it; an upload is bounded by the
+    uploader's own retry deadline, and nothing here raises: a save that failed to write logs why and has no
+    manifest, so it is never uploaded or taken for whole."""
 
     def __init__(self, *, run: str, store: ObjectStore | None) -> None:
         self.run, self.store = run, store
@@ -125,23 +130,38 @@ class ShardedUploads:
         """Some upload was started (close() has something to wait for)."""
         return bool(self._pending)
 
-    def submit(self, *, step: int, folder: Path, manifest_fields: Mapping[str, Any]) -> None:
-        """Upload the sharded checkpoint of `step` in `folder` (nothing without a store)."""
-        from training.checkpoint.sharded_store import upload_sharded
-
-        if self.store is None:
+    def submit(
+        self,
+        *,
+        step: int,
+        folder: Path,
+        manifest_fields: Mapping[str, Any],
+        pending: PendingShardedSave | None = None,
+    ) -> None:
+        """Finish (`pending`: an async save) and upload the sharded checkpoint of `step` in `folder` (no
+        upload without a store)."""
+        if self.store is None and pending is None:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="longrun-sharded-upload")
         self._pending.append(
-            self._pool.submit(
-                upload_sharded,
-                self.store,
-                run=self.run,
-                step=step,
-                folder=folder,
-                manifest_fields=dict(manifest_fields),
-            )  # fmt: skip
+            self._pool.submit(self._finish_and_upload, step, folder, dict(manifest_fields), pending)
+        )
+
+    def _finish_and_upload(
+        self, step: int, folder: Path, manifest_fields: dict[str, Any], pending: PendingShardedSave | None
+    ) -> dict[str, Any]:
+        from training.checkpoint.sharded_store import upload_sharded
+
+        if pending is not None:
+            try:
+                pending.finish()
+            except Exception as e:  # noqa: BLE001 - DCP's failure, whatever its type: this save has no manifest
+                return {"ok": False, "step": step, "error": f"the sharded save did not complete: {e!r}"}
+        if self.store is None:
+            return {"ok": True, "step": step}
+        return upload_sharded(
+            self.store, run=self.run, step=step, folder=folder, manifest_fields=manifest_fields
         )
 
     def close(self) -> None:
@@ -150,7 +170,7 @@ class ShardedUploads:
             record = future.result()
             if not record.get("ok"):
                 log.error(
-                    "sharded checkpoint of step %s not uploaded: %s", record.get("step"), record.get("error")
+                    "sharded checkpoint of step %s not published: %s", record.get("step"), record.get("error")
                 )
         self._pending.clear()
         if self._pool is not None:

@@ -2,6 +2,8 @@
 every file and every rank's shard fingerprints, so a partial or corrupted checkpoint is never taken for whole.
 
     manifest = save_sharded(folder, model, optimizer, step=..., mesh=mesh)   # every rank calls it
+    pending = start_sharded_save(folder, ..., async_group=group)            # every rank: async
+    pending.finish()                                                        # later; rank 0: the manifest
     problems = validate_sharded(folder)                                     # anyone, any time: [] = whole
     step = load_sharded(folder, model, optimizer, mesh=mesh)                 # every rank calls it
 
@@ -89,6 +91,68 @@ def save_sharded(
     calls it; every rank returns the manifest. `extra` (JSON) goes into the manifest as is; `extra_state`
     (rank 0's, anything `torch.load(weights_only=True)` reads back) into `extra.pt`, hashed and listed like
     DCP's files; other ranks' `extra_state` is ignored."""
+    pending = start_sharded_save(
+        folder, model, optimizer, step=step, mesh=mesh, extra=extra, extra_state=extra_state
+    )
+    manifest = pending.finish()  # rank 0: the manifest; the others: None
+    shared: list[object] = [manifest]
+    dist.broadcast_object_list(shared, src=0)
+    return dict(shared[0])  # type: ignore[call-overload]
+
+
+class PendingShardedSave:
+    """A sharded save whose files may still be being written (`start_sharded_save`). `wait()` on every rank
+    before the next save; `finish()` on rank 0 writes the manifest once every rank's files are written."""
+
+    def __init__(self, folder: Path, manifest: dict[str, Any], written: Any, *, rank: int) -> None:
+        self.folder, self.rank = folder, rank
+        self._manifest = manifest
+        self._written = written
+        """DCP's future (async) or None (written already)."""
+
+    def wait(self) -> None:
+        """Until this rank's part is written; raises what DCP raised (a save that failed has no manifest,
+        so it is never taken for whole)."""
+        if self._written is not None:
+            self._written.result()
+
+    def finish(self) -> dict[str, Any] | None:
+        """Wait, then (rank 0) hash every file and write the manifest, last and whole: no manifest, no
+        checkpoint. Returns the manifest on rank 0, None on the others. On rank 0 the wait ends only once
+        every rank's files are written and closed: DCP's coordinator gathers every rank's write results
+        before it writes `.metadata` and completes."""
+        self.wait()
+        if self.rank != 0:
+            return None
+        manifest = dict(self._manifest)
+        manifest["files"] = [
+            {"name": p.name, "size": p.stat().st_size, "sha256": _sha256(p)}
+            for p in sorted(self.folder.iterdir())
+            if p.is_file() and p.name != MANIFEST
+        ]
+        tmp = self.folder / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        os.replace(tmp, self.folder / MANIFEST)
+        return manifest
+
+
+def start_sharded_save(
+    folder: str | os.PathLike[str],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    step: int,
+    mesh: Any,
+    extra: Mapping[str, Any] | None = None,
+    extra_state: Any = None,
+    async_group: Any = None,
+) -> PendingShardedSave:
+    """Every rank: the part of a save that must happen now, on this step's state. Rank 0 writes
+    `extra_state`; every rank fingerprints its local shards (one all-gather on the default group); then DCP
+    writes the shards, synchronously, or, with `async_group` (a process group with a CPU backend, used by no
+    one else), through `dcp.async_save`: the state is copied to host memory before it returns (so the next
+    step may change the weights), and the files are written in a background thread whose collectives use
+    `async_group`, never the training's group. See `save_sharded` for `extra` and `extra_state`."""
     import torch.distributed.checkpoint as dcp
 
     folder = Path(folder)
@@ -97,11 +161,10 @@ def save_sharded(
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0 and extra_state is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        torch.save(extra_state, folder / EXTRA)  # listed below with DCP's files, before the manifest
-    dcp.save(_state(model, optimizer), checkpoint_id=str(folder))
+        torch.save(extra_state, folder / EXTRA)  # listed with DCP's files, before the manifest
     mine = fingerprint_state(local_state(model.state_dict()))
     every: list[object] = [None] * world
-    dist.all_gather_object(every, mine)  # also: every rank's files are closed once this returns
+    dist.all_gather_object(every, mine)
     manifest: dict[str, Any] = {
         "format": FORMAT,
         "step": step,
@@ -110,18 +173,13 @@ def save_sharded(
         "shard_fingerprints": {str(r): fps for r, fps in enumerate(every)},
         "extra": dict(extra or {}),
     }
-    if rank == 0:
-        manifest["files"] = [
-            {"name": p.name, "size": p.stat().st_size, "sha256": _sha256(p)}
-            for p in sorted(folder.iterdir())
-            if p.is_file() and p.name != MANIFEST
-        ]
-        tmp = folder / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        os.replace(tmp, folder / MANIFEST)  # last, and whole: no manifest, no checkpoint
-    shared: list[object] = [manifest if rank == 0 else None]
-    dist.broadcast_object_list(shared, src=0)
-    return dict(shared[0])  # type: ignore[call-overload]
+    state = _state(model, optimizer)
+    if async_group is None:
+        dcp.save(state, checkpoint_id=str(folder))
+        dist.barrier()  # every rank's files are closed once this returns
+        return PendingShardedSave(folder, manifest, None, rank=rank)
+    written = dcp.async_save(state, checkpoint_id=str(folder), process_group=async_group)
+    return PendingShardedSave(folder, manifest, written, rank=rank)
 
 
 def read_sharded_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
