@@ -1,11 +1,12 @@
 """Sharded runs (HSDP: 3 replica groups x 2 shards, 6 ranks on 3 nodes, 2 ranks per node) through Airflow, end
 to end on the local stack. Each drill on node n3 is caught by the intended check, which names n3; the incident
 drains n3, diagnoses it, relaunches the run on n1, n2 and the spare n4 from the picked sharded checkpoint
-(fetched from the store, checked whole, loaded onto the same mesh), and the run ends on the clean run's weights:
+(written in the background with `dcp.async_save`, fetched from the store, checked whole, loaded onto the
+same mesh), and the run ends on the clean run's weights:
 every rank's shards, bit for bit (the report's fingerprint is taken over all of them, `<rank>/<tensor>`).
 
-- `sick-node` (every matmul on n3 slightly wrong from step 13): the forward recompute by replica groups at
-  step 15 names n3 (a vote never would: every replica applies the same wrong average); its diagnosis fails.
+- `sick-node` (every matmul on n3 slightly wrong from step 13): the recompute by replica groups (loss and
+  local gradient, every rank at once) at step 15 names n3 (a vote never would: every replica applies the same wrong average); its diagnosis fails.
   Always run.
 - `weight-flip` (one bit of one shard of n3's replica) and `scale` (n3's first rank's gradient shard after
   the reduction): the recompute or the vote at step 15, naming n3; the diagnosis passes. Run with
@@ -13,7 +14,7 @@ every rank's shards, bit for bit (the report's fingerprint is taken over all of 
   keeps one.
 
 FSDP2 (`parallelism: fsdp`, the 6 ranks one shard group, nothing replicated, no vote): the sick-node drill,
-caught by the forward recompute naming n3, relaunched from the picked checkpoint, bit-identical; with
+caught by the recompute naming n3, relaunched from the picked checkpoint, bit-identical; with
 `make test-drills`.
 
 The clean reference is the same Params without the drill, launched straight on the cluster

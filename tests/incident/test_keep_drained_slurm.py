@@ -18,6 +18,7 @@ import pytest
 from longrun.health import diagnose
 from longrun.health.ratelimit import DrainPolicy, entries, reserve_drain
 from longrun.incident import keep_drained, record, runbooks, runner, step_diagnose, step_drain, steps
+from longrun.slurm import ops
 from longrun.slurm.factory import make_client
 from longrun.slurm.models import JobStatus
 
@@ -206,3 +207,30 @@ def test_a_grant_without_its_drained_event_is_drained_by_the_next_step(tmp_path,
     assert not client.node("n4").drain_flag
     out = step_drain.restore_drain(store, client, inc)
     assert out["redrained"] == ["n4"] and client.node("n4").reason == "longrun:sdc:kd5:3"
+
+
+def test_the_summary_restores_again_what_a_restarted_controller_forgot(tmp_path, client) -> None:
+    """slurmctld saves changed state at most every 5 s: killed sooner, it restarts without a drain and a
+    reservation deletion that `scontrol` had acknowledged (the fault matrix's promotion x slurmctld cell
+    on PostgreSQL: the diagnosed node came back idle, still in its diagnostic reservation). The summary's
+    restore reads Slurm again after the state-save window. What the restart undoes is simulated inside
+    that wait (the node resumed, the reservation back): killing the controller here would stop the
+    cluster every other test shares; the chaos cell kills the real one."""
+    store = LocalDirStore(tmp_path / "store")
+    inc = _incident("n3", "kd5", step=9)
+    _drain(store, client, inc, "n3")
+    name = keep_drained.reservation_name(keep_drained.DIAG, inc.incident_id, "n3")
+    waited: list[float] = []
+
+    def controller_forgets(seconds: float) -> None:
+        waited.append(seconds)
+        client.create_maint_reservation(name, ("n3",), duration_min=5)
+        client.resume("n3")
+
+    out = keep_drained.restore_durably(store, client, inc, sleep=controller_forgets)
+    assert waited == [ops.STATE_SAVE_WINDOW_S]
+    assert (out.redrained, out.removed_reservations) == (("n3",), (name,))
+    state = client.node("n3")
+    assert state.drain_flag and state.reason == "longrun:sdc:kd5:9", state
+    assert name not in client.reservations()
+    assert _events(store, inc).count("restored") == 1

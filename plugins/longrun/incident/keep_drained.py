@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ from longrun.health.ratelimit import DrainEntry
 from longrun.incident import record, runbooks
 from longrun.incident.events import Event
 from longrun.incident.runner import Incident
+from longrun.slurm import ops
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import SlurmCommandError
@@ -184,6 +185,25 @@ def drained_nodes(store: ObjectStore, rec: dict[str, Any], incident_id: str) -> 
         if e.incident_id == incident_id and e.node is not None:
             nodes.append(e.node)
     return tuple(v.node("node", n) for n in dict.fromkeys(nodes))
+
+
+def restore_durably(
+    store: ObjectStore, client: SlurmClient, inc: Incident, *, sleep: Callable[[float], None] = time.sleep
+) -> Restored:
+    """`restore`, then `restore` again once slurmctld must have saved what the incident changed
+    (ops.STATE_SAVE_WINDOW_S after the first): a controller that died in the window and restarted without
+    the drain or the reservation deletion is put right by the second pass. For the last word on a node
+    (the summary), not for steps that others follow at once. Returns what both passes did."""
+    first = restore(store, client, inc)
+    if not inc.plan.changes or not (first.nodes or first.removed_reservations):
+        return first  # nothing of this incident's for a controller to forget
+    sleep(ops.STATE_SAVE_WINDOW_S)
+    second = restore(store, client, inc)
+    return Restored(
+        removed_reservations=first.removed_reservations + second.removed_reservations,
+        redrained=first.redrained + second.redrained,
+        nodes=second.nodes or first.nodes,
+    )
 
 
 def restore(store: ObjectStore, client: SlurmClient, inc: Incident) -> Restored:

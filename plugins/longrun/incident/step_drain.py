@@ -98,11 +98,15 @@ def _stop_on_foreign_drain(store: ObjectStore, client: SlurmClient, inc: Inciden
         )
 
 
-def restore_drain(store: ObjectStore, client: SlurmClient, inc: Incident) -> dict[str, Any]:
+def restore_drain(
+    store: ObjectStore, client: SlurmClient, inc: Incident, *, durably: bool = False
+) -> dict[str, Any]:
     """Drain again what the record says longrun drained and remove the incident's leftover reservations
-    (see keep_drained); a node someone else drained meanwhile stops the incident with its runbook."""
+    (see keep_drained; `durably`: and again once slurmctld must have saved it, `restore_durably`); a node
+    someone else drained meanwhile stops the incident with its runbook."""
     try:
-        return keep_drained.restore(store, client, inc).to_dict()
+        restore = keep_drained.restore_durably if durably else keep_drained.restore
+        return restore(store, client, inc).to_dict()
     except keep_drained.ForeignDrain as e:
         why = str(e)
     stop(

@@ -33,6 +33,13 @@ REQUEUE_SETTLE_S = 2.0
 #: it counts as lost. sbatch answers only once the controller holds the job, so an unknown id is not a
 #: job "not visible yet"; the margin covers a controller restarting under the caller.
 LOST_AFTER_S = 30.0
+#: How long an acknowledged change (a drain, a reason, a deleted reservation) may live only in slurmctld's
+#: memory: its state-save thread writes changed state at most every 5 s (SAVE_MAX_WAIT in slurmctld), so a
+#: controller killed sooner restarts without the change, although `scontrol` said it was made (seen in the
+#: fault matrix: a drain and a reservation deletion undone by a SIGKILL 3 s later). Whoever must know a
+#: change holds reads Slurm again once this much has passed since it made it: a controller that answers
+#: then either saved the change or lost it visibly.
+STATE_SAVE_WINDOW_S = 6.0
 
 
 def wait_for(

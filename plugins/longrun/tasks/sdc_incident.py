@@ -295,8 +295,9 @@ def summary_task(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
 
 
 def _summary(store: ObjectStore, inc: Incident) -> dict[str, Any]:
-    try:  # the diagnose task is over, whatever its outcome: nothing it left may return the node
-        restored = restore_drain(store, SlurmHook().client, inc)
+    try:  # the diagnose task is over, whatever its outcome: nothing it left may return the node, nor a
+        # controller that forgot it (restore_durably)
+        restored = restore_drain(store, SlurmHook().client, inc, durably=True)
         if restored["removed_reservations"] or restored["redrained"]:
             log.warning("restored what a dead task left: %s", restored)
     except IncidentStop as e:
