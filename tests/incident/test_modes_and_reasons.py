@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from longrun.health import diagnose, node_check
 from longrun.incident import modes
 from longrun.slurm.errors import InvalidSpecError
-from longrun.slurm.models import NodeState
+from longrun.slurm.models import CommandResult, NodeState
 
 
 def test_modes():
@@ -74,3 +76,77 @@ def test_pick_healthy_prefers_the_runs_own_idle_nodes():
     ]
     assert diagnose.pick_healthy(nodes, exclude=["n2"], prefer=["n3", "n4"]) == "n4"
     assert diagnose.pick_healthy(nodes, exclude=["n1", "n4"]) is None
+
+
+def _node_check_line(verdict: str) -> str:
+    probe = {"verdict": verdict, "fingerprint": "ab" * 8, "expected_fingerprint": "ab" * 8}
+    return json.dumps({"node": "n2", "verdict": verdict, "probe": probe, "dcgm": None})
+
+
+@pytest.mark.parametrize(
+    ("answers", "tries", "verdict"),
+    [
+        # srun cut off (a restarting slurmctld): no JSON line; the second try answers and decides
+        (
+            [
+                CommandResult(
+                    exit_code=1, stdout="", stderr="srun: error: Unable to contact slurm controller"
+                ),
+                CommandResult(exit_code=0, stdout="{}", stderr=""),
+            ],
+            2,
+            "fail",
+        ),
+        # node_check answered (with an error of the probe's own): not run again
+        (
+            [
+                CommandResult(exit_code=1, stdout="{}", stderr=""),
+                CommandResult(exit_code=0, stdout="{}", stderr=""),
+            ],
+            1,
+            "error",
+        ),
+        # cut off twice: error, after ATTEMPTS tries
+        (
+            [
+                CommandResult(exit_code=1, stdout="", stderr="cut off"),
+                CommandResult(exit_code=1, stdout="", stderr="cut off again"),
+            ],
+            2,
+            "error",
+        ),
+    ],
+)
+def test_a_diagnostic_that_never_answered_runs_once_more(monkeypatch, answers, tries, verdict) -> None:
+    """The fault matrix's re-enter x slurmctld: slurmctld killed while the diagnostic ran, srun cut off,
+    and the node's verdict was `error`, which says nothing about the node. `ops.run_on_drained_node`
+    (longrun's own, real-cluster tested in tests/slurm/test_scenarios.py) is replaced by its answers here:
+    the retry is `diagnose`'s decision on what came back, and timing a controller kill inside a diagnostic
+    is the chaos cell's job."""
+    from longrun.slurm import ops
+
+    lines = {0: _node_check_line("fail"), 1: _node_check_line("error")}
+    calls: list[tuple[str, ...]] = []
+
+    def run(client, node, argv, *, verdict, timeout_s, reservation, hold_min):
+        result = answers[len(calls)]
+        calls.append(argv)
+        if result.stdout == "{}":  # node_check answered: its JSON line (fail on a 0 exit, error otherwise)
+            result = CommandResult(exit_code=result.exit_code, stdout=lines[result.exit_code], stderr="")
+        if result.stdout:
+            verdict(result)
+        return result
+
+    monkeypatch.setattr(ops, "run_on_drained_node", run)
+    d = diagnose.diagnose(
+        None,
+        node="n2",
+        run="r",
+        step=3,
+        expect="ab" * 8,
+        dcgm_level=1,
+        timeout_s=60,  # type: ignore[arg-type]
+    )
+    assert len(calls) == tries == min(tries, diagnose.ATTEMPTS)
+    assert d.verdict == verdict, d.summary
+    assert ("was run again" in d.summary) == (tries == 2)

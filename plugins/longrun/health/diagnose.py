@@ -18,6 +18,7 @@ Drain reasons (all carry longrun's prefix, so only longrun ever resumes them):
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,8 @@ from longrun.slurm.errors import ForeignDrainError
 from longrun.slurm.models import CommandResult, NodeState
 from training.records.diagnosis import DcgmSummary, NodeCheck, ProbeResult
 from training.records.schema import SchemaError
+
+log = logging.getLogger("longrun.health.diagnose")
 
 SDC = "sdc"
 DIAG = "diag"
@@ -209,6 +212,39 @@ def checked_verdict(
     return outcome, ""
 
 
+#: Tries of a diagnostic whose node_check never answered (`diagnose`).
+ATTEMPTS = 2
+
+
+def _run_node_check(
+    client: SlurmClient,
+    node: str,
+    argv: tuple[str, ...],
+    *,
+    run: str,
+    step: int,
+    known: ProbeResult | None,
+    final: bool,
+    timeout_s: float,
+    reservation: str,
+    hold_min: int | None,
+) -> tuple[CommandResult, dict[str, Any]]:
+    """One try: node_check in the reservation; the node ends drained with its verdict. Returns the command's
+    result and node_check's JSON (or what stands for it when none came)."""
+    seen: dict[str, Any] = {}
+
+    def verdict(result: CommandResult) -> str:
+        seen.update(_details(result))
+        return verdict_reason(run, step, checked_verdict(seen, known, final=final)[0])
+
+    result = ops.run_on_drained_node(
+        client, node, argv, verdict=verdict, timeout_s=timeout_s, reservation=reservation, hold_min=hold_min
+    )
+    if not seen:  # run_on_drained_node calls verdict() only when the command ran
+        seen.update(_details(result))
+    return result, seen
+
+
 def diagnose(
     client: SlurmClient,
     *,
@@ -226,7 +262,12 @@ def diagnose(
     final: bool = True,
 ) -> DiagnosisOutcome:
     """Run node_check on the drained `node` in a MAINT reservation; the node ends drained with the verdict
-    (`checked_verdict` against `known`, the reference, when given; `final`: whether it decides alone)."""
+    (`checked_verdict` against `known`, the reference, when given; `final`: whether it decides alone).
+
+    A diagnostic whose node_check never answered (no JSON line: the command was cut off, as srun is when
+    slurmctld restarts under it; seen in the fault matrix, re-enter x slurmctld) says nothing about the node,
+    so it runs once more (`ATTEMPTS`) before `error` is its verdict; a node_check that answered, whatever it
+    said, is not run again."""
     argv = node_check_argv(
         node=node,
         expect=expect,
@@ -235,25 +276,25 @@ def diagnose(
         python=python,
         state_dir=state_dir,
     )
-    seen: dict[str, Any] = {}
-
-    def verdict(result: CommandResult) -> str:
-        seen.update(_details(result))
-        return verdict_reason(run, step, checked_verdict(seen, known, final=final)[0])
-
     started = time.monotonic()
-    result = ops.run_on_drained_node(
-        client,
-        node,
-        argv,
-        verdict=verdict,
-        timeout_s=timeout_s,
-        reservation=reservation or f"longrun_diag_{node}_{int(time.time())}",
-        hold_min=hold_min,
-    )
-    if not seen:  # run_on_drained_node calls verdict() only when the command ran
-        seen.update(_details(result))
+    cut_off: list[str] = []
+    for attempt in range(1, ATTEMPTS + 1):
+        result, seen = _run_node_check(
+            client, node, argv, run=run, step=step, known=known, final=final, timeout_s=timeout_s,
+            reservation=reservation or f"longrun_diag_{node}_{int(time.time())}", hold_min=hold_min,
+        )  # fmt: skip
+        if "probe" in seen or attempt == ATTEMPTS:
+            break
+        cut_off.append(f"exit {result.exit_code}")
+        log.warning(
+            "the diagnostic on %s never answered (exit %s, stderr %.300r): running it once more",
+            node,
+            result.exit_code,
+            result.stderr[-300:],
+        )
     outcome, note = checked_verdict(seen, known, final=final)
+    if cut_off:
+        note += f"; an earlier try never answered ({', '.join(cut_off)}) and was run again"
     return DiagnosisOutcome(
         node=node,
         verdict=outcome,
