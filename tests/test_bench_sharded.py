@@ -19,6 +19,7 @@ VARIANTS = [
     "guard:recompute@1",
     "guard:default",
     "guard:default+ckpt",
+    "guard:default+ckpt-sync",
     "fsdp2",
     "fsdp2 guard:default",
 ]

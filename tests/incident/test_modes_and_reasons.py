@@ -106,6 +106,15 @@ def _node_check_line(verdict: str) -> str:
             1,
             "error",
         ),
+        # ran to its timeout (srun_step.TIMED_OUT): a hang is evidence, and a second would cost as much
+        (
+            [
+                CommandResult(exit_code=124, stdout="", stderr="longrun: timed out after 60 s"),
+                CommandResult(exit_code=0, stdout="{}", stderr=""),
+            ],
+            1,
+            "error",
+        ),
         # cut off twice: error, after ATTEMPTS tries
         (
             [

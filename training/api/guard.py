@@ -34,6 +34,7 @@ the ranks that hold the same shard, and saves and resumes through training.check
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import os
 import shutil
@@ -199,7 +200,8 @@ class Guard:
         self.grad_tap: sharded_gradients.ReduceScatterTap | None = None
         """Where a sharded model's local gradient is seen at audit steps (None: DDP, or not seeable)."""
         self._save_group: Any = None
-        """The process group of a sharded run's async saves (None: saves are synchronous)."""
+        """The process group of a sharded run's async saves (None: saves are synchronous, or closed)."""
+        self._async_saves = False
         self._pending_save: Any = None
         """This rank's latest sharded save (training.checkpoint.sharded.PendingShardedSave)."""
 
@@ -359,7 +361,10 @@ class Guard:
         if self.cfg.async_save and self.cfg.checkpoint_every and self.world > 1:
             # DCP's background thread runs collectives of its own: on a group nobody else uses, on the CPU
             # (gloo), so they can never interleave with the training's.
-            self._save_group = dist.new_group(backend="gloo")
+            self._save_group = dist.new_group(
+                backend="gloo", timeout=datetime.timedelta(seconds=self.cfg.collective_timeout_s)
+            )
+            self._async_saves = True
         self._records.write_segment()
         if self.earlier_verdict and self.cfg.checks.on_verdict == "exit":
             log.error("in-job restart after this launch's SDC verdict (%s): exiting 93", self.earlier_verdict)
@@ -588,11 +593,13 @@ class Guard:
         tap = self.grad_tap if audit else None
         if tap is not None:
             tap.arm()
-        loss = self.rng(step, self.rank, lambda: self.loss_fn(self.module, batch))
-        loss.backward()  # FSDP reduce-scatters (and, HSDP, all-reduces over replicas) before it returns
-        own_grad_fingerprint = tap.fingerprint() if tap is not None else None
-        if tap is not None:
-            tap.disarm()
+        try:
+            loss = self.rng(step, self.rank, lambda: self.loss_fn(self.module, batch))
+            loss.backward()  # FSDP reduce-scatters (and, HSDP, all-reduces over replicas) before it returns
+            own_grad_fingerprint = tap.fingerprint() if tap is not None else None
+        finally:
+            if tap is not None:
+                tap.disarm()
         grads = sharding.local_grads(self.params)
         sharding.gradient_drills(self.injector, step, grads)
         mean_loss = sharding.mean_loss(loss, self.world)
@@ -634,8 +641,7 @@ class Guard:
         from training.checkpoint.sharded import start_sharded_save
 
         if self._pending_save is not None:
-            self._pending_save.wait()
-            self._pending_save = None
+            self._wait_for_last_save()
         ranks = gather_rank_states(rank_state(self.state), rank=self.rank, world=self.world)
         extra_state: dict[str, Any] | None = None
         if self.rank == 0:
@@ -649,7 +655,7 @@ class Guard:
         pending = start_sharded_save(
             folder, self.module, self.optimizer, step=step, mesh=self.mesh, extra_state=extra_state,
             extra={"run": self.cfg.run, "loss": loss, "seed": self.cfg.seed, "last_pass": passed},
-            async_group=self._save_group,
+            async_group=self._save_group, timeout_s=self.cfg.collective_timeout_s,
         )  # fmt: skip
         self._pending_save = pending
         log.info(
@@ -802,6 +808,7 @@ class Guard:
                 self._wait_for_last_save()
             if uploads is not None:
                 uploads.close()
+        self._close_save_group()
         self.events.close()
         self.ddp = None  # type: ignore[assignment]  # DDP must not hold the last reference to the group
         self._shutdown()
@@ -814,16 +821,29 @@ class Guard:
     def saves_in_background(self) -> bool:
         """A sharded run's checkpoints are written by `dcp.async_save` (GuardConfig.async_save, with
         checkpoints on and more than one rank)."""
-        return self._save_group is not None
+        return self._async_saves
 
     def _wait_for_last_save(self) -> None:
-        """This rank's part of the last sharded save written, before the process group goes (its background
-        collectives need it). A write that failed is logged: that save has no manifest and is never used."""
+        """This rank's part of the last sharded save written, before the next save or before the process
+        group goes (its background collectives need it), for at most `collective_timeout_s` (the save
+        group's own timeout: a peer that died mid-write ends the wait). A write that failed or did not end
+        is logged and training goes on: that save has no manifest and is never used. Every rank sees the
+        same failure (DCP passes a rank's failure to all), so every rank goes on alike."""
+        pending, self._pending_save = self._pending_save, None
         try:
-            self._pending_save.wait()
-        except Exception as e:  # DCP's failure, whatever its type
-            log.error("the last sharded save did not complete on rank %d: %r", self.rank, e)
-        self._pending_save = None
+            pending.wait(timeout_s=self.cfg.collective_timeout_s)
+        except Exception as e:  # DCP's failure or the wait's end, whatever its type
+            log.error("a sharded save did not complete on rank %d: %r; it is never used", self.rank, e)
+
+    def _close_save_group(self) -> None:
+        """The async saves' gloo group goes with the guard (a caller who owns the default group may run
+        several guards on it)."""
+        group, self._save_group = self._save_group, None
+        if group is not None:
+            try:
+                dist.destroy_process_group(group)
+            except (RuntimeError, ValueError) as e:  # already gone with a failed peer
+                log.warning("the sharded saves' process group: %s", e)
 
     def _shutdown(self) -> None:
         if not self._own_group:

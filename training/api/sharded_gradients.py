@@ -20,8 +20,9 @@ not call it (a shard dimension of one rank: nothing to scatter), when the torch 
 there). It replaces a custom reduce-scatter the caller set before `prepare_sharded`; a user who needs their
 own (symmetric memory, say) cannot have both yet.
 
-Buffers are allocated with zeros rather than left uninitialised: FSDP's copy-in writes every element today,
-but a padding byte left to chance would turn into a false alarm between two healthy ranks.
+At audit steps the buffers are allocated with zeros rather than left uninitialised: FSDP's copy-in writes
+every element, padding included, today, but a padding byte left to chance would turn into a false alarm
+between two healthy ranks. Other steps allocate as FSDP does (no memset over the gradient every step).
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class ReduceScatterTap:
         return fingerprint_sequence(self._seen)
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.zeros(*size, dtype=dtype, device=device)
+        if self._armed:  # the buffers a fingerprint may read: every byte defined (module docstring)
+            return torch.zeros(*size, dtype=dtype, device=device)
+        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(
         self,

@@ -104,17 +104,25 @@ class PendingShardedSave:
     """A sharded save whose files may still be being written (`start_sharded_save`). `wait()` on every rank
     before the next save; `finish()` on rank 0 writes the manifest once every rank's files are written."""
 
-    def __init__(self, folder: Path, manifest: dict[str, Any], written: Any, *, rank: int) -> None:
-        self.folder, self.rank = folder, rank
+    def __init__(
+        self,
+        folder: Path,
+        manifest: dict[str, Any],
+        written: Any,
+        *,
+        rank: int,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.folder, self.rank, self.timeout_s = folder, rank, timeout_s
         self._manifest = manifest
         self._written = written
         """DCP's future (async) or None (written already)."""
 
-    def wait(self) -> None:
-        """Until this rank's part is written; raises what DCP raised (a save that failed has no manifest,
-        so it is never taken for whole)."""
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Until this rank's part is written (at most `timeout_s`, default the save's: TimeoutError after);
+        raises what DCP raised (a save that failed has no manifest, so it is never taken for whole)."""
         if self._written is not None:
-            self._written.result()
+            self._written.result(timeout=timeout_s if timeout_s is not None else self.timeout_s)
 
     def finish(self) -> dict[str, Any] | None:
         """Wait, then (rank 0) hash every file and write the manifest, last and whole: no manifest, no
@@ -146,13 +154,15 @@ def start_sharded_save(
     extra: Mapping[str, Any] | None = None,
     extra_state: Any = None,
     async_group: Any = None,
+    timeout_s: float | None = None,
 ) -> PendingShardedSave:
     """Every rank: the part of a save that must happen now, on this step's state. Rank 0 writes
     `extra_state`; every rank fingerprints its local shards (one all-gather on the default group); then DCP
     writes the shards, synchronously, or, with `async_group` (a process group with a CPU backend, used by no
     one else), through `dcp.async_save`: the state is copied to host memory before it returns (so the next
     step may change the weights), and the files are written in a background thread whose collectives use
-    `async_group`, never the training's group. See `save_sharded` for `extra` and `extra_state`."""
+    `async_group`, never the training's group; `timeout_s` bounds the waits for it. See `save_sharded` for
+    `extra` and `extra_state`."""
     import torch.distributed.checkpoint as dcp
 
     folder = Path(folder)
@@ -179,7 +189,7 @@ def start_sharded_save(
         dist.barrier()  # every rank's files are closed once this returns
         return PendingShardedSave(folder, manifest, None, rank=rank)
     written = dcp.async_save(state, checkpoint_id=str(folder), process_group=async_group)
-    return PendingShardedSave(folder, manifest, written, rank=rank)
+    return PendingShardedSave(folder, manifest, written, rank=rank, timeout_s=timeout_s)
 
 
 def read_sharded_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
 from longrun.slurm.errors import ForeignDrainError
 from longrun.slurm.models import CommandResult, NodeState
+from longrun.slurm.srun_step import TIMED_OUT
 from training.records.diagnosis import DcgmSummary, NodeCheck, ProbeResult
 from training.records.schema import SchemaError
 
@@ -266,8 +267,8 @@ def diagnose(
 
     A diagnostic whose node_check never answered (no JSON line: the command was cut off, as srun is when
     slurmctld restarts under it; seen in the fault matrix, re-enter x slurmctld) says nothing about the node,
-    so it runs once more (`ATTEMPTS`) before `error` is its verdict; a node_check that answered, whatever it
-    said, is not run again."""
+    so it runs once more (`ATTEMPTS`) before `error` is its verdict; not one that answered, or that ran to
+    its timeout (a hang says something, and a second would double the wait)."""
     argv = node_check_argv(
         node=node,
         expect=expect,
@@ -283,8 +284,8 @@ def diagnose(
             client, node, argv, run=run, step=step, known=known, final=final, timeout_s=timeout_s,
             reservation=reservation or f"longrun_diag_{node}_{int(time.time())}", hold_min=hold_min,
         )  # fmt: skip
-        if "probe" in seen or attempt == ATTEMPTS:
-            break
+        if "probe" in seen or result.exit_code == TIMED_OUT or attempt == ATTEMPTS:
+            break  # node_check answered, or ran to its timeout (a hang is evidence, and a second costs as much)
         cut_off.append(f"exit {result.exit_code}")
         log.warning(
             "the diagnostic on %s never answered (exit %s, stderr %.300r): running it once more",

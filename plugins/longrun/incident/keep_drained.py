@@ -36,7 +36,7 @@ from longrun.incident.runner import Incident
 from longrun.slurm import ops
 from longrun.slurm import validate as v
 from longrun.slurm.client import SlurmClient
-from longrun.slurm.errors import SlurmCommandError
+from longrun.slurm.errors import SlurmCommandError, SlurmUnavailableError
 from training.records.diagnosis import Diagnosis
 from training.records.incident import Drain
 from training.records.schema import SchemaError
@@ -187,6 +187,10 @@ def drained_nodes(store: ObjectStore, rec: dict[str, Any], incident_id: str) -> 
     return tuple(v.node("node", n) for n in dict.fromkeys(nodes))
 
 
+#: How long the second pass of `restore_durably` waits for a controller that does not answer.
+CONTROLLER_WAIT_S = 60.0
+
+
 def restore_durably(
     store: ObjectStore, client: SlurmClient, inc: Incident, *, sleep: Callable[[float], None] = time.sleep
 ) -> Restored:
@@ -198,7 +202,15 @@ def restore_durably(
     if not inc.plan.changes or not (first.nodes or first.removed_reservations):
         return first  # nothing of this incident's for a controller to forget
     sleep(ops.STATE_SAVE_WINDOW_S)
-    second = restore(store, client, inc)
+    deadline = time.monotonic() + CONTROLLER_WAIT_S
+    while True:  # a controller still restarting answers nothing: wait for it, boundedly
+        try:
+            second = restore(store, client, inc)
+            break
+        except SlurmUnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            sleep(2.0)
     return Restored(
         removed_reservations=first.removed_reservations + second.removed_reservations,
         redrained=first.redrained + second.redrained,

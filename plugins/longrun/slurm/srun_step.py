@@ -21,8 +21,12 @@ STEP_EXPORT = (
 )
 
 
+#: The exit code of a step that ran past its timeout and was cancelled (as timeout(1) says it).
+TIMED_OUT = 124
+
+
 def run_srun(argv: list[str], *, env: dict[str, str], timeout_s: float) -> CommandResult:
-    """Run an srun command line; past `timeout_s` cancel its step (exit code 124, said in stderr)."""
+    """Run an srun command line; past `timeout_s` cancel its step (exit code TIMED_OUT, said in stderr)."""
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
@@ -38,7 +42,7 @@ def run_srun(argv: list[str], *, env: dict[str, str], timeout_s: float) -> Comma
             proc.kill()
             out, err = proc.communicate(timeout=10)
         return CommandResult(
-            exit_code=124, stdout=out, stderr=err + f"\nlongrun: timed out after {timeout_s} s"
+            exit_code=TIMED_OUT, stdout=out, stderr=err + f"\nlongrun: timed out after {timeout_s} s"
         )
     return CommandResult(exit_code=proc.returncode, stdout=out, stderr=err)
 
